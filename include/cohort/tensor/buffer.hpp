@@ -1,0 +1,58 @@
+// A 64-byte-aligned, zero-initialised, fixed-size array of floats (or any trivial type).
+// The one allocation behind the master weights, every gradient buffer and every activation.
+// Not a tensor library: no shape, no views, no growth. Not thread-safe beyond what std::vector is.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <span>
+#include <type_traits>
+
+namespace cohort {
+
+// Cache line on the machines cohort targets; used for alignment and false-sharing padding.
+inline constexpr std::size_t kCacheLine = 64;
+
+template <typename T>
+class AlignedBuffer {
+  static_assert(std::is_trivially_copyable_v<T>);
+
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(std::size_t n) : data_(allocate(n)), size_(n) {
+    if (n != 0) std::memset(data_.get(), 0, n * sizeof(T));
+  }
+  AlignedBuffer(AlignedBuffer&&) noexcept = default;
+  AlignedBuffer& operator=(AlignedBuffer&&) noexcept = default;
+
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  std::size_t size() const { return size_; }
+  std::size_t bytes() const { return size_ * sizeof(T); }
+  T& operator[](std::size_t i) { return data_.get()[i]; }
+  const T& operator[](std::size_t i) const { return data_.get()[i]; }
+  std::span<T> span() { return {data(), size_}; }
+  std::span<const T> span() const { return {data(), size_}; }
+  void fill_zero() {
+    if (size_ != 0) std::memset(data_.get(), 0, bytes());
+  }
+
+ private:
+  struct Free {
+    void operator()(T* p) const { ::operator delete[](p, std::align_val_t{kCacheLine}); }
+  };
+  static T* allocate(std::size_t n) {
+    if (n == 0) return nullptr;
+    if (n > SIZE_MAX / sizeof(T)) throw std::bad_array_new_length();
+    // Round the byte count up to whole cache lines so vector loops may read a full last line.
+    std::size_t bytes = (n * sizeof(T) + kCacheLine - 1) / kCacheLine * kCacheLine;
+    return static_cast<T*>(::operator new[](bytes, std::align_val_t{kCacheLine}));
+  }
+  std::unique_ptr<T, Free> data_;
+  std::size_t size_ = 0;
+};
+
+}  // namespace cohort
