@@ -1,0 +1,44 @@
+// Keyed random streams: every stream is named by a key (seed, purpose, step, leaf, ...), never by
+// a worker or a thread, so what a leaf draws does not depend on who computes it.
+// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, statistically sound for initialisation,
+// shuffling and dropout masks; not for cryptography.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+
+namespace cohort {
+
+class Rng {
+ public:
+  // The state is a hash of every key word, so (seed, 1, 2) and (seed, 2, 1) are unrelated.
+  Rng(std::initializer_list<std::uint64_t> key) {
+    std::uint64_t h = 0x6a09e667f3bcc909ull;
+    for (std::uint64_t k : key) h = mix(h ^ mix(k + 0x9e3779b97f4a7c15ull));
+    state_ = h;
+  }
+
+  std::uint64_t next_u64() {
+    state_ += 0x9e3779b97f4a7c15ull;
+    return mix(state_);
+  }
+  // Uniform in [0, 1) with 24 random bits: every value is exactly representable.
+  float next_unit() { return static_cast<float>(next_u64() >> 40) * 0x1.0p-24f; }
+  // Uniform in [lo, hi).
+  float uniform(float lo, float hi) { return lo + (hi - lo) * next_unit(); }
+  // Uniform integer in [0, n), n >= 1 (Lemire's multiply-shift; bias < n / 2^64).
+  std::uint64_t below(std::uint64_t n) {
+    __extension__ using u128 = unsigned __int128;
+    return static_cast<std::uint64_t>((static_cast<u128>(next_u64()) * n) >> 64);
+  }
+
+ private:
+  static std::uint64_t mix(std::uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  std::uint64_t state_;
+};
+
+}  // namespace cohort
