@@ -1,0 +1,52 @@
+// Net: the executor of one Model on one thread at a time, on oneDNN primitives. One per replica.
+// It owns what differs per worker: the oneDNN engine and stream, primitives for each batch size
+// (created on first use and reused), activations, gradients of activations, and a user-mode
+// scratchpad. It reads parameters from a caller-owned array and writes parameter gradients to a
+// caller-owned array; it never keeps either.
+//
+// Thread-safety: not thread-safe; one thread at a time may call it, but it may move between
+// threads (user-mode scratchpad, no thread-local state). The calling thread must run OpenMP with
+// one thread (omp_set_num_threads(1)) before the first call, or oneDNN will spawn a team per
+// primitive; parallelism comes from replicas, not from inside a primitive.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "cohort/nn/model.hpp"
+
+namespace cohort::nn {
+
+// Seconds spent, accumulated over calls, by kind of work.
+struct PhaseTimes {
+  double matmul = 0;   // inner-product forward, backward-data, backward-weights
+  double eltwise = 0;  // ReLU forward/backward
+  double loss = 0;     // softmax cross-entropy
+  double total() const { return matmul + eltwise + loss; }
+};
+
+class Net {
+ public:
+  explicit Net(const Model& model);  // the model must outlive the Net
+  ~Net();
+  Net(Net&&) noexcept;
+  Net& operator=(Net&&) noexcept;
+
+  // Forward and backward on N rows: x (N, input_features), labels (N).
+  // Overwrites grad (layout().total() floats; padding untouched) with the gradient of the
+  // *summed* loss over the N rows, and returns that summed loss.
+  double forward_backward(const float* params, const float* x, const std::int32_t* labels,
+                          std::int64_t N, float* grad);
+
+  // Forward only; returns the logits (N, num_classes), valid until the next call.
+  const float* forward(const float* params, const float* x, std::int64_t N);
+
+  const PhaseTimes& times() const;
+  void reset_times();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cohort::nn

@@ -1,0 +1,43 @@
+// Softmax cross-entropy with its gradient, numerically stable (subtract the row max before exp).
+#include "cohort/nn/loss.hpp"
+
+#include <cmath>
+
+namespace cohort::nn {
+
+double softmax_cross_entropy(const float* logits, const std::int32_t* labels, std::int64_t N,
+                             std::int64_t C, float* diff_logits) {
+  double loss = 0;
+  for (std::int64_t r = 0; r < N; ++r) {
+    const float* z = logits + r * C;  // (C)
+    float zmax = z[0];
+    for (std::int64_t c = 1; c < C; ++c) zmax = std::max(zmax, z[c]);
+    float sum = 0;
+    for (std::int64_t c = 0; c < C; ++c) sum += std::exp(z[c] - zmax);
+    const float log_sum = std::log(sum);
+    // loss_r = log(sum_c exp(z_c)) - z_y, computed around zmax.
+    loss += static_cast<double>(log_sum - (z[labels[r]] - zmax));
+    if (diff_logits) {
+      float* d = diff_logits + r * C;
+      const float inv = 1.0f / sum;
+      for (std::int64_t c = 0; c < C; ++c) d[c] = std::exp(z[c] - zmax) * inv;
+      d[labels[r]] -= 1.0f;
+    }
+  }
+  return loss;
+}
+
+std::int64_t count_correct(const float* logits, const std::int32_t* labels, std::int64_t N,
+                           std::int64_t C) {
+  std::int64_t correct = 0;
+  for (std::int64_t r = 0; r < N; ++r) {
+    const float* z = logits + r * C;
+    std::int64_t best = 0;
+    for (std::int64_t c = 1; c < C; ++c)
+      if (z[c] > z[best]) best = c;
+    correct += best == labels[r];
+  }
+  return correct;
+}
+
+}  // namespace cohort::nn

@@ -1,0 +1,84 @@
+// Model spec parsing, layout and PyTorch-style initialisation; softmax cross-entropy.
+#include "cohort/nn/model.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cohort/core/error.hpp"
+#include "cohort/nn/loss.hpp"
+
+namespace cohort::nn {
+namespace {
+
+TEST(Model, DefaultMlpHasPyTorchsParameterCount) {
+  Model m = Model::parse("mlp:784-512-256-10");
+  EXPECT_EQ(m.layout().numel(), 535818u);  // as torch_peer.py's mlp
+  ASSERT_EQ(m.layers().size(), 5u);
+  EXPECT_EQ(m.layers()[1].kind, LayerSpec::Kind::kReLU);
+  EXPECT_EQ(m.layout().at("fc2.weight").shape, Shape({{256, 512}}));
+  EXPECT_EQ(m.input_features(), 784);
+  EXPECT_EQ(m.num_classes(), 10);
+}
+
+TEST(Model, BadSpecsAreRefusedNamingTheFlag) {
+  for (const char* bad : {"", "mlp:", "mlp:784", "mlp:784--10", "mlp:784-x-10", "mlp:784-0-10",
+                          "mlp:-5-10", "cnn2:1-2", "mlp:784-10-", "mlp:99999999-10"}) {
+    try {
+      Model::parse(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("--model"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos);
+    }
+  }
+}
+
+TEST(Model, InitIsSeededAndWithinPyTorchsBounds) {
+  Model m = Model::parse("mlp:784-512-256-10");
+  std::vector<float> a(m.layout().total()), b(m.layout().total()), c(m.layout().total());
+  m.init(a.data(), 1);
+  m.init(b.data(), 1);
+  m.init(c.data(), 2);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  for (const auto& l : m.layers()) {
+    if (l.kind != LayerSpec::Kind::kLinear) continue;
+    const float bound = 1.0f / std::sqrt(float(l.in));
+    double sum_sq = 0;
+    for (std::int64_t i = 0; i < l.in * l.out; ++i) {
+      float w = a[l.weight + i];
+      ASSERT_LE(std::abs(w), bound);
+      sum_sq += double(w) * w;
+    }
+    // U(-b, b) has variance b^2 / 3.
+    EXPECT_NEAR(sum_sq / double(l.in * l.out), bound * bound / 3.0, 0.05 * bound * bound / 3.0)
+        << l.name;
+  }
+}
+
+TEST(Loss, MatchesFloat64AndIsStableForLargeLogits) {
+  const std::int64_t N = 3, C = 4;
+  std::vector<float> z{1, 2, 3, 4, 1000, -1000, 999, 0, -3, -3, -3, -3};
+  std::vector<std::int32_t> y{3, 2, 0};
+  std::vector<float> d(N * C);
+  double loss = softmax_cross_entropy(z.data(), y.data(), N, C, d.data());
+  double ref = 0;
+  for (std::int64_t r = 0; r < N; ++r) {
+    double mx = -1e300, s = 0;
+    for (std::int64_t c = 0; c < C; ++c) mx = std::max(mx, double(z[r * C + c]));
+    for (std::int64_t c = 0; c < C; ++c) s += std::exp(double(z[r * C + c]) - mx);
+    ref += std::log(s) + mx - z[r * C + y[r]];
+    for (std::int64_t c = 0; c < C; ++c) {
+      double expect = std::exp(double(z[r * C + c]) - mx) / s - (c == y[r]);
+      EXPECT_NEAR(d[r * C + c], expect, 1e-6) << r << "," << c;
+    }
+  }
+  EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_NEAR(loss, ref, 1e-5);
+  // Row 0 right; row 1 wrong; row 2 is a four-way tie, resolved to class 0, its label.
+  EXPECT_EQ(count_correct(z.data(), y.data(), N, C), 2);
+}
+
+}  // namespace
+}  // namespace cohort::nn
