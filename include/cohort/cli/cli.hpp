@@ -1,0 +1,17 @@
+// The `cohort` command line: argument parsing (CLI11), progress on the terminal, the summary
+// table, and the JSON summary / JSON Lines metrics files. A thin shell over train::Trainer.
+#pragma once
+
+#include <iosfwd>
+
+namespace cohort::cli {
+
+// Exit codes (README): 0 success, 1 internal error, 2 bad input or usage.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitInternal = 1;
+inline constexpr int kExitBadInput = 2;
+
+// Runs `cohort <args>`; human output to `out`, errors to `err`. Never throws.
+int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+}  // namespace cohort::cli

@@ -1,0 +1,108 @@
+// Trainer: synchronous data-parallel training of one Model on one machine. Each step's global
+// batch is cut into micro-shards (leaves) of a fixed size; W replicas take contiguous runs of
+// leaves and compute each leaf's gradient with their own Net; the reducer's combining tree sums
+// the leaves in a fixed order and, at its root, scales by 1/batch and applies SGD to the one
+// shared copy of the master weights, chunk by chunk. The result depends on the seed and the
+// micro-batch, never on W. Not a CLI: no printing, no files (see cli/); observers get events.
+//
+// Thread-safety: one thread drives a Trainer (run()); it uses a TBB arena of W threads inside.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/data/dataset.hpp"
+#include "cohort/nn/model.hpp"
+#include "cohort/optim/sgd.hpp"
+
+namespace cohort::train {
+
+struct TrainConfig {
+  std::string model = "mlp:784-512-256-10";
+  std::size_t workers = 0;        // 0: one per core
+  std::size_t batch = 256;        // global batch B
+  std::size_t micro_batch = 0;    // leaf size M; 0: the whole batch is one leaf
+  std::size_t epochs = 5;
+  std::size_t steps = 0;          // stop after this many optimizer steps; 0: run all epochs
+  optim::SgdConfig sgd{};
+  std::uint64_t seed = 1;
+  std::string reducer = "tree";   // reduce::Strategy name
+  std::size_t tree_arity = 2;
+  std::size_t eval_batch = 500;   // rows per forward pass in evaluation
+};
+
+// Throws InputError (naming the flag, expected and found value) for a config that cannot run on
+// `data`, before any work starts.
+void validate(const TrainConfig& config, const nn::Model& model, const data::Splits& data);
+
+// Seconds of wall time, summed over training steps.
+struct TimeBreakdown {
+  double step = 0;       // wall time of the training steps: the samples/s denominator
+  double data = 0;       // batch assembly, summed over replicas
+  double matmul = 0;     // oneDNN inner products, summed over replicas
+  double eltwise = 0;    // oneDNN ReLU, summed over replicas
+  double loss = 0;       // softmax cross-entropy, summed over replicas
+  double reduce = 0;     // root of the reduction: combine + optimizer sweep, on the critical path
+  double optimizer = 0;  // the part of `reduce` spent in the optimizer update, summed over chunks
+};
+
+struct StepEvent {
+  std::uint64_t step;        // 1-based optimizer step count
+  std::size_t epoch;         // 0-based
+  std::size_t step_in_epoch, steps_per_epoch;
+  double loss;               // mean over the batch
+  std::size_t samples;       // rows in this step
+  double elapsed;            // training seconds so far (steps only)
+};
+
+struct EpochResult {
+  std::size_t epoch;         // 0-based
+  std::uint64_t steps;       // optimizer steps so far
+  double train_loss;         // mean over the epoch's samples
+  double test_loss;
+  double test_accuracy;
+  double samples_per_second; // this epoch's training steps only
+  double elapsed;            // training seconds so far
+};
+
+struct Summary {
+  std::uint64_t steps = 0;
+  double epochs = 0;         // fractional when --steps stops mid-epoch
+  std::size_t workers = 0, batch = 0, micro_batch = 0, parameters = 0;
+  double samples_per_second = 0;
+  double train_loss = 0;     // mean over the last epoch's samples (or the partial epoch's)
+  double test_loss = 0, test_accuracy = 0;
+  std::string weights_digest;
+  TimeBreakdown time;
+};
+
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  virtual void on_step(const StepEvent&) {}
+  virtual void on_epoch(const EpochResult&) {}
+};
+
+class Trainer {
+ public:
+  // `data` must outlive the trainer. Validates (InputError) and builds replicas.
+  Trainer(TrainConfig config, const data::Splits& data);
+  ~Trainer();
+
+  Summary run(Observer& observer);
+  const TrainConfig& config() const;  // with workers and micro_batch resolved
+  const nn::Model& model() const;
+  const float* weights() const;       // the master weights, model().layout().total() floats
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Hex XXH3-128 of the bytes of `n` floats: two runs with equal digests have equal weights.
+std::string weights_digest(const float* weights, std::size_t n);
+
+}  // namespace cohort::train

@@ -1,0 +1,285 @@
+// `cohort train`: flags -> TrainConfig, validation of every input before the first step,
+// progress while training, a summary at the end, JSON files written atomically.
+#include "cohort/cli/cli.hpp"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+#include "cohort/core/error.hpp"
+#include "cohort/train/trainer.hpp"
+
+namespace cohort::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+// An output file must be creatable before training starts, so a typo costs nothing.
+void check_output_path(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  fs::path p(path);
+  fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (fs::is_directory(p, ec))
+    throw InputError(flag + " " + path + ": expected a file path, found a directory");
+  if (!fs::is_directory(dir, ec))
+    throw InputError(flag + " " + path + ": expected an existing folder " + dir.string() +
+                     ", found none");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw InputError(flag + " " + path + ": expected a writable folder " + dir.string() +
+                     ", found it read-only");
+}
+
+// Writes the whole text to `path` through a temporary file and a rename, so a reader never sees
+// half a file and an earlier file survives a crash.
+void write_atomically(const std::string& path, const std::string& text) {
+  fs::path tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) throw InputError(path + ": writing failed (disk full?)");
+  }
+  fs::rename(tmp, path);
+}
+
+json to_json(const train::TimeBreakdown& t) {
+  return {{"step", t.step},     {"data", t.data},     {"matmul", t.matmul},
+          {"eltwise", t.eltwise}, {"loss", t.loss},   {"reduce", t.reduce},
+          {"optimizer", t.optimizer}};
+}
+
+std::string rate(double samples_per_second) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << samples_per_second / 1000.0 << "k";
+  return s.str();
+}
+
+// Progress on the terminal (one rewritten line on a TTY, periodic lines otherwise) and the
+// JSON Lines metrics file.
+class Progress final : public train::Observer {
+ public:
+  Progress(std::ostream& out, bool quiet, bool tty, std::size_t log_every, std::ofstream* metrics,
+           std::size_t epochs_planned)
+      : out_(out), quiet_(quiet), tty_(tty), log_every_(log_every), metrics_(metrics),
+        epochs_planned_(epochs_planned) {}
+
+  void on_step(const train::StepEvent& e) override {
+    window_loss_ += e.loss;
+    ++window_steps_;
+    if (metrics_ && log_every_ && e.step % log_every_ == 0) {
+      *metrics_ << json{{"kind", "step"}, {"step", e.step}, {"epoch", e.epoch},
+                        {"loss", window_loss_ / double(window_steps_)}, {"elapsed_s", e.elapsed}}
+                       .dump()
+                << "\n";
+      metrics_->flush();
+    }
+    const bool line_due = tty_ ? (e.elapsed - last_print_ > 0.2 || e.step_in_epoch == e.steps_per_epoch)
+                               : (log_every_ && e.step % log_every_ == 0);
+    if (!quiet_ && line_due) {
+      double rate_now = double(e.samples) * double(e.step - last_step_) / (e.elapsed - last_print_);
+      std::ostringstream line;
+      line << "epoch " << e.epoch + 1 << "/" << epochs_planned_ << "  step " << e.step_in_epoch
+           << "/" << e.steps_per_epoch << "  loss " << std::fixed << std::setprecision(4)
+           << window_loss_ / double(window_steps_) << "  " << rate(rate_now) << " samples/s";
+      if (tty_)
+        out_ << "\r" << line.str() << "   " << std::flush;
+      else
+        out_ << line.str() << "\n";
+      last_print_ = e.elapsed;
+      last_step_ = e.step;
+      window_loss_ = 0;
+      window_steps_ = 0;
+    }
+  }
+
+  void on_epoch(const train::EpochResult& r) override {
+    if (metrics_) {
+      *metrics_ << json{{"kind", "epoch"},      {"epoch", r.epoch + 1},
+                        {"step", r.steps},      {"train_loss", r.train_loss},
+                        {"test_loss", r.test_loss}, {"test_accuracy", r.test_accuracy},
+                        {"samples_per_second", r.samples_per_second},
+                        {"elapsed_s", r.elapsed}}
+                       .dump()
+                << "\n";
+      metrics_->flush();
+    }
+    if (quiet_) return;
+    if (tty_) out_ << "\r";
+    out_ << "epoch " << r.epoch + 1 << " done: train loss " << std::fixed << std::setprecision(4)
+         << r.train_loss << "  test loss " << r.test_loss << "  test accuracy "
+         << std::setprecision(4) << r.test_accuracy << "  " << rate(r.samples_per_second)
+         << " samples/s          \n";
+  }
+
+ private:
+  std::ostream& out_;
+  bool quiet_, tty_;
+  std::size_t log_every_;
+  std::ofstream* metrics_;
+  std::size_t epochs_planned_;
+  double last_print_ = 0, window_loss_ = 0;
+  std::uint64_t last_step_ = 0, window_steps_ = 0;
+};
+
+void print_summary(std::ostream& out, const train::Summary& s) {
+  const auto& t = s.time;
+  auto pct = [&](double v) {
+    std::ostringstream o;
+    o << std::fixed << std::setprecision(1) << 100.0 * v / (t.step * double(s.workers)) << "%";
+    return o.str();
+  };
+  out << "\nsummary\n"
+      << "  steps " << s.steps << ", epochs " << std::setprecision(3) << s.epochs << ", workers "
+      << s.workers << ", batch " << s.batch << " (micro-batch " << s.micro_batch << "), "
+      << s.parameters << " parameters\n"
+      << "  samples/s " << std::fixed << std::setprecision(0) << s.samples_per_second
+      << "   train loss " << std::setprecision(4) << s.train_loss << "   test loss "
+      << s.test_loss << "   test accuracy " << s.test_accuracy << "\n"
+      << "  weights digest " << s.weights_digest << "\n"
+      << "  time (share of workers x step wall time " << std::setprecision(2) << t.step
+      << " s): matmul " << pct(t.matmul) << ", relu " << pct(t.eltwise) << ", loss "
+      << pct(t.loss) << ", batch assembly " << pct(t.data) << ", reduce+optimizer "
+      << pct(t.reduce) << " (optimizer " << pct(t.optimizer) << ")\n";
+}
+
+int train_command(const train::TrainConfig& config, const std::string& data_dir,
+                  const std::string& summary_path, const std::string& metrics_path,
+                  std::size_t log_every, bool quiet, std::ostream& out) {
+  check_output_path("--summary", summary_path);
+  check_output_path("--metrics", metrics_path);
+  auto t_load = std::chrono::steady_clock::now();
+  data::Splits data = data::load_image_folder(data_dir);
+  double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+  train::Trainer trainer(config, data);  // validates everything before the first step
+  const auto& c = trainer.config();
+  if (!quiet)
+    out << "cohort train: " << c.model << " on " << data_dir << " (" << data.train.count
+        << " train, " << data.test.count << " test images, loaded in " << std::fixed
+        << std::setprecision(2) << load_s << " s)\n"
+        << "  workers " << c.workers << ", batch " << c.batch << ", micro-batch "
+        << c.micro_batch << ", lr " << c.sgd.lr << ", momentum " << c.sgd.momentum
+        << ", weight decay " << c.sgd.weight_decay << (c.sgd.nesterov ? " (nesterov)" : "")
+        << ", seed " << c.seed << ", reducer " << c.reducer << "\n";
+  std::optional<std::ofstream> metrics;
+  if (!metrics_path.empty()) {
+    metrics.emplace(metrics_path, std::ios::trunc);
+    if (!*metrics) throw InputError("--metrics " + metrics_path + ": cannot open for writing");
+  }
+  const std::size_t steps_per_epoch = (data.train.count + c.batch - 1) / c.batch;
+  const std::size_t epochs_planned =
+      c.steps ? (c.steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;
+  Progress progress(out, quiet, &out == &std::cout && ::isatty(STDOUT_FILENO), log_every,
+                    metrics ? &*metrics : nullptr, epochs_planned);
+  train::Summary s = trainer.run(progress);
+  if (!quiet) print_summary(out, s);
+  if (!summary_path.empty()) {
+    json j{{"steps", s.steps},
+           {"epochs", s.epochs},
+           {"workers", s.workers},
+           {"batch", s.batch},
+           {"micro_batch", s.micro_batch},
+           {"parameters", s.parameters},
+           {"samples_per_second", s.samples_per_second},
+           {"train_loss", s.train_loss},
+           {"test_loss", s.test_loss},
+           {"test_accuracy", s.test_accuracy},
+           {"weights_digest", s.weights_digest},
+           {"time", to_json(s.time)},
+           {"config",
+            {{"model", c.model}, {"data", data_dir}, {"batch", c.batch},
+             {"micro_batch", c.micro_batch}, {"workers", c.workers}, {"epochs", c.epochs},
+             {"steps", c.steps}, {"lr", c.sgd.lr}, {"momentum", c.sgd.momentum},
+             {"weight_decay", c.sgd.weight_decay}, {"nesterov", c.sgd.nesterov},
+             {"seed", c.seed}, {"reducer", c.reducer}}}};
+    write_atomically(summary_path, j.dump(2) + "\n");
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  CLI::App app{"cohort: synchronous data-parallel neural-network training on one CPU machine",
+               "cohort"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "cohort 0.1.0");
+
+  train::TrainConfig config;
+  std::string data_dir = data::kDefaultDataDir, summary_path, metrics_path;
+  std::size_t log_every = 50;
+  bool quiet = false;
+  CLI::App* train_cmd = app.add_subcommand("train", "train a model on an image dataset");
+  // A flag given twice takes its last value, so a script's defaults can be overridden.
+  train_cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  train_cmd->add_option("--data", data_dir, "folder with the four IDX files (raw or .gz)")
+      ->capture_default_str();
+  train_cmd->add_option("--model", config.model, "model spec, e.g. mlp:784-512-256-10")
+      ->capture_default_str();
+  train_cmd->add_option("--workers", config.workers, "worker replicas (0: one per core)")
+      ->capture_default_str();
+  train_cmd->add_option("--batch", config.batch, "global batch size")->capture_default_str();
+  train_cmd->add_option("--micro-batch", config.micro_batch,
+                        "rows per leaf of the reduction tree (0: the whole batch)")
+      ->capture_default_str();
+  train_cmd->add_option("--epochs", config.epochs, "epochs over the training set")
+      ->capture_default_str();
+  train_cmd->add_option("--steps", config.steps, "stop after N optimizer steps (0: no limit)")
+      ->capture_default_str();
+  train_cmd->add_option("--lr", config.sgd.lr, "learning rate")->capture_default_str();
+  train_cmd->add_option("--momentum", config.sgd.momentum, "SGD momentum")->capture_default_str();
+  train_cmd->add_flag("--nesterov", config.sgd.nesterov, "Nesterov momentum");
+  train_cmd->add_option("--weight-decay", config.sgd.weight_decay, "L2 weight decay")
+      ->capture_default_str();
+  train_cmd->add_option("--seed", config.seed, "seed of initialisation and shuffling")
+      ->capture_default_str();
+  train_cmd->add_option("--reducer", config.reducer,
+                        "tree | chunk_owner | parameter_server | atomic | mutex | serial")
+      ->capture_default_str();
+  train_cmd->add_option("--summary", summary_path, "write a JSON summary to this file");
+  train_cmd->add_option("--metrics", metrics_path, "write JSON Lines metrics to this file");
+  train_cmd->add_option("--log-every", log_every, "steps between progress lines / step metrics")
+      ->capture_default_str();
+  train_cmd->add_flag("--quiet", quiet, "no progress and no summary table");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    out << app.help();
+    return kExitOk;
+  } catch (const CLI::CallForAllHelp&) {
+    out << app.help("", CLI::AppFormatMode::All);
+    return kExitOk;
+  } catch (const CLI::CallForVersion& e) {
+    out << e.what() << "\n";
+    return kExitOk;
+  } catch (const CLI::ParseError& e) {
+    err << "cohort: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+
+  try {
+    if (train_cmd->parsed())
+      return train_command(config, data_dir, summary_path, metrics_path, log_every, quiet, out);
+    return kExitBadInput;
+  } catch (const InputError& e) {
+    err << "cohort: error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    err << "cohort: internal error: " << e.what() << "\n";
+    return kExitInternal;
+  }
+}
+
+}  // namespace cohort::cli

@@ -1,0 +1,119 @@
+// The command line: exit codes, messages that name the bad input, and the files it writes.
+#include "cohort/cli/cli.hpp"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace cohort::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result cohort(std::vector<std::string> args) {
+  args.insert(args.begin(), "cohort");
+  std::vector<const char*> argv;
+  for (auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  int code = run(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("cohort_cli_test_" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::vector<std::string> quick(std::vector<std::string> extra = {}) {
+    std::vector<std::string> a{"train", "--data", COHORT_FIXTURE_DIR, "--model", "mlp:784-32-10",
+                               "--batch", "64", "--steps", "12", "--workers", "2"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  fs::path dir_;
+};
+
+TEST_F(Cli, TrainWritesSummaryAndMetrics) {
+  auto summary = (dir_ / "s.json").string(), metrics = (dir_ / "m.jsonl").string();
+  Result r = cohort(quick({"--summary", summary, "--metrics", metrics, "--log-every", "4"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("summary"), std::string::npos);
+  auto j = nlohmann::json::parse(std::ifstream(summary));
+  EXPECT_EQ(j["steps"], 12);
+  EXPECT_EQ(j["workers"], 2);
+  for (const char* key : {"epochs", "samples_per_second", "train_loss", "test_accuracy",
+                          "weights_digest", "time", "config"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_GT(j["samples_per_second"].get<double>(), 0);
+  std::ifstream m(metrics);
+  std::string line;
+  int steps = 0, epochs = 0;
+  while (std::getline(m, line)) {
+    auto l = nlohmann::json::parse(line);
+    (l["kind"] == "step" ? steps : epochs)++;
+  }
+  EXPECT_EQ(steps, 3);   // every 4 of 12 steps
+  EXPECT_EQ(epochs, 2);  // 8 steps per fixture epoch: one full epoch and the partial second
+  EXPECT_FALSE(fs::exists(summary + ".tmp"));
+}
+
+TEST_F(Cli, QuietPrintsNothing) {
+  Result r = cohort(quick({"--quiet"}));
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out, "");
+}
+
+TEST_F(Cli, BadInputExitsTwoNamingWhatIsWrong) {
+  struct Bad {
+    std::vector<std::string> args;
+    std::string needle;
+  };
+  const std::vector<Bad> cases = {
+      {{"train", "--bogus"}, "--bogus"},
+      {{"train", "--batch", "abc"}, "abc"},
+      {{"train", "--lr", "0", "--data", COHORT_FIXTURE_DIR}, "lr"},
+      {{"train", "--data", (dir_ / "nowhere").string()}, "nowhere"},
+      {quick({"--batch", "0"}), "--batch"},
+      {quick({"--model", "mlp:10-10"}), "input size of 784"},
+      {quick({"--model", "resnet"}), "--model"},
+      {quick({"--summary", (dir_ / "no/such/dir/s.json").string()}), "--summary"},
+      {quick({"--metrics", dir_.string()}), "a directory"},
+      {quick({"--reducer", "fastest"}), "fastest"},
+      {quick({"--micro-batch", "65"}), "--micro-batch"},
+      {{}, "subcommand"},
+  };
+  for (const auto& c : cases) {
+    Result r = cohort(c.args);
+    EXPECT_EQ(r.code, kExitBadInput) << c.needle << ": " << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(Cli, SameSeedSameDigest) {
+  auto s1 = (dir_ / "a.json").string(), s2 = (dir_ / "b.json").string();
+  ASSERT_EQ(cohort(quick({"--quiet", "--summary", s1, "--workers", "1"})).code, 0);
+  ASSERT_EQ(cohort(quick({"--quiet", "--summary", s2, "--workers", "2"})).code, 0);
+  auto a = nlohmann::json::parse(std::ifstream(s1)), b = nlohmann::json::parse(std::ifstream(s2));
+  EXPECT_EQ(a["weights_digest"], b["weights_digest"]);
+}
+
+TEST_F(Cli, HelpAndVersionExitZero) {
+  EXPECT_EQ(cohort({"--help"}).code, 0);
+  EXPECT_EQ(cohort({"--version"}).code, 0);
+  EXPECT_NE(cohort({"train", "--help"}).out.find("--micro-batch"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cohort::cli
