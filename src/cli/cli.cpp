@@ -177,7 +177,8 @@ int train_command(const train::TrainConfig& config, const std::string& data_dir,
     metrics.emplace(metrics_path, std::ios::trunc);
     if (!*metrics) throw InputError("--metrics " + metrics_path + ": cannot open for writing");
   }
-  const std::size_t steps_per_epoch = (data.train.count + c.batch - 1) / c.batch;
+  const std::size_t steps_per_epoch =
+      c.drop_last ? data.train.count / c.batch : (data.train.count + c.batch - 1) / c.batch;
   const std::size_t epochs_planned =
       c.steps ? (c.steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;
   Progress progress(out, quiet, &out == &std::cout && ::isatty(STDOUT_FILENO), log_every,
@@ -202,7 +203,7 @@ int train_command(const train::TrainConfig& config, const std::string& data_dir,
              {"micro_batch", c.micro_batch}, {"workers", c.workers}, {"epochs", c.epochs},
              {"steps", c.steps}, {"lr", c.sgd.lr}, {"momentum", c.sgd.momentum},
              {"weight_decay", c.sgd.weight_decay}, {"nesterov", c.sgd.nesterov},
-             {"seed", c.seed}, {"reducer", c.reducer}}}};
+             {"seed", c.seed}, {"reducer", c.reducer}, {"drop_last", c.drop_last}}}};
     write_atomically(summary_path, j.dump(2) + "\n");
   }
   return kExitOk;
@@ -247,6 +248,9 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   train_cmd->add_option("--reducer", config.reducer,
                         "tree | chunk_owner | parameter_server | atomic | mutex | serial")
       ->capture_default_str();
+  bool keep_last = false;
+  train_cmd->add_flag("--keep-last", keep_last,
+                      "also train on each epoch's last, partial batch (default: skip it)");
   train_cmd->add_option("--summary", summary_path, "write a JSON summary to this file");
   train_cmd->add_option("--metrics", metrics_path, "write JSON Lines metrics to this file");
   train_cmd->add_option("--log-every", log_every, "steps between progress lines / step metrics")
@@ -269,6 +273,7 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
     return kExitBadInput;
   }
 
+  config.drop_last = !keep_last;
   try {
     if (train_cmd->parsed())
       return train_command(config, data_dir, summary_path, metrics_path, log_every, quiet, out);

@@ -65,7 +65,7 @@ TEST_F(Cli, TrainWritesSummaryAndMetrics) {
     (l["kind"] == "step" ? steps : epochs)++;
   }
   EXPECT_EQ(steps, 3);   // every 4 of 12 steps
-  EXPECT_EQ(epochs, 2);  // 8 steps per fixture epoch: one full epoch and the partial second
+  EXPECT_EQ(epochs, 2);  // 8 steps per fixture epoch: one full epoch and part of the second
   EXPECT_FALSE(fs::exists(summary + ".tmp"));
 }
 

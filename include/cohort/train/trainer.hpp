@@ -32,6 +32,10 @@ struct TrainConfig {
   std::string reducer = "tree";   // reduce::Strategy name
   std::size_t tree_arity = 2;
   std::size_t eval_batch = 500;   // rows per forward pass in evaluation
+  // Skip each epoch's last, partial batch, as torch_peer.py does: every step then has the same
+  // shape (one set of primitives, one leaf decomposition) and throughput and accuracy compare
+  // with the peer under one protocol. The skipped samples differ per epoch (reshuffled).
+  bool drop_last = true;
 };
 
 // Throws InputError (naming the flag, expected and found value) for a config that cannot run on
