@@ -238,7 +238,8 @@ struct Trainer::Impl {
   Summary run(Observer& observer) {
     data::Sampler sampler(data.train.count, config.seed);
     const std::size_t B = config.batch;
-    const std::size_t steps_per_epoch = (data.train.count + B - 1) / B;
+    const std::size_t steps_per_epoch =
+        config.drop_last ? data.train.count / B : (data.train.count + B - 1) / B;
     const std::uint64_t total_steps =
         config.steps != 0 ? config.steps : steps_per_epoch * config.epochs;
     Summary s;
