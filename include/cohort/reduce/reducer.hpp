@@ -1,0 +1,173 @@
+// Reducer: sums L leaf gradients of N floats each, contributed by W workers in any order at any
+// time, into one result (sum or mean), or hands the result chunk by chunk to a callback where the
+// optimizer is fused. Six strategies behind one interface; the combining tree is the default.
+// Not an optimizer and not a scheduler: it knows nothing of layers, TBB or how leaves are assigned.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "cohort/reduce/executor.hpp"
+#include "cohort/reduce/function_ref.hpp"
+#include "cohort/reduce/tree_shape.hpp"
+#include "cohort/tensor/buffer.hpp"
+
+namespace cohort::reduce {
+
+enum class Strategy {
+  kTree,             // lock-free combining tree, bitwise deterministic (the default)
+  kChunkOwner,       // reduce-scatter: worker w sums every leaf over its slice after a barrier
+  kParameterServer,  // one dedicated thread evaluates the tree once every leaf has arrived
+  kAtomic,           // every contribution adds into the result with CAS-loop float adds
+  kMutex,            // every contribution adds into the result under one std::mutex
+  kSerial,           // the last contribution evaluates the tree on its own thread: the oracle
+};
+
+std::string_view to_string(Strategy strategy);
+// Accepts the names to_string returns ("tree", "chunk_owner", "parameter_server", "atomic",
+// "mutex", "serial"); throws InputError naming the value otherwise.
+Strategy parse_strategy(std::string_view name);
+// Tree, chunk-owner, parameter server and serial give bitwise the serial reference's result for any
+// W and arrival order. Atomic and mutex add leaves in arrival order: their result depends on it
+// (within the float64 tolerance of tests/reduce), so they are not deterministic.
+bool is_deterministic(Strategy strategy);
+
+struct ReducerConfig {
+  std::size_t n = 0;           // floats per leaf gradient (0 is allowed: nothing is summed)
+  std::size_t leaves = 1;      // L >= 1: leaves contributed per step
+  std::size_t workers = 1;     // W >= 1: worker ids passed to contribute/finish are < W
+  std::size_t arity = 2;       // tree arity, 2 .. kMaxArity (e.g. arity = L: one flat root)
+  std::size_t chunk = 16384;   // floats per executor chunk (64 KiB); root callback granularity
+  bool own_leaf_buffers = false;  // allocate L leaf buffers reachable through leaf_buffer()
+};
+inline constexpr std::size_t kMaxArity = 64;
+
+// Validates a config; throws InputError naming the field, the expected and the found value.
+void validate(const ReducerConfig& config);
+
+// The root callback: receives the whole-model sum array and a chunk [begin, end) of it that is
+// final (already scaled). Called exactly once per chunk; chunks are non-empty, disjoint and cover
+// [0, N) (no call when N == 0). Calls may run concurrently on several threads; each may only touch
+// its own [begin, end) of shared arrays (e.g. Sgd::apply(w, sum, v, begin, end, lr, 1)).
+using ChunkCallback = FunctionRef<void(const float* sum, std::size_t begin, std::size_t end)>;
+
+// Where a step's result goes: result[i] = scale * sum_i into `result` (or, if null, into the
+// reducer's own buffer, see sum()), then `callback` per chunk if set.
+struct Sink {
+  float* result = nullptr;
+  ChunkCallback callback;
+  float scale = 1.0f;  // 1 for the sum; 1 / batch (or 1 / L) for the mean
+
+  static Sink into(float* result, float scale = 1.0f) { return Sink{result, {}, scale}; }
+  static Sink chunks(ChunkCallback callback, float scale = 1.0f) {
+    return Sink{nullptr, callback, scale};
+  }
+};
+
+// The reducer contract, for every strategy.
+//
+// A step: the controller calls begin_step(sink); then every leaf in [0, L) is contributed exactly
+// once, by any worker, in any order, from any threads (contribute(worker, leaf, grad)); and every
+// worker id in [0, W) calls finish(worker) once after its own contributions. The step is complete
+// when one call of contribute or finish returns true (tree, atomic, mutex, serial, chunk-owner) or
+// when the parameter-server thread finishes; step_done()/wait_step() observe it for all strategies.
+// Then the sink's result and callbacks are complete, and the next begin_step may follow.
+//
+// Which thread may call what:
+// - begin_step, step_done, wait_step, reset, sum: the controller, one thread, never concurrently
+//   with contributions of a step. begin_step must happen-before every contribute/finish of its step
+//   (e.g. it is called before the step's tasks are spawned or released to the workers).
+// - contribute and finish: any thread, concurrently. finish(worker) of the chunk-owner strategy
+//   blocks until all L leaves have arrived, so it needs all W finishing workers running at once;
+//   every other strategy never blocks in contribute/finish (tree: no lock, no wait, no spin), so
+//   any number of threads >= 1 can drive any W.
+// - The sink's callback runs on whichever threads complete the step (and the executor's threads).
+//
+// Lifetime: a gradient passed to contribute must stay valid and unchanged until the step is
+// complete (leaves are read when their parent node combines, possibly much later). The executor,
+// the sink's result array and the callable behind the callback must outlive the step.
+//
+// Memory ordering: every write to a leaf gradient made before contribute() happens-before the
+// result's computation; every result/callback write happens-before the completing call returns
+// true and before step_done() returns true on the controller (completed_steps_ is incremented with
+// release and read with acquire). Each strategy's header comment in src/reduce/ states its own.
+class Reducer {
+ public:
+  Reducer(Strategy strategy, const ReducerConfig& config, Executor& executor);
+  virtual ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  Strategy strategy() const { return strategy_; }
+  const ReducerConfig& config() const { return config_; }
+  const TreeShape& shape() const { return shape_; }
+
+  // Starts a step. Precondition: the previous step is complete (or reset() was called).
+  void begin_step(Sink sink);
+  // Leaf `leaf` of this step is final in grad[0, N). Returns true if this call completed the step.
+  virtual bool contribute(std::size_t worker, std::size_t leaf, const float* grad) = 0;
+  // Worker `worker` has made all of its contributions of this step. Returns true if this call
+  // completed the step. A no-op (false) except for the chunk-owner strategy.
+  virtual bool finish(std::size_t worker);
+
+  bool step_done() const;
+  void wait_step() const;
+  std::uint32_t completed_steps() const {
+    return completed_steps_.load(std::memory_order_acquire);  // acquire: see the step's output
+  }
+  // Abandons a step that will not complete (a worker failed): restores every counter. No
+  // contribution may be in flight.
+  virtual void reset();
+
+  // The array the last step's result was written to (sink.result, or the reducer's own buffer).
+  const float* sum() const { return out_; }
+  // Reducer-owned storage for leaf `leaf` (N floats, 64-byte aligned) if own_leaf_buffers is set,
+  // so a worker can compute a gradient in place and contribute that pointer.
+  float* leaf_buffer(std::size_t leaf);
+
+ protected:
+  virtual void on_begin_step() {}
+  // Publishes the step's completion; call last, after all result writes.
+  void complete_step();
+  // Hands [begin, end) of the finished result to the callback, if any.
+  void emit(std::size_t begin, std::size_t end) const {
+    if (callback_) callback_(out_, begin, end);
+  }
+  std::size_t chunk_count() const { return (config_.n + config_.chunk - 1) / config_.chunk; }
+  void check_contribution(std::size_t worker, std::size_t leaf) const;
+  // 1 for the first step; set by begin_step on the controller, readable by contributors.
+  std::uint32_t step_number() const { return started_steps_; }
+
+  const Strategy strategy_;
+  const ReducerConfig config_;
+  const TreeShape shape_;
+  Executor& executor_;
+  // Set by begin_step on the controller; read by the completing threads.
+  float* out_ = nullptr;
+  ChunkCallback callback_;
+  float scale_ = 1.0f;
+
+ private:
+  AlignedBuffer<float> own_result_;
+  std::vector<AlignedBuffer<float>> leaf_buffers_;
+  // 32-bit, compared for equality only (wraps harmlessly); a 32-bit atomic is libstdc++'s futex
+  // type, so notify_all with no sleeper is a load, not a locked add on a shared waiter pool.
+  std::uint32_t started_steps_ = 0;  // controller only
+  alignas(kCacheLine) std::atomic<std::uint32_t> completed_steps_{0};
+};
+
+// Creates a reducer. The executor must outlive it (the serial strategy does not use it).
+std::unique_ptr<Reducer> make_reducer(Strategy strategy, const ReducerConfig& config,
+                                      Executor& executor);
+
+// The oracle: out[i] = scale * (tree sum of leaves[0..L)[i]), evaluated on the calling thread in
+// the TreeShape's order, block by block (reads L*N floats, writes N, no N-sized temporaries).
+void reference_reduce(const TreeShape& shape, std::span<const float* const> leaves, std::size_t n,
+                      float* out, float scale = 1.0f);
+
+}  // namespace cohort::reduce

@@ -1,0 +1,85 @@
+// ThreadTeam and InlineExecutor: every index exactly once, nesting, concurrency, errors.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <vector>
+
+#include "cohort/reduce/executor.hpp"
+
+namespace cohort::reduce {
+namespace {
+
+TEST(InlineExecutor, RunsEveryIndexInOrder) {
+  InlineExecutor ex;
+  std::vector<std::size_t> order;
+  ex.parallel_for(5, [&](std::size_t i) { order.push_back(i); });
+  EXPECT_EQ(order, (std::vector<std::size_t>{0, 1, 2, 3, 4}));
+}
+
+TEST(ThreadTeam, RunCallsEveryMemberOnce) {
+  for (std::size_t size : {1, 2, 3, 8}) {
+    ThreadTeam team(size);
+    for (int rep = 0; rep < 50; ++rep) {
+      std::vector<int> calls(size, 0);  // distinct elements per member: no race
+      team.run([&](std::size_t m) { ++calls[m]; });
+      for (int c : calls) ASSERT_EQ(c, 1);
+    }
+  }
+}
+
+// Every member issues its own parallel_for at the same time; every index of every one runs once.
+TEST(ThreadTeam, ConcurrentParallelForCoversEachIndexOnce) {
+  for (std::size_t size : {1, 2, 4, 7}) {
+    ThreadTeam team(size);
+    const std::size_t n = 257;
+    for (int rep = 0; rep < 20; ++rep) {
+      std::vector<std::vector<int>> hits(size, std::vector<int>(n, 0));
+      team.run([&](std::size_t m) {
+        team.parallel_for(n, [&](std::size_t i) {
+          ++hits[m][i];
+          // nested: runs inline
+          team.parallel_for(2, [&](std::size_t) {});
+        });
+      });
+      for (const auto& h : hits) {
+        for (int x : h) ASSERT_EQ(x, 1);
+      }
+    }
+  }
+}
+
+// Only one member issues work; the others, idle, must help (checked loosely: all indices ran).
+TEST(ThreadTeam, IdleMembersHelpOneIssuer) {
+  ThreadTeam team(4);
+  std::vector<std::atomic<int>> hits(1000);
+  team.run([&](std::size_t m) {
+    if (m == 2) team.parallel_for(hits.size(), [&](std::size_t i) {
+      hits[i].fetch_add(1, std::memory_order_relaxed);  // relaxed: counted after run() joins
+    });
+  });
+  for (auto& h : hits) ASSERT_EQ(h.load(std::memory_order_relaxed), 1);
+}
+
+TEST(ThreadTeam, OutsideCallerRunsInline) {
+  ThreadTeam team(3);
+  int sum = 0;
+  team.parallel_for(10, [&](std::size_t i) { sum += static_cast<int>(i); });
+  EXPECT_EQ(sum, 45);
+}
+
+TEST(ThreadTeam, RethrowsFirstJobException) {
+  ThreadTeam team(3);
+  EXPECT_THROW(team.run([](std::size_t m) {
+                 if (m == 1) throw std::runtime_error("boom");
+               }),
+               std::runtime_error);
+  int ran = 0;
+  team.run([&](std::size_t m) {
+    if (m == 0) ++ran;
+  });
+  EXPECT_EQ(ran, 1);  // the team is still usable
+}
+
+}  // namespace
+}  // namespace cohort::reduce
