@@ -102,9 +102,17 @@ class CombiningTree final : public Reducer {
     }
     const std::size_t n = config_.n;
     const std::size_t chunk = config_.chunk;
+    // A root over one leaf with scale 1 feeding only a callback would just copy the leaf: the
+    // leaf itself becomes the step's result (set before any chunk runs).
+    const bool pass_through = is_root && k == 1 && scale == 1.0f && callback_only();
+    if (pass_through) out_ = const_cast<float*>(src[0]);  // read-only from here on
     auto body = [&](std::size_t c) {
       const std::size_t begin = c * chunk;
       const std::size_t end = std::min(n, begin + chunk);
+      if (pass_through) {
+        emit(begin, end);
+        return;
+      }
       std::array<const float*, kMaxArity> at{};
       for (std::size_t j = 0; j < k; ++j) at[j] = src[j] + begin;
       sum_sources(dst + begin, at.data(), k, end - begin, scale);

@@ -79,6 +79,7 @@ void Reducer::begin_step(Sink sink) {
     out_ = sink.result;
   }
   callback_ = sink.callback;
+  callback_only_ = sink.result == nullptr && static_cast<bool>(sink.callback);
   scale_ = sink.scale;
   ++started_steps_;
   on_begin_step();

@@ -8,6 +8,7 @@
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_scheduler_observer.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -134,8 +135,13 @@ struct Trainer::Impl {
   reduce::Reducer& reducer_for(std::size_t leaves) {
     auto& slot = reducers[leaves];
     if (!slot) {
+      // Arity 0: one flat root over all leaves (the last arrival sums them in one chunk-parallel
+      // pass; docs/reduce_results.md measured binary trees at 0.31 of it for 2 MiB gradients).
+      const std::size_t arity = config.tree_arity != 0
+                                    ? config.tree_arity
+                                    : std::clamp<std::size_t>(leaves, 2, reduce::kMaxArity);
       reduce::ReducerConfig rc{.n = model.layout().total(), .leaves = leaves,
-                               .workers = config.workers, .arity = config.tree_arity};
+                               .workers = config.workers, .arity = arity};
       slot = reduce::make_reducer(reduce::parse_strategy(config.reducer), rc, executor);
     }
     return *slot;
@@ -149,12 +155,15 @@ struct Trainer::Impl {
     const float lr = config.sgd.lr;
     double optimizer_seconds = 0;  // written by root chunks; summed under the reducer's ordering
     std::vector<double> chunk_seconds(reducer.config().n / reducer.config().chunk + 1);
-    auto apply = [&](const float* mean_grad, std::size_t begin, std::size_t end) {
+    // The mean is taken inside the optimizer's sweep (grad_scale), so a one-leaf root needs no
+    // pass of its own: the reducer hands the leaf straight to this callback.
+    const float inv_rows = 1.0f / static_cast<float>(rows);
+    auto apply = [&](const float* grad_sum, std::size_t begin, std::size_t end) {
       auto t0 = Clock::now();
-      sgd.apply(weights.data(), mean_grad, velocity.data(), begin, end, lr, 1.0f);
+      sgd.apply(weights.data(), grad_sum, velocity.data(), begin, end, lr, inv_rows);
       chunk_seconds[begin / reducer.config().chunk] = seconds_since(t0);
     };
-    reducer.begin_step(reduce::Sink::chunks(apply, 1.0f / static_cast<float>(rows)));
+    reducer.begin_step(reduce::Sink::chunks(apply));
     try {
       arena.execute([&] {
         oneapi::tbb::parallel_for(

@@ -125,6 +125,9 @@ class Reducer {
   virtual void reset();
 
   // The array the last step's result was written to (sink.result, or the reducer's own buffer).
+  // Exception: a tree whose root is a single leaf, with scale 1 and a callback-only sink, copies
+  // nothing: the leaf's own gradient is the result, handed to the callback and returned here
+  // (valid as long as the caller keeps that gradient).
   const float* sum() const { return out_; }
   // Reducer-owned storage for leaf `leaf` (N floats, 64-byte aligned) if own_leaf_buffers is set,
   // so a worker can compute a gradient in place and contribute that pointer.
@@ -138,6 +141,7 @@ class Reducer {
   void emit(std::size_t begin, std::size_t end) const {
     if (callback_) callback_(out_, begin, end);
   }
+  bool callback_only() const { return callback_only_; }
   std::size_t chunk_count() const { return (config_.n + config_.chunk - 1) / config_.chunk; }
   void check_contribution(std::size_t worker, std::size_t leaf) const;
   // 1 for the first step; set by begin_step on the controller, readable by contributors.
@@ -150,6 +154,7 @@ class Reducer {
   // Set by begin_step on the controller; read by the completing threads.
   float* out_ = nullptr;
   ChunkCallback callback_;
+  bool callback_only_ = false;  // the sink has a callback and no result array
   float scale_ = 1.0f;
 
  private:

@@ -30,7 +30,7 @@ struct TrainConfig {
   optim::SgdConfig sgd{};
   std::uint64_t seed = 1;
   std::string reducer = "tree";   // reduce::Strategy name
-  std::size_t tree_arity = 2;
+  std::size_t tree_arity = 0;      // 0: one flat root over all leaves (up to 64)
   std::size_t eval_batch = 500;   // rows per forward pass in evaluation
   // Skip each epoch's last, partial batch, as torch_peer.py does: every step then has the same
   // shape (one set of primitives, one leaf decomposition) and throughput and accuracy compare
