@@ -55,9 +55,11 @@ void write_atomically(const std::string& path, const std::string& text) {
 }
 
 json to_json(const train::TimeBreakdown& t) {
-  return {{"step", t.step},     {"data", t.data},     {"matmul", t.matmul},
-          {"eltwise", t.eltwise}, {"loss", t.loss},   {"reduce", t.reduce},
-          {"optimizer", t.optimizer}};
+  return {{"step", t.step},           {"compute", t.compute},
+          {"matmul", t.matmul},       {"eltwise", t.eltwise},
+          {"loss", t.loss},           {"data", t.data},
+          {"reduce", t.reduce},       {"reduce_critical", t.reduce_critical},
+          {"optimizer", t.optimizer}, {"idle", t.idle}};
 }
 
 std::string rate(double samples_per_second) {
@@ -135,11 +137,7 @@ class Progress final : public train::Observer {
 
 void print_summary(std::ostream& out, const train::Summary& s) {
   const auto& t = s.time;
-  auto pct = [&](double v) {
-    std::ostringstream o;
-    o << std::fixed << std::setprecision(1) << 100.0 * v / (t.step * double(s.workers)) << "%";
-    return o.str();
-  };
+  const double capacity = t.step * double(s.workers);  // worker-seconds available
   out << "\nsummary\n"
       << "  steps " << s.steps << ", epochs " << std::setprecision(3) << s.epochs << ", workers "
       << s.workers << ", batch " << s.batch << " (micro-batch " << s.micro_batch << "), "
@@ -147,11 +145,23 @@ void print_summary(std::ostream& out, const train::Summary& s) {
       << "  samples/s " << std::fixed << std::setprecision(0) << s.samples_per_second
       << "   train loss " << std::setprecision(4) << s.train_loss << "   test loss "
       << s.test_loss << "   test accuracy " << s.test_accuracy << "\n"
-      << "  weights digest " << s.weights_digest << "\n"
-      << "  time (share of workers x step wall time " << std::setprecision(2) << t.step
-      << " s): matmul " << pct(t.matmul) << ", relu " << pct(t.eltwise) << ", loss "
-      << pct(t.loss) << ", batch assembly " << pct(t.data) << ", reduce+optimizer "
-      << pct(t.reduce) << " (optimizer " << pct(t.optimizer) << ")\n";
+      << "  weights digest " << s.weights_digest << "\n\n"
+      << "  time of " << s.steps << " steps: " << std::setprecision(3) << t.step << " s wall x "
+      << s.workers << " workers = " << capacity << " worker-s\n";
+  auto row = [&](const char* name, double v, double of) {
+    out << "    " << std::left << std::setw(28) << name << std::right << std::setw(9)
+        << std::setprecision(3) << v << " s " << std::setw(6) << std::setprecision(1)
+        << 100.0 * v / of << "%\n";
+  };
+  row("compute", t.compute, capacity);
+  row("  matmul (oneDNN)", t.matmul, capacity);
+  row("  relu (oneDNN)", t.eltwise, capacity);
+  row("  softmax cross-entropy", t.loss, capacity);
+  row("batch assembly", t.data, capacity);
+  row("reduce + optimizer", t.reduce, capacity);
+  row("  optimizer alone", t.optimizer, capacity);
+  row("idle / wait", t.idle, capacity);
+  row("root, critical path (wall)", t.reduce_critical, t.step);
 }
 
 int train_command(const train::TrainConfig& config, const std::string& data_dir,
@@ -203,7 +213,7 @@ int train_command(const train::TrainConfig& config, const std::string& data_dir,
              {"micro_batch", c.micro_batch}, {"workers", c.workers}, {"epochs", c.epochs},
              {"steps", c.steps}, {"lr", c.sgd.lr}, {"momentum", c.sgd.momentum},
              {"weight_decay", c.sgd.weight_decay}, {"nesterov", c.sgd.nesterov},
-             {"seed", c.seed}, {"reducer", c.reducer}, {"drop_last", c.drop_last}}}};
+             {"seed", c.seed}, {"reducer", c.reducer}, {"drop_last", c.drop_last}, {"prefetch", c.prefetch}}}};
     write_atomically(summary_path, j.dump(2) + "\n");
   }
   return kExitOk;
@@ -248,7 +258,9 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   train_cmd->add_option("--reducer", config.reducer,
                         "tree | chunk_owner | parameter_server | atomic | mutex | serial")
       ->capture_default_str();
-  bool keep_last = false;
+  bool keep_last = false, no_prefetch = false;
+  train_cmd->add_flag("--no-prefetch", no_prefetch,
+                      "assemble each leaf in its replica instead of a prefetch node (for measuring)");
   train_cmd->add_flag("--keep-last", keep_last,
                       "also train on each epoch's last, partial batch (default: skip it)");
   train_cmd->add_option("--summary", summary_path, "write a JSON summary to this file");
@@ -274,6 +286,7 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   }
 
   config.drop_last = !keep_last;
+  config.prefetch = !no_prefetch;
   try {
     if (train_cmd->parsed())
       return train_command(config, data_dir, summary_path, metrics_path, log_every, quiet, out);

@@ -4,6 +4,7 @@
 
 #include <xxhash.h>
 #include <omp.h>
+#include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_scheduler_observer.h>
@@ -25,6 +26,7 @@ namespace cohort::train {
 
 namespace {
 
+namespace flow = oneapi::tbb::flow;
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -51,15 +53,23 @@ class TbbExecutor final : public reduce::Executor {
   }
 };
 
-// What one worker owns: its Net (primitives, activations, scratchpad) and batch staging.
+// What one worker owns: its Net (primitives, activations, scratchpad), a staging buffer for
+// evaluation, and its time accounts (written only by the thread running its node, read by the
+// controller after wait_for_all, which orders them).
 struct Replica {
   nn::Net net;
-  AlignedBuffer<float> x;          // (rows, features)
-  std::vector<std::int32_t> y;     // (rows)
+  AlignedBuffer<float> x;          // (eval rows, features)
+  std::vector<std::int32_t> y;     // (eval rows)
   double data_seconds = 0;
   double reduce_seconds = 0;
   Replica(const nn::Model& model, std::size_t rows)
       : net(model), x(rows * static_cast<std::size_t>(model.input_features())), y(rows) {}
+};
+
+// One global batch, assembled: x (B, features) as float, y (B).
+struct Staging {
+  AlignedBuffer<float> x;
+  std::vector<std::int32_t> y;
 };
 
 }  // namespace
@@ -90,24 +100,46 @@ void validate(const TrainConfig& c, const nn::Model& model, const data::Splits& 
 }
 
 struct Trainer::Impl {
+  // What the graph's nodes need to know about the step being run; written by the controller
+  // before it puts the start message, read by the node bodies (try_put orders the two).
+  struct StepPlan {
+    std::uint64_t number = 0;                // 1-based
+    std::span<const std::uint32_t> ids;      // this step's samples
+    std::size_t leaves = 0, workers = 0;     // workers: replicas with leaves this step
+    int slot = 0;                            // staging buffer holding (or to hold) ids
+    std::span<const std::uint32_t> next_ids; // the next step's samples, to prefetch; may be empty
+    reduce::Reducer* reducer = nullptr;
+    double root_seconds = 0;                 // written by the completing contribute's thread
+  };
+
   TrainConfig config;
   const data::Splits& data;
   nn::Model model;
+  const std::size_t features;
   AlignedBuffer<float> weights, velocity;
   std::vector<AlignedBuffer<float>> leaf_grads;  // one per leaf of a full batch
   std::vector<double> leaf_loss;
   std::vector<std::unique_ptr<Replica>> replicas;
+  Staging staging[2];
+  double prefetch_seconds = 0;  // written by the prepare node
+  std::vector<double> chunk_seconds;  // optimizer time per reducer chunk (disjoint writers)
   oneapi::tbb::task_arena arena;
   OmpSingleThread omp_pin{arena};
   TbbExecutor executor;
   std::map<std::size_t, std::unique_ptr<reduce::Reducer>> reducers;  // by leaf count
   optim::Sgd sgd;
   TimeBreakdown time;
+  StepPlan plan;
+  // The step's graph, built once inside the arena: start -> {prepare(t+1), replica 0..W-1 (t)}.
+  std::unique_ptr<flow::graph> graph;
+  std::unique_ptr<flow::broadcast_node<flow::continue_msg>> start;
+  std::vector<std::unique_ptr<flow::continue_node<flow::continue_msg>>> nodes;
 
   Impl(TrainConfig c, const data::Splits& d)
       : config(std::move(c)),
         data(d),
         model(nn::Model::parse(config.model)),
+        features(static_cast<std::size_t>(model.input_features())),
         arena(static_cast<int>(resolve_workers(config.workers))),
         sgd(config.sgd) {
     validate(config, model, data);
@@ -120,9 +152,13 @@ struct Trainer::Impl {
     const std::size_t max_leaves = leaves_for(config.batch);
     for (std::size_t i = 0; i < max_leaves; ++i) leaf_grads.emplace_back(model.layout().total());
     leaf_loss.resize(max_leaves);
-    const std::size_t rows = std::max(config.micro_batch, config.eval_batch);
+    for (auto& st : staging) {
+      st.x = AlignedBuffer<float>(config.batch * features);
+      st.y.resize(config.batch);
+    }
     for (std::size_t w = 0; w < config.workers; ++w)
-      replicas.push_back(std::make_unique<Replica>(model, rows));
+      replicas.push_back(std::make_unique<Replica>(model, config.eval_batch));
+    arena.execute([&] { build_graph(); });  // the graph belongs to the arena it is built in
   }
 
   static std::size_t resolve_workers(std::size_t w) {
@@ -130,6 +166,17 @@ struct Trainer::Impl {
   }
   std::size_t leaves_for(std::size_t rows) const {
     return (rows + config.micro_batch - 1) / config.micro_batch;
+  }
+
+  void build_graph() {
+    graph = std::make_unique<flow::graph>();
+    start = std::make_unique<flow::broadcast_node<flow::continue_msg>>(*graph);
+    nodes.push_back(std::make_unique<flow::continue_node<flow::continue_msg>>(
+        *graph, [this](const flow::continue_msg&) { prepare_next(); }));
+    for (std::size_t w = 0; w < config.workers; ++w)
+      nodes.push_back(std::make_unique<flow::continue_node<flow::continue_msg>>(
+          *graph, [this, w](const flow::continue_msg&) { run_replica(w); }));
+    for (auto& node : nodes) flow::make_edge(*start, *node);
   }
 
   reduce::Reducer& reducer_for(std::size_t leaves) {
@@ -143,68 +190,123 @@ struct Trainer::Impl {
       reduce::ReducerConfig rc{.n = model.layout().total(), .leaves = leaves,
                                .workers = config.workers, .arity = arity};
       slot = reduce::make_reducer(reduce::parse_strategy(config.reducer), rc, executor);
+      chunk_seconds.resize(std::max(chunk_seconds.size(), rc.n / rc.chunk + 1));
     }
     return *slot;
   }
 
-  // One optimizer step on the samples `ids`; returns the mean loss.
-  double step(std::span<const std::uint32_t> ids, std::uint64_t step_number) {
-    const std::size_t rows = ids.size(), M = config.micro_batch, L = leaves_for(rows);
-    const std::size_t workers = std::min(config.workers, L);
-    reduce::Reducer& reducer = reducer_for(L);
+  void assemble(std::span<const std::uint32_t> ids, int slot, std::size_t first_row) {
+    data::assemble_batch(data.train, ids, staging[slot].x.data() + first_row * features,
+                         staging[slot].y.data() + first_row);
+  }
+
+  // Graph node: assembles the next step's batch into the other staging buffer while this step's
+  // replicas compute (prefetch on), so batch assembly leaves the replicas' path.
+  void prepare_next() {
+    if (!config.prefetch || plan.next_ids.empty()) return;
+    auto t0 = Clock::now();
+    assemble(plan.next_ids, 1 - plan.slot, 0);
+    prefetch_seconds += seconds_since(t0);
+  }
+
+  // Graph node: replica w computes its contiguous run of leaves and contributes each gradient.
+  // The contribution that completes the tree runs the root: sum, mean and SGD on the master
+  // weights, chunk-parallel. Nothing here waits for another node.
+  void run_replica(std::size_t w) {
+    if (w >= plan.workers) return;
+    Replica& r = *replicas[w];
+    const std::size_t M = config.micro_batch, rows = plan.ids.size();
+    for (std::size_t leaf = w * plan.leaves / plan.workers;
+         leaf < (w + 1) * plan.leaves / plan.workers; ++leaf) {
+      const std::size_t first = leaf * M, n = std::min(M, rows - first);
+      if (!config.prefetch) {
+        auto t0 = Clock::now();
+        assemble(plan.ids.subspan(first, n), plan.slot, first);
+        r.data_seconds += seconds_since(t0);
+      }
+      if (config.leaf_hook) config.leaf_hook(plan.number, leaf);
+      float* grad = leaf_grads[leaf].data();
+      leaf_loss[leaf] = r.net.forward_backward(
+          weights.data(), staging[plan.slot].x.data() + first * features,
+          staging[plan.slot].y.data() + first, static_cast<std::int64_t>(n), grad);
+      auto t1 = Clock::now();
+      const bool completed = plan.reducer->contribute(w, leaf, grad);
+      const double dt = seconds_since(t1);
+      r.reduce_seconds += dt;
+      if (completed) plan.root_seconds = dt;
+    }
+  }
+
+  // One optimizer step on plan.ids (already in staging[plan.slot] when prefetching); returns
+  // the mean loss.
+  double step() {
+    const std::size_t rows = plan.ids.size();
+    plan.leaves = leaves_for(rows);
+    plan.workers = std::min(config.workers, plan.leaves);
+    plan.reducer = &reducer_for(plan.leaves);
+    plan.root_seconds = 0;
+    reduce::Reducer& reducer = *plan.reducer;
+    const std::size_t chunk = reducer.config().chunk;
     const float lr = config.sgd.lr;
-    double optimizer_seconds = 0;  // written by root chunks; summed under the reducer's ordering
-    std::vector<double> chunk_seconds(reducer.config().n / reducer.config().chunk + 1);
     // The mean is taken inside the optimizer's sweep (grad_scale), so a one-leaf root needs no
     // pass of its own: the reducer hands the leaf straight to this callback.
     const float inv_rows = 1.0f / static_cast<float>(rows);
     auto apply = [&](const float* grad_sum, std::size_t begin, std::size_t end) {
       auto t0 = Clock::now();
       sgd.apply(weights.data(), grad_sum, velocity.data(), begin, end, lr, inv_rows);
-      chunk_seconds[begin / reducer.config().chunk] = seconds_since(t0);
+      chunk_seconds[begin / chunk] = seconds_since(t0);
     };
     reducer.begin_step(reduce::Sink::chunks(apply));
     try {
       arena.execute([&] {
-        oneapi::tbb::parallel_for(
-            std::size_t{0}, workers,
-            [&](std::size_t w) {
-              Replica& r = *replicas[w];
-              for (std::size_t leaf = w * L / workers; leaf < (w + 1) * L / workers; ++leaf) {
-                const std::size_t first = leaf * M, n = std::min(M, rows - first);
-                auto t0 = Clock::now();
-                data::assemble_batch(data.train, ids.subspan(first, n), r.x.data(), r.y.data());
-                auto t1 = Clock::now();
-                r.data_seconds += std::chrono::duration<double>(t1 - t0).count();
-                float* grad = leaf_grads[leaf].data();
-                leaf_loss[leaf] = r.net.forward_backward(weights.data(), r.x.data(), r.y.data(),
-                                                         static_cast<std::int64_t>(n), grad);
-                auto t2 = Clock::now();
-                reducer.contribute(w, leaf, grad);
-                r.reduce_seconds += seconds_since(t2);
-              }
-            },
-            oneapi::tbb::simple_partitioner());
+        start->try_put(flow::continue_msg());
+        graph->wait_for_all();
       });
-    } catch (const InputError&) {
+    } catch (...) {
+      // A node threw: the graph cancelled the rest of the step and waited for running bodies.
+      // The root never ran (it needs every leaf), so the master weights are as before the step.
+      arena.execute([&] { graph->reset(); });
       reducer.reset();
-      throw;
-    } catch (const std::exception& e) {
-      reducer.reset();
-      throw InternalError("step " + std::to_string(step_number) + ": " + e.what());
+      const std::string where = "step " + std::to_string(plan.number) + ": ";
+      try {
+        throw;
+      } catch (const InputError& e) {
+        throw InputError(where + e.what());
+      } catch (const std::exception& e) {
+        throw InternalError(where + e.what());
+      }
     }
     COHORT_CHECK(reducer.step_done(), "every leaf was contributed but the step is not complete");
-    for (auto& r : replicas) {  // collect per step, so evaluation's forward passes stay out
-      time.matmul += r->net.times().matmul;
-      time.eltwise += r->net.times().eltwise;
-      time.loss += r->net.times().loss;
-      r->net.reset_times();
+    for (std::size_t c = 0; c < reducer.config().n / chunk + 1; ++c) {
+      time.optimizer += chunk_seconds[c];
+      chunk_seconds[c] = 0;
     }
-    for (double s : chunk_seconds) optimizer_seconds += s;
-    time.optimizer += optimizer_seconds;
+    time.reduce_critical += plan.root_seconds;
     double loss = 0;
-    for (std::size_t leaf = 0; leaf < L; ++leaf) loss += leaf_loss[leaf];  // leaf order
+    for (std::size_t leaf = 0; leaf < plan.leaves; ++leaf) loss += leaf_loss[leaf];  // leaf order
     return loss / static_cast<double>(rows);
+  }
+
+  // Collects the replicas' per-step accounts into `time`; the idle share is what is left of
+  // workers x wall.
+  void account(double wall) {
+    double busy = prefetch_seconds;
+    time.data += prefetch_seconds;
+    prefetch_seconds = 0;
+    for (auto& r : replicas) {
+      const nn::PhaseTimes& t = r->net.times();
+      time.matmul += t.matmul;
+      time.eltwise += t.eltwise;
+      time.loss += t.loss;
+      time.compute += t.total();
+      time.data += r->data_seconds;
+      time.reduce += r->reduce_seconds;
+      busy += t.total() + r->data_seconds + r->reduce_seconds;
+      r->net.reset_times();
+      r->data_seconds = r->reduce_seconds = 0;
+    }
+    time.step += wall;
+    time.idle += std::max(0.0, static_cast<double>(config.workers) * wall - busy);
   }
 
   // Mean loss and accuracy over a whole split, in chunks spread over the replicas; per-chunk
@@ -251,23 +353,41 @@ struct Trainer::Impl {
         config.drop_last ? data.train.count / B : (data.train.count + B - 1) / B;
     const std::uint64_t total_steps =
         config.steps != 0 ? config.steps : steps_per_epoch * config.epochs;
+    auto batch_of = [&](const std::vector<std::uint32_t>& order, std::size_t b) {
+      const std::size_t first = b * B;
+      return std::span(order).subspan(first, std::min(B, order.size() - first));
+    };
     Summary s;
     std::uint64_t step_number = 0;
+    std::vector<std::uint32_t> order = sampler.epoch_order(0), next_order;
+    plan.slot = 0;
+    if (config.prefetch && total_steps > 0) assemble(batch_of(order, 0), 0, 0);
     for (std::size_t epoch = 0; step_number < total_steps; ++epoch) {
-      const auto order = sampler.epoch_order(epoch);
       double epoch_loss = 0, epoch_seconds = 0;
       std::size_t epoch_samples = 0;
       for (std::size_t b = 0; b < steps_per_epoch && step_number < total_steps; ++b) {
-        const std::size_t first = b * B, rows = std::min(B, order.size() - first);
+        plan.number = step_number + 1;
+        plan.ids = batch_of(order, b);
+        plan.next_ids = {};
+        if (plan.number < total_steps) {
+          if (b + 1 < steps_per_epoch) {
+            plan.next_ids = batch_of(order, b + 1);
+          } else {
+            next_order = sampler.epoch_order(epoch + 1);
+            plan.next_ids = batch_of(next_order, 0);
+          }
+        }
         auto t0 = Clock::now();
-        double loss = step(std::span(order).subspan(first, rows), step_number + 1);
+        double loss = step();
         double dt = seconds_since(t0);
+        account(dt);
+        plan.slot = config.prefetch ? 1 - plan.slot : plan.slot;
         ++step_number;
         epoch_seconds += dt;
-        time.step += dt;
-        epoch_loss += loss * static_cast<double>(rows);
-        epoch_samples += rows;
-        observer.on_step({step_number, epoch, b + 1, steps_per_epoch, loss, rows, time.step});
+        epoch_loss += loss * static_cast<double>(plan.ids.size());
+        epoch_samples += plan.ids.size();
+        observer.on_step({step_number, epoch, b + 1, steps_per_epoch, loss, plan.ids.size(),
+                          time.step});
       }
       auto [test_loss, test_accuracy] = evaluate(data.test);
       s.train_loss = epoch_loss / static_cast<double>(epoch_samples);
@@ -278,10 +398,7 @@ struct Trainer::Impl {
       observer.on_epoch({epoch, step_number, s.train_loss, test_loss, test_accuracy,
                          static_cast<double>(epoch_samples) / epoch_seconds, time.step});
       s.samples_per_second += static_cast<double>(epoch_samples);  // total, divided below
-    }
-    for (const auto& r : replicas) {
-      time.data += r->data_seconds;
-      time.reduce += r->reduce_seconds;
+      order.swap(next_order);
     }
     s.steps = step_number;
     s.samples_per_second /= time.step;

@@ -3,6 +3,10 @@
 #include "cohort/train/trainer.hpp"
 
 #include <gtest/gtest.h>
+#include <omp.h>
+
+#include <atomic>
+#include <thread>
 
 #include "cohort/core/error.hpp"
 
@@ -132,6 +136,115 @@ TEST(Trainer, BadConfigsAreRefusedBeforeWork) {
   c = small_config();
   c.sgd.lr = -1;
   EXPECT_NE(message_of(c).find("lr"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cohort::train
+
+namespace cohort::train {
+namespace {
+
+TrainConfig engine_config(std::size_t workers) {
+  TrainConfig c;  // the default MLP, batch 256, lr 0.05, momentum 0.9
+  c.micro_batch = 32;
+  c.steps = 50;
+  c.workers = workers;
+  c.seed = 4;
+  return c;
+}
+
+class EngineWorkers : public ::testing::TestWithParam<std::size_t> {};
+
+TEST_P(EngineWorkers, DefaultMlpDigestAndLossesEqualOneWorker) {
+  // Batch 256 in 8 leaves of 32, 50 steps: every worker count gives the 1-worker run's bits.
+  static Recorder one_losses;
+  static const Summary one = Trainer(engine_config(1), fixture()).run(one_losses);
+  std::printf("seed %llu, workers %zu\n", 4ull, GetParam());
+  Recorder rec;
+  Summary s = Trainer(engine_config(GetParam()), fixture()).run(rec);
+  EXPECT_EQ(s.steps, 50u);
+  EXPECT_EQ(s.weights_digest, one.weights_digest);
+  EXPECT_EQ(rec.losses, one_losses.losses);
+}
+
+INSTANTIATE_TEST_SUITE_P(Workers, EngineWorkers, ::testing::Values(1, 2, 3, 4, 8));
+
+TEST(Engine, ReplicaThreadsRunOpenMpWithOneThread) {
+  TrainConfig c = engine_config(2);
+  c.steps = 4;
+  std::atomic<int> max_seen{0}, calls{0};
+  c.leaf_hook = [&](std::uint64_t, std::size_t) {
+    int t = omp_get_max_threads();
+    int seen = max_seen.load(std::memory_order_relaxed);
+    while (t > seen && !max_seen.compare_exchange_weak(seen, t, std::memory_order_relaxed)) {
+    }
+    calls.fetch_add(1, std::memory_order_relaxed);
+  };
+  // Make OpenMP's default visible: without the pinning a replica would see every core.
+  omp_set_num_threads(4);
+  std::thread([&] {
+    Recorder rec;
+    Trainer(c, fixture()).run(rec);
+  }).join();
+  EXPECT_EQ(calls.load(), 4 * 8);
+  EXPECT_EQ(max_seen.load(), 1);
+}
+
+TEST(Engine, AFailingReplicaLeavesWeightsAsBeforeTheStepAndSurfacesOnce) {
+  // Reference: the weights after two clean steps.
+  TrainConfig c = engine_config(2);
+  c.steps = 2;
+  Recorder r;
+  const std::string after_two = Trainer(c, fixture()).run(r).weights_digest;
+
+  c.steps = 5;
+  std::atomic<int> thrown{0};
+  c.leaf_hook = [&](std::uint64_t step, std::size_t leaf) {
+    if (step == 3 && leaf == 5 && thrown.fetch_add(1) == 0) throw std::runtime_error("injected");
+  };
+  Trainer t(c, fixture());
+  Recorder rec;
+  try {
+    t.run(rec);
+    FAIL() << "the injected failure did not surface";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("step 3: injected"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(thrown.load(), 1);
+  EXPECT_EQ(rec.losses.size(), 2u);  // steps 1 and 2 completed, step 3 did not
+  const auto& layout = t.model().layout();
+  EXPECT_EQ(weights_digest(t.weights(), layout.total()), after_two);
+  // The graph and the reducer were reset: the same trainer runs again.
+  Recorder again;
+  Summary s = t.run(again);
+  EXPECT_EQ(s.steps, 5u);
+  EXPECT_NE(s.weights_digest, after_two);
+}
+
+TEST(Engine, BadInputInAReplicaStaysBadInput) {
+  TrainConfig c = engine_config(2);
+  c.steps = 3;
+  c.leaf_hook = [](std::uint64_t step, std::size_t) {
+    if (step == 2) throw InputError("a corrupt sample");
+  };
+  Recorder rec;
+  try {
+    Trainer(c, fixture()).run(rec);
+    FAIL() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("step 2: a corrupt sample"), std::string::npos);
+  }
+}
+
+TEST(Engine, WithoutPrefetchTheResultIsTheSame) {
+  TrainConfig c = engine_config(2);
+  c.steps = 10;
+  Recorder a, b;
+  Summary with = Trainer(c, fixture()).run(a);
+  c.prefetch = false;
+  Summary without = Trainer(c, fixture()).run(b);
+  EXPECT_EQ(with.weights_digest, without.weights_digest);
+  EXPECT_EQ(a.losses, b.losses);
 }
 
 }  // namespace

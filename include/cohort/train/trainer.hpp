@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,21 +37,31 @@ struct TrainConfig {
   // shape (one set of primitives, one leaf decomposition) and throughput and accuracy compare
   // with the peer under one protocol. The skipped samples differ per epoch (reshuffled).
   bool drop_last = true;
+  // Assemble step t+1's batch in a graph node that runs beside step t's replicas (true), or let
+  // each replica assemble its own leaves just before computing them (false).
+  bool prefetch = true;
+  // Test hook, called on the replica's thread before each leaf's forward/backward; may throw to
+  // simulate a failing worker. Not for production use.
+  std::function<void(std::uint64_t step, std::size_t leaf)> leaf_hook;
 };
 
 // Throws InputError (naming the flag, expected and found value) for a config that cannot run on
 // `data`, before any work starts.
 void validate(const TrainConfig& config, const nn::Model& model, const data::Splits& data);
 
-// Seconds of wall time, summed over training steps.
+// Seconds, summed over training steps. Per-replica phases are summed over replicas, so they
+// compare with workers x step; `reduce_critical` and `step` are wall time.
 struct TimeBreakdown {
-  double step = 0;       // wall time of the training steps: the samples/s denominator
-  double data = 0;       // batch assembly, summed over replicas
-  double matmul = 0;     // oneDNN inner products, summed over replicas
-  double eltwise = 0;    // oneDNN ReLU, summed over replicas
-  double loss = 0;       // softmax cross-entropy, summed over replicas
-  double reduce = 0;     // root of the reduction: combine + optimizer sweep, on the critical path
-  double optimizer = 0;  // the part of `reduce` spent in the optimizer update, summed over chunks
+  double step = 0;             // wall time of the training steps: the samples/s denominator
+  double compute = 0;          // forward + loss + backward (the three below), over replicas
+  double matmul = 0;           // oneDNN inner products
+  double eltwise = 0;          // oneDNN ReLU
+  double loss = 0;             // softmax cross-entropy
+  double data = 0;             // batch assembly (in the prefetch node, or in the replicas)
+  double reduce = 0;           // inside reducer.contribute (combines + fused optimizer)
+  double reduce_critical = 0;  // the completing contribute call: the root's sum + optimizer
+  double optimizer = 0;        // the SGD sweep alone, summed over chunks
+  double idle = 0;             // workers x step - (compute + data + reduce): waiting, scheduling
 };
 
 struct StepEvent {
