@@ -242,7 +242,7 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
       ->capture_default_str();
   train_cmd->add_option("--batch", config.batch, "global batch size")->capture_default_str();
   train_cmd->add_option("--micro-batch", config.micro_batch,
-                        "rows per leaf of the reduction tree (0: the whole batch)")
+                        "rows per leaf of the reduction tree (0: batch / cores, rounded up)")
       ->capture_default_str();
   train_cmd->add_option("--epochs", config.epochs, "epochs over the training set")
       ->capture_default_str();

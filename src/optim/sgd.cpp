@@ -27,15 +27,15 @@ void validate(const SgdConfig& c) {
 }
 
 void Sgd::apply(float* __restrict w, const float* __restrict g, float* __restrict v,
-                std::size_t begin, std::size_t end, float lr, float grad_scale) const {
+                std::size_t count, float lr, float grad_scale) const {
   const float mu = config_.momentum;
   const float wd = config_.weight_decay;
   if (mu == 0.0f) {
-    for (std::size_t i = begin; i < end; ++i) w[i] -= lr * (grad_scale * g[i] + wd * w[i]);
+    for (std::size_t i = 0; i < count; ++i) w[i] -= lr * (grad_scale * g[i] + wd * w[i]);
     return;
   }
   if (config_.nesterov) {
-    for (std::size_t i = begin; i < end; ++i) {
+    for (std::size_t i = 0; i < count; ++i) {
       float d = grad_scale * g[i] + wd * w[i];
       float vi = mu * v[i] + d;
       v[i] = vi;
@@ -43,7 +43,7 @@ void Sgd::apply(float* __restrict w, const float* __restrict g, float* __restric
     }
     return;
   }
-  for (std::size_t i = begin; i < end; ++i) {
+  for (std::size_t i = 0; i < count; ++i) {
     float d = grad_scale * g[i] + wd * w[i];
     float vi = mu * v[i] + d;
     v[i] = vi;

@@ -90,7 +90,8 @@ class CombiningTree final : public Reducer {
   }
 
   // dst = scale * (children of node, left to right), or a copy of the leaf when the root is one.
-  // Split into chunks for the executor; the root also hands each chunk to the callback.
+  // Split into chunks for the executor; the root also hands each chunk to the callback, or, for
+  // a fused sink, hands the callback the children instead of summing them.
   void combine_into(std::uint32_t node, const float* dst_const, float scale, bool is_root) {
     float* dst = const_cast<float*>(dst_const);  // node buffers are ours; value is const for leaves
     std::array<const float*, kMaxArity> src{};
@@ -102,15 +103,13 @@ class CombiningTree final : public Reducer {
     }
     const std::size_t n = config_.n;
     const std::size_t chunk = config_.chunk;
-    // A root over one leaf with scale 1 feeding only a callback would just copy the leaf: the
-    // leaf itself becomes the step's result (set before any chunk runs).
-    const bool pass_through = is_root && k == 1 && scale == 1.0f && callback_only();
-    if (pass_through) out_ = const_cast<float*>(src[0]);  // read-only from here on
+    // A fused sink sums the root's children itself, in its own sweep: nothing to write here.
+    const bool fused = is_root && static_cast<bool>(sources_);
     auto body = [&](std::size_t c) {
       const std::size_t begin = c * chunk;
       const std::size_t end = std::min(n, begin + chunk);
-      if (pass_through) {
-        emit(begin, end);
+      if (fused) {
+        sources_(src.data(), k, begin, end);
         return;
       }
       std::array<const float*, kMaxArity> at{};

@@ -78,8 +78,10 @@ void Reducer::begin_step(Sink sink) {
   } else {
     out_ = sink.result;
   }
+  COHORT_CHECK(!sink.sources || (sink.scale == 1.0f && !sink.callback && !sink.result),
+               "begin_step: a fused sink takes no scale, chunk callback or result array");
   callback_ = sink.callback;
-  callback_only_ = sink.result == nullptr && static_cast<bool>(sink.callback);
+  sources_ = sink.sources;
   scale_ = sink.scale;
   ++started_steps_;
   on_begin_step();

@@ -238,7 +238,7 @@ class AtomicReducer final : public Collecting {
   void finish_step() {
     auto emit_chunk = [this](std::size_t b, std::size_t e) { emit(b, e); };
     finalize_in_place(*this, out_, scale_, chunk_count(), config_.chunk, config_.n, executor_,
-                      callback_ ? FunctionRef<void(std::size_t, std::size_t)>(emit_chunk)
+                      has_callback() ? FunctionRef<void(std::size_t, std::size_t)>(emit_chunk)
                                 : FunctionRef<void(std::size_t, std::size_t)>());
     // relaxed: re-arm; see Collecting.
     leaves_arrived_.store(0, std::memory_order_relaxed);
@@ -271,7 +271,7 @@ class MutexReducer final : public Reducer {
     if (!last) return false;
     auto emit_chunk = [this](std::size_t b, std::size_t e) { emit(b, e); };
     finalize_in_place(*this, out_, scale_, chunk_count(), config_.chunk, config_.n, executor_,
-                      callback_ ? FunctionRef<void(std::size_t, std::size_t)>(emit_chunk)
+                      has_callback() ? FunctionRef<void(std::size_t, std::size_t)>(emit_chunk)
                                 : FunctionRef<void(std::size_t, std::size_t)>());
     complete_step();
     return true;

@@ -19,6 +19,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/nn/loss.hpp"
 #include "cohort/nn/net.hpp"
+#include "cohort/reduce/kernels.hpp"
 #include "cohort/reduce/reducer.hpp"
 #include "cohort/tensor/buffer.hpp"
 
@@ -27,6 +28,8 @@ namespace cohort::train {
 namespace {
 
 namespace flow = oneapi::tbb::flow;
+// Floats per block of the fused root: the summed block (4 KiB) stays in L1 for the optimizer.
+constexpr std::size_t kRootBlock = 1024;
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -83,7 +86,7 @@ void validate(const TrainConfig& c, const nn::Model& model, const data::Splits& 
     bad("--batch", "1 .. " + std::to_string(data.train.count) + " (the training set size)",
         std::to_string(c.batch));
   if (c.micro_batch > c.batch)
-    bad("--micro-batch", "1 .. --batch (" + std::to_string(c.batch) + "), or 0 for the whole batch",
+    bad("--micro-batch", "1 .. --batch (" + std::to_string(c.batch) + "), or 0 for batch / cores",
         std::to_string(c.micro_batch));
   if (c.epochs == 0 && c.steps == 0) bad("--epochs", "at least 1 (or --steps N)", "0");
   if (c.eval_batch == 0) bad("eval batch", "at least 1", "0");
@@ -110,6 +113,7 @@ struct Trainer::Impl {
     std::span<const std::uint32_t> next_ids; // the next step's samples, to prefetch; may be empty
     reduce::Reducer* reducer = nullptr;
     double root_seconds = 0;                 // written by the completing contribute's thread
+    std::thread::id root_thread;             // likewise
   };
 
   TrainConfig config;
@@ -122,7 +126,11 @@ struct Trainer::Impl {
   std::vector<std::unique_ptr<Replica>> replicas;
   Staging staging[2];
   double prefetch_seconds = 0;  // written by the prepare node
-  std::vector<double> chunk_seconds;  // optimizer time per reducer chunk (disjoint writers)
+  double helper_seconds = 0;    // root chunks run by threads other than the completing one
+  // Per reducer chunk of the fused root: optimizer seconds and the thread that ran it (disjoint
+  // writers; read by the controller after the step).
+  std::vector<double> chunk_seconds;
+  std::vector<std::thread::id> chunk_thread;
   oneapi::tbb::task_arena arena;
   OmpSingleThread omp_pin{arena};
   TbbExecutor executor;
@@ -144,7 +152,12 @@ struct Trainer::Impl {
         sgd(config.sgd) {
     validate(config, model, data);
     config.workers = resolve_workers(config.workers);
-    if (config.micro_batch == 0) config.micro_batch = config.batch;
+    // Default: one leaf per core of this machine, the fastest decomposition measured
+    // (docs/architecture.md, "Micro-batch"). It depends on the machine, never on --workers.
+    if (config.micro_batch == 0) {
+      const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
+      config.micro_batch = (config.batch + cores - 1) / cores;
+    }
     omp_set_num_threads(1);  // this thread also runs replica work inside the arena
     weights = AlignedBuffer<float>(model.layout().total());
     model.init(weights.data(), config.seed);
@@ -191,6 +204,7 @@ struct Trainer::Impl {
                                .workers = config.workers, .arity = arity};
       slot = reduce::make_reducer(reduce::parse_strategy(config.reducer), rc, executor);
       chunk_seconds.resize(std::max(chunk_seconds.size(), rc.n / rc.chunk + 1));
+      chunk_thread.resize(chunk_seconds.size());
     }
     return *slot;
   }
@@ -233,7 +247,10 @@ struct Trainer::Impl {
       const bool completed = plan.reducer->contribute(w, leaf, grad);
       const double dt = seconds_since(t1);
       r.reduce_seconds += dt;
-      if (completed) plan.root_seconds = dt;
+      if (completed) {
+        plan.root_seconds = dt;
+        plan.root_thread = std::this_thread::get_id();
+      }
     }
   }
 
@@ -248,15 +265,32 @@ struct Trainer::Impl {
     reduce::Reducer& reducer = *plan.reducer;
     const std::size_t chunk = reducer.config().chunk;
     const float lr = config.sgd.lr;
-    // The mean is taken inside the optimizer's sweep (grad_scale), so a one-leaf root needs no
-    // pass of its own: the reducer hands the leaf straight to this callback.
+    // The fused root: for each chunk the reducer hands over the root's children (the leaves,
+    // for a flat tree); they are added left to right block by block into an L1-sized buffer and
+    // the optimizer applies the mean (grad_scale) from there. One read of each leaf, one
+    // read-modify-write of weights and momentum, no N-sized sum; a single leaf is used as is.
     const float inv_rows = 1.0f / static_cast<float>(rows);
-    auto apply = [&](const float* grad_sum, std::size_t begin, std::size_t end) {
+    auto apply = [&](const float* const* sources, std::size_t k, std::size_t begin,
+                     std::size_t end) {
       auto t0 = Clock::now();
-      sgd.apply(weights.data(), grad_sum, velocity.data(), begin, end, lr, inv_rows);
+      float* v = velocity.data();
+      if (k == 1) {
+        sgd.apply(weights.data() + begin, sources[0] + begin, v ? v + begin : nullptr,
+                  end - begin, lr, inv_rows);
+      } else {
+        alignas(kCacheLine) float block[kRootBlock];
+        const float* at[reduce::kMaxArity];
+        for (std::size_t b = begin; b < end; b += kRootBlock) {
+          const std::size_t count = std::min(kRootBlock, end - b);
+          for (std::size_t j = 0; j < k; ++j) at[j] = sources[j] + b;
+          reduce::sum_sources(block, at, k, count);
+          sgd.apply(weights.data() + b, block, v ? v + b : nullptr, count, lr, inv_rows);
+        }
+      }
       chunk_seconds[begin / chunk] = seconds_since(t0);
+      chunk_thread[begin / chunk] = std::this_thread::get_id();
     };
-    reducer.begin_step(reduce::Sink::chunks(apply));
+    reducer.begin_step(reduce::Sink::fused(apply));
     try {
       arena.execute([&] {
         start->try_put(flow::continue_msg());
@@ -277,8 +311,15 @@ struct Trainer::Impl {
       }
     }
     COHORT_CHECK(reducer.step_done(), "every leaf was contributed but the step is not complete");
+    // Root chunks that other threads took (stolen from the completing contribute) are reduce
+    // work of those threads, not idle time.
     for (std::size_t c = 0; c < reducer.config().n / chunk + 1; ++c) {
       time.optimizer += chunk_seconds[c];
+      if (chunk_seconds[c] != 0 && chunk_thread[c] != plan.root_thread)
+      {
+        time.reduce += chunk_seconds[c];
+        helper_seconds += chunk_seconds[c];
+      }
       chunk_seconds[c] = 0;
     }
     time.reduce_critical += plan.root_seconds;
@@ -290,7 +331,8 @@ struct Trainer::Impl {
   // Collects the replicas' per-step accounts into `time`; the idle share is what is left of
   // workers x wall.
   void account(double wall) {
-    double busy = prefetch_seconds;
+    double busy = prefetch_seconds + helper_seconds;
+    helper_seconds = 0;
     time.data += prefetch_seconds;
     prefetch_seconds = 0;
     for (auto& r : replicas) {

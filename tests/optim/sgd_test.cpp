@@ -21,10 +21,10 @@ TEST(Sgd, MomentumAndWeightDecayMatchHandComputation) {
   Sgd sgd({.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = false});
   std::vector<float> w{1.0f, -2.0f}, v{0, 0};
   std::vector<float> g1{0.4f, 0.2f}, g2{-0.2f, 0.6f};
-  sgd.apply(w.data(), g1.data(), v.data(), 0, 2, 0.1f, 0.5f);
+  sgd.apply(w.data(), g1.data(), v.data(), 2, 0.1f, 0.5f);
   EXPECT_NEAR(w[0], 0.979, 1e-6);
   EXPECT_NEAR(w[1], -2.008, 1e-6);
-  sgd.apply(w.data(), g2.data(), v.data(), 0, 2, 0.1f, 0.5f);
+  sgd.apply(w.data(), g2.data(), v.data(), 2, 0.1f, 0.5f);
   EXPECT_NEAR(v[0], 0.09879, 1e-6);
   EXPECT_NEAR(w[0], 0.979 - 0.009879, 1e-6);
   EXPECT_NEAR(v[1], 0.35192, 1e-6);
@@ -37,9 +37,9 @@ TEST(Sgd, MomentumAndWeightDecayMatchHandComputation) {
 TEST(Sgd, NesterovMatchesHandComputation) {
   Sgd sgd({.lr = 0.1f, .momentum = 0.5f, .weight_decay = 0.0f, .nesterov = true});
   std::vector<float> w{1.0f}, v{0}, g{1.0f};
-  sgd.apply(w.data(), g.data(), v.data(), 0, 1, 0.1f, 1.0f);
+  sgd.apply(w.data(), g.data(), v.data(), 1, 0.1f, 1.0f);
   EXPECT_NEAR(w[0], 0.85, 1e-7);
-  sgd.apply(w.data(), g.data(), v.data(), 0, 1, 0.1f, 1.0f);
+  sgd.apply(w.data(), g.data(), v.data(), 1, 0.1f, 1.0f);
   EXPECT_NEAR(v[0], 1.5, 1e-7);
   EXPECT_NEAR(w[0], 0.675, 1e-7);
 }
@@ -47,7 +47,7 @@ TEST(Sgd, NesterovMatchesHandComputation) {
 TEST(Sgd, PlainSgdNeedsNoVelocity) {
   Sgd sgd({.lr = 0.5f, .momentum = 0.0f});
   std::vector<float> w{2.0f, 3.0f}, g{4.0f, -2.0f};
-  sgd.apply(w.data(), g.data(), nullptr, 0, 2, 0.5f, 0.25f);
+  sgd.apply(w.data(), g.data(), nullptr, 2, 0.5f, 0.25f);
   EXPECT_FLOAT_EQ(w[0], 1.5f);
   EXPECT_FLOAT_EQ(w[1], 3.25f);
 }
@@ -55,7 +55,7 @@ TEST(Sgd, PlainSgdNeedsNoVelocity) {
 TEST(Sgd, OnlyTheGivenRangeChanges) {
   Sgd sgd({.lr = 1.0f, .momentum = 0.9f});
   std::vector<float> w(10, 1.0f), v(10, 0.0f), g(10, 1.0f);
-  sgd.apply(w.data(), g.data(), v.data(), 3, 7, 1.0f, 1.0f);
+  sgd.apply(w.data() + 3, g.data() + 3, v.data() + 3, 4, 1.0f, 1.0f);
   for (int i = 0; i < 10; ++i) EXPECT_EQ(w[i], (i >= 3 && i < 7) ? 0.0f : 1.0f) << i;
 }
 

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "cohort/core/error.hpp"
+#include "cohort/reduce/kernels.hpp"
 #include "reduce_test_util.hpp"
 
 namespace cohort::reduce {
@@ -22,8 +23,8 @@ using testing::within_float64;
 constexpr Strategy kAll[] = {Strategy::kTree,   Strategy::kChunkOwner, Strategy::kParameterServer,
                              Strategy::kAtomic, Strategy::kMutex,      Strategy::kSerial};
 
-// Runs one step of `strategy` and checks it; the sink alternates between a result array and a
-// chunk callback, and the scale between sum and mean.
+// Runs one step of `strategy` and checks it; the sink cycles through a result array, a chunk
+// callback and a fused (sources) callback, and the scale between sum and mean.
 void check_step(ThreadTeam& team, Strategy strategy, std::size_t workers, std::size_t leaves,
                 std::size_t n, std::size_t arity, std::size_t chunk, std::uint64_t seed) {
   SCOPED_TRACE("strategy=" + std::string(to_string(strategy)) + " W=" + std::to_string(workers) +
@@ -44,20 +45,35 @@ void check_step(ThreadTeam& team, Strategy strategy, std::size_t workers, std::s
 
   AlignedBuffer<float> got(n);
   std::vector<int> coverage(n, 0);
-  const bool use_callback = (seed & 2) != 0;
+  enum class Mode { kArray, kChunks, kFused };
+  const Mode mode = static_cast<Mode>((seed >> 1) % 3);
   auto callback = [&](const float* sum, std::size_t begin, std::size_t end) {
     for (std::size_t i = begin; i < end; ++i) {
       got[i] = sum[i];
       ++coverage[i];  // chunks are disjoint: distinct elements, no race
     }
   };
-  const Sink sink = use_callback ? Sink::chunks(callback, scale) : Sink::into(got.data(), scale);
+  // The fused callee sums the sources left to right itself and applies the mean, as the
+  // trainer's optimizer does.
+  auto fused = [&](const float* const* sources, std::size_t k, std::size_t begin,
+                   std::size_t end) {
+    ASSERT_GE(k, 1u);
+    std::vector<const float*> at(k);
+    for (std::size_t j = 0; j < k; ++j) at[j] = sources[j] + begin;
+    sum_sources(got.data() + begin, at.data(), k, end - begin, scale);
+    for (std::size_t i = begin; i < end; ++i) ++coverage[i];
+  };
+  const Sink sink = mode == Mode::kArray    ? Sink::into(got.data(), scale)
+                    : mode == Mode::kChunks ? Sink::chunks(callback, scale)
+                                            : Sink::fused(fused);
   const auto plan = assign_leaves(leaves, workers, rng);
   const int completions = run_step(team, *reducer, data.pointers, plan, sink);
   ASSERT_TRUE(reducer->step_done());
   ASSERT_EQ(completions, strategy == Strategy::kParameterServer ? 0 : 1);
-  if (use_callback) {
+  if (mode != Mode::kArray) {
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(coverage[i], 1) << "element " << i;
+  }
+  if (mode == Mode::kChunks) {
     ASSERT_TRUE(bitwise_equal(reducer->sum(), got.data(), n));
   }
   if (is_deterministic(strategy)) {

@@ -1,5 +1,5 @@
 // SGD with momentum, Nesterov momentum and L2 weight decay, with PyTorch's torch.optim.SGD
-// semantics (dampening 0), applied to a [begin, end) range of the flat parameter array so the
+// semantics (dampening 0), applied to one contiguous range of the flat parameter array so the
 // reduction's root can fuse it chunk by chunk. Not a scheduler: the caller passes the step's lr.
 //
 // Thread-safety: apply() on disjoint ranges may run concurrently; it touches only those ranges.
@@ -25,12 +25,12 @@ class Sgd {
 
   const SgdConfig& config() const { return config_; }
 
-  // One update of w[begin, end) from the summed gradient g; grad_scale turns the sum into a mean
+  // One update of `count` elements: w, g and v point at the first element of the range (offset
+  // them into the flat arrays); g is the summed gradient and grad_scale turns it into a mean
   // (1 / batch). Per element, with d = grad_scale * g + weight_decay * w:
   //   v = momentum * v + d;   w -= lr * (nesterov ? d + momentum * v : v)
-  // With momentum 0, v is not read or written (it may be null).
-  // w, g and v are whole-model arrays; only [begin, end) is touched.
-  void apply(float* w, const float* g, float* v, std::size_t begin, std::size_t end, float lr,
+  // With momentum 0, v is not read or written (it may be null). g must not alias w or v.
+  void apply(float* w, const float* g, float* v, std::size_t count, float lr,
              float grad_scale) const;
 
  private:

@@ -56,17 +56,30 @@ void validate(const ReducerConfig& config);
 // its own [begin, end) of shared arrays (e.g. Sgd::apply(w, sum, v, begin, end, lr, 1)).
 using ChunkCallback = FunctionRef<void(const float* sum, std::size_t begin, std::size_t end)>;
 
+// The fused root callback: the step's result on [begin, end) is the left-to-right sum
+// ((sources[0][i] + sources[1][i]) + sources[2][i]) + ... of k >= 1 whole-model arrays, final
+// for that range. The callee consumes the sum in its own sweep (e.g. adds the sources block by
+// block in L1 and applies the optimizer there), so the reducer writes no result array: one read
+// of each source, no N-sized temporary, and for a single source no copy at all. Called exactly
+// once per chunk, like ChunkCallback, possibly concurrently. To be bitwise equal to the other
+// sinks the callee must add in this order (reduce::sum_sources does).
+using SourcesCallback = FunctionRef<void(const float* const* sources, std::size_t k,
+                                         std::size_t begin, std::size_t end)>;
+
 // Where a step's result goes: result[i] = scale * sum_i into `result` (or, if null, into the
-// reducer's own buffer, see sum()), then `callback` per chunk if set.
+// reducer's own buffer, see sum()), then `callback` per chunk if set; or, for a fused sink, the
+// sources of the sum per chunk to `sources` (scale 1: the callee scales).
 struct Sink {
   float* result = nullptr;
   ChunkCallback callback;
   float scale = 1.0f;  // 1 for the sum; 1 / batch (or 1 / L) for the mean
+  SourcesCallback sources;
 
-  static Sink into(float* result, float scale = 1.0f) { return Sink{result, {}, scale}; }
+  static Sink into(float* result, float scale = 1.0f) { return Sink{result, {}, scale, {}}; }
   static Sink chunks(ChunkCallback callback, float scale = 1.0f) {
-    return Sink{nullptr, callback, scale};
+    return Sink{nullptr, callback, scale, {}};
   }
+  static Sink fused(SourcesCallback sources) { return Sink{nullptr, {}, 1.0f, sources}; }
 };
 
 // The reducer contract, for every strategy.
@@ -125,9 +138,7 @@ class Reducer {
   virtual void reset();
 
   // The array the last step's result was written to (sink.result, or the reducer's own buffer).
-  // Exception: a tree whose root is a single leaf, with scale 1 and a callback-only sink, copies
-  // nothing: the leaf's own gradient is the result, handed to the callback and returned here
-  // (valid as long as the caller keeps that gradient).
+  // Not written by the combining tree for a fused sink (its callback consumes the root's sources).
   const float* sum() const { return out_; }
   // Reducer-owned storage for leaf `leaf` (N floats, 64-byte aligned) if own_leaf_buffers is set,
   // so a worker can compute a gradient in place and contribute that pointer.
@@ -137,11 +148,16 @@ class Reducer {
   virtual void on_begin_step() {}
   // Publishes the step's completion; call last, after all result writes.
   void complete_step();
-  // Hands [begin, end) of the finished result to the callback, if any.
+  // Hands [begin, end) of the finished result array to the callback, if any (a fused sink gets
+  // it as a single source).
   void emit(std::size_t begin, std::size_t end) const {
     if (callback_) callback_(out_, begin, end);
+    if (sources_) {
+      const float* sum = out_;
+      sources_(&sum, 1, begin, end);
+    }
   }
-  bool callback_only() const { return callback_only_; }
+  bool has_callback() const { return callback_ || sources_; }
   std::size_t chunk_count() const { return (config_.n + config_.chunk - 1) / config_.chunk; }
   void check_contribution(std::size_t worker, std::size_t leaf) const;
   // 1 for the first step; set by begin_step on the controller, readable by contributors.
@@ -154,7 +170,7 @@ class Reducer {
   // Set by begin_step on the controller; read by the completing threads.
   float* out_ = nullptr;
   ChunkCallback callback_;
-  bool callback_only_ = false;  // the sink has a callback and no result array
+  SourcesCallback sources_;
   float scale_ = 1.0f;
 
  private:

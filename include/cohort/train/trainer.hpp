@@ -25,7 +25,7 @@ struct TrainConfig {
   std::string model = "mlp:784-512-256-10";
   std::size_t workers = 0;        // 0: one per core
   std::size_t batch = 256;        // global batch B
-  std::size_t micro_batch = 0;    // leaf size M; 0: the whole batch is one leaf
+  std::size_t micro_batch = 0;    // leaf size M; 0: ceil(batch / cores of this machine)
   std::size_t epochs = 5;
   std::size_t steps = 0;          // stop after this many optimizer steps; 0: run all epochs
   optim::SgdConfig sgd{};
@@ -58,7 +58,8 @@ struct TimeBreakdown {
   double eltwise = 0;          // oneDNN ReLU
   double loss = 0;             // softmax cross-entropy
   double data = 0;             // batch assembly (in the prefetch node, or in the replicas)
-  double reduce = 0;           // inside reducer.contribute (combines + fused optimizer)
+  double reduce = 0;           // reducer work: contribute calls (combines, the fused root) and
+                               // root chunks other threads took
   double reduce_critical = 0;  // the completing contribute call: the root's sum + optimizer
   double optimizer = 0;        // the SGD sweep alone, summed over chunks
   double idle = 0;             // workers x step - (compute + data + reduce): waiting, scheduling

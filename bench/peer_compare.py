@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+"""Side-by-side throughput of cohort and the PyTorch peer (../shared/peers/torch_peer.py) on the
+same model and batch, alternating A and B in one run and reporting medians and their ratio.
+
+The machine is shared and noisy, so only ratios measured in the same run mean anything.
+cohort's samples/s counts training steps only (its summary's `samples_per_second`: no data
+loading, no evaluation; the first step, which creates the oneDNN primitives, is included). The
+peer's figure is its `tput` median (20 warm-up steps excluded).
+
+Usage: bench/peer_compare.py [--reps 5] [--steps 300] [--cases mlp256,mlp32,scaling,micro]
+Needs: python3-torch and libopenblas0-openmp (see the peer's header), build/release/cohort.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COHORT = os.path.join(ROOT, "build/release/cohort")
+PEER = os.path.join(ROOT, "../shared/peers/torch_peer.py")
+
+
+def cohort(args, steps):
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [COHORT, "train", "--quiet", "--steps", str(steps), "--summary", f.name] + args
+        subprocess.run(cmd, check=True)
+        s = json.load(open(f.name))
+    t = s["time"]
+    return s["samples_per_second"], t
+
+
+def peer(args, steps):
+    cmd = ["/usr/bin/python3", PEER, "tput", "--steps", str(steps), "--reps", "1"] + args
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    line = [l for l in out.splitlines() if l.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])["median"], None
+
+
+def side_by_side(title, runners, reps, steps):
+    """runners: list of (label, fn(steps) -> (samples/s, time)). Alternates them reps times."""
+    rates = {label: [] for label, _ in runners}
+    shares = {label: [] for label, _ in runners}
+    for _ in range(reps):
+        for label, fn in runners:
+            r, t = fn(steps)
+            rates[label].append(r)
+            if t:  # cohort: the root's wall share (sum + optimizer on the critical path)
+                shares[label].append(t["reduce_critical"] / t["step"])
+    print(f"\n### {title}\n")
+    print("| run | samples/s (median) | all repetitions | reduce+optimizer, critical path share of step (median) |")
+    print("|---|---|---|---|")
+    med = {}
+    for label, _ in runners:
+        med[label] = statistics.median(rates[label])
+        share = f"{100 * statistics.median(shares[label]):.1f}%" if shares[label] else "–"
+        print(f"| {label} | {med[label]:,.0f} | {', '.join(f'{x:,.0f}' for x in rates[label])} | {share} |")
+    sys.stdout.flush()
+    return med, shares
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--cases", default="mlp256,mlp32,scaling,micro,prefetch")
+    a = p.parse_args()
+    cases = a.cases.split(",")
+    print(f"reps {a.reps}, steps {a.steps}, cohort {COHORT}")
+    if "mlp256" in cases:
+        med, _ = side_by_side(
+            "MLP, batch 256: cohort 2 workers vs PyTorch 2 threads",
+            [("cohort --workers 2", lambda s: cohort(["--workers", "2", "--batch", "256"], s)),
+             ("torch --threads 2", lambda s: peer(["--model", "mlp", "--threads", "2", "--batch", "256"], s))],
+            a.reps, a.steps)
+        print(f"\nratio cohort / torch: **{med['cohort --workers 2'] / med['torch --threads 2']:.2f}x**")
+    if "mlp32" in cases:
+        med, _ = side_by_side(
+            "MLP, batch 32: cohort 2 workers vs PyTorch 1 and 2 threads",
+            [("cohort --workers 2", lambda s: cohort(["--workers", "2", "--batch", "32"], s * 8)),
+             ("torch --threads 1", lambda s: peer(["--model", "mlp", "--threads", "1", "--batch", "32"], s * 8)),
+             ("torch --threads 2", lambda s: peer(["--model", "mlp", "--threads", "2", "--batch", "32"], s * 8))],
+            a.reps, a.steps)
+        best = max(med["torch --threads 1"], med["torch --threads 2"])
+        print(f"\nratio cohort / best torch: **{med['cohort --workers 2'] / best:.2f}x**")
+    if "scaling" in cases:
+        med, _ = side_by_side(
+            "Scaling, MLP batch 256: 2 workers vs 1 worker",
+            [("cohort --workers 1", lambda s: cohort(["--workers", "1"], s)),
+             ("cohort --workers 2", lambda s: cohort(["--workers", "2"], s))],
+            a.reps, a.steps)
+        print(f"\nratio 2 / 1 workers: **{med['cohort --workers 2'] / med['cohort --workers 1']:.2f}x**")
+    if "micro" in cases:
+        runners = []
+        for m in (32, 64, 128):
+            runners.append((f"--micro-batch {m}",
+                            (lambda m: lambda s: cohort(["--workers", "2", "--micro-batch", str(m)], s))(m)))
+        med, _ = side_by_side("Cost of reproducibility: micro-batch at 2 workers, batch 256 "
+                              "(128 = one leaf per worker)", runners, a.reps, a.steps)
+        base = med["--micro-batch 128"]
+        for label, v in med.items():
+            print(f"- {label}: {v / base:.3f} of one leaf per worker")
+    if "prefetch" in cases:
+        med, _ = side_by_side(
+            "Prefetch node vs assembly inside the replicas, 2 workers, batch 256",
+            [("prefetch node", lambda s: cohort(["--workers", "2"], s)),
+             ("--no-prefetch", lambda s: cohort(["--workers", "2", "--no-prefetch"], s))],
+            a.reps, a.steps)
+        print(f"\nratio prefetch / no-prefetch: **{med['prefetch node'] / med['--no-prefetch']:.3f}**")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
