@@ -105,10 +105,10 @@ def main():
     if "prefetch" in cases:
         med, _ = side_by_side(
             "Prefetch node vs assembly inside the replicas, 2 workers, batch 256",
-            [("prefetch node", lambda s: cohort(["--workers", "2"], s)),
-             ("--no-prefetch", lambda s: cohort(["--workers", "2", "--no-prefetch"], s))],
+            [("prefetch node", lambda s: cohort(["--workers", "2", "--prefetch"], s)),
+             ("in replicas", lambda s: cohort(["--workers", "2"], s))],
             a.reps, a.steps)
-        print(f"\nratio prefetch / no-prefetch: **{med['prefetch node'] / med['--no-prefetch']:.3f}**")
+        print(f"\nratio prefetch / in replicas: **{med['prefetch node'] / med['in replicas']:.3f}**")
 
 
 if __name__ == "__main__":

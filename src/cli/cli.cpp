@@ -258,9 +258,10 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   train_cmd->add_option("--reducer", config.reducer,
                         "tree | chunk_owner | parameter_server | atomic | mutex | serial")
       ->capture_default_str();
-  bool keep_last = false, no_prefetch = false;
-  train_cmd->add_flag("--no-prefetch", no_prefetch,
-                      "assemble each leaf in its replica instead of a prefetch node (for measuring)");
+  bool keep_last = false;
+  train_cmd->add_flag("--prefetch", config.prefetch,
+                      "assemble the next batch in a graph node beside the replicas (default: each "
+                      "replica assembles its own leaves)");
   train_cmd->add_flag("--keep-last", keep_last,
                       "also train on each epoch's last, partial batch (default: skip it)");
   train_cmd->add_option("--summary", summary_path, "write a JSON summary to this file");
@@ -286,7 +287,6 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   }
 
   config.drop_last = !keep_last;
-  config.prefetch = !no_prefetch;
   try {
     if (train_cmd->parsed())
       return train_command(config, data_dir, summary_path, metrics_path, log_every, quiet, out);

@@ -236,10 +236,11 @@ TEST(Engine, BadInputInAReplicaStaysBadInput) {
   }
 }
 
-TEST(Engine, WithoutPrefetchTheResultIsTheSame) {
+TEST(Engine, WithPrefetchTheResultIsTheSame) {
   TrainConfig c = engine_config(2);
   c.steps = 10;
   Recorder a, b;
+  c.prefetch = true;
   Summary with = Trainer(c, fixture()).run(a);
   c.prefetch = false;
   Summary without = Trainer(c, fixture()).run(b);
