@@ -57,7 +57,8 @@ void write_atomically(const std::string& path, const std::string& text) {
 json to_json(const train::TimeBreakdown& t) {
   return {{"step", t.step},           {"compute", t.compute},
           {"matmul", t.matmul},       {"eltwise", t.eltwise},
-          {"loss", t.loss},           {"data", t.data},
+          {"loss", t.loss},           {"other", t.other},
+          {"data", t.data},
           {"reduce", t.reduce},       {"reduce_critical", t.reduce_critical},
           {"optimizer", t.optimizer}, {"idle", t.idle}};
 }
@@ -154,9 +155,10 @@ void print_summary(std::ostream& out, const train::Summary& s) {
         << 100.0 * v / of << "%\n";
   };
   row("compute", t.compute, capacity);
-  row("  matmul (oneDNN)", t.matmul, capacity);
+  row("  matmul, conv (oneDNN)", t.matmul, capacity);
   row("  relu (oneDNN)", t.eltwise, capacity);
   row("  softmax cross-entropy", t.loss, capacity);
+  row("  pool, dropout, reorders", t.other, capacity);
   row("batch assembly", t.data, capacity);
   row("reduce + optimizer", t.reduce, capacity);
   row("  optimizer alone", t.optimizer, capacity);
@@ -236,7 +238,9 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   train_cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   train_cmd->add_option("--data", data_dir, "folder with the four IDX files (raw or .gz)")
       ->capture_default_str();
-  train_cmd->add_option("--model", config.model, "model spec, e.g. mlp:784-512-256-10")
+  train_cmd->add_option("--model", config.model,
+                        "mlp:784-512-256-10, cnn, or a layer list such as "
+                        "conv(32,5)-relu-maxpool(2)-flatten-linear(10)")
       ->capture_default_str();
   train_cmd->add_option("--workers", config.workers, "worker replicas (0: one per core)")
       ->capture_default_str();

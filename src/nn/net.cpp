@@ -1,13 +1,17 @@
-// Net on oneDNN 2.6 primitives. For each batch size N a Plan is built once: primitive descriptors
-// (plain formats: the weights live in the shared flat (OC, IC) array that every replica reads, so a
-// blocked weight layout would cost a reorder per replica per step), primitives, activation buffers
-// and memory objects bound to them. A step only rebinds the caller's pointers and executes.
-// This file is the only place in cohort that includes oneDNN.
+// Net on oneDNN 2.6 primitives. For each batch size N a Plan is built once: primitive
+// descriptors, primitives, activation buffers and memory objects bound to them, as two lists of
+// steps (forward, backward). A training step only rebinds the caller's pointers and executes.
+// Layouts: convolutions and pooling let oneDNN choose (format_tag::any, blocked formats such as
+// nChw16c); reorders happen only at the edges — the input images (nchw), the flat parameter
+// array (oihw / oi, shared by every replica, so weights are reordered per step into the
+// replica's format and weight gradients back), and flatten (to plain nchw). Inner products and
+// the loss work on plain (N, F). This file is the only place in cohort that includes oneDNN.
 #include "cohort/nn/net.hpp"
 
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <unordered_map>
 
@@ -23,8 +27,9 @@ using dnnl::memory;
 using Tag = memory::format_tag;
 using Dt = memory::data_type;
 using Clock = std::chrono::steady_clock;
+using Kind = LayerSpec::Kind;
 
-enum class Phase { kMatmul, kEltwise };
+enum class Phase { kMatmul, kEltwise, kOther };
 
 // A memory object bound to a caller-owned array at a fixed float offset; rebound when the
 // caller's base pointer changes.
@@ -33,20 +38,21 @@ struct External {
   std::size_t offset;
 };
 
+// One step of a plan: a primitive with its arguments, or a plain function (dropout).
 struct Exec {
   dnnl::primitive prim;
   std::unordered_map<int, memory> args;
   Phase phase;
   memory::desc scratchpad_md;  // bound to the plan's scratchpad once its size is known
+  std::function<void()> custom;
 };
 
-// What oneDNN needs to run one batch size: primitives in execution order, their buffers.
+// What oneDNN needs to run one batch size: steps in execution order and their buffers.
 struct Plan {
-  std::int64_t N = 0;
-  std::vector<AlignedBuffer<float>> buffers;  // activations and their gradients
+  std::vector<AlignedBuffer<float>> buffers;  // activations, gradients, reordered weights, masks
   AlignedBuffer<std::uint8_t> scratchpad;     // shared by all primitives: they run in sequence
   std::vector<Exec> forward, backward;
-  memory x;                                   // (N, IC0), caller's input
+  memory x;                                   // the caller's input
   std::vector<External> params, grads;        // views into caller's arrays
   const float* bound_params = nullptr;
   float* bound_grad = nullptr;
@@ -62,6 +68,7 @@ struct Net::Impl {
   dnnl::stream stream{engine};
   std::map<std::pair<std::int64_t, bool>, std::unique_ptr<Plan>> plans;  // (N, training)
   PhaseTimes times;
+  StreamKey key;  // the current step's dropout streams
 
   explicit Impl(const Model& m) : model(&m) {}
 
@@ -88,135 +95,356 @@ struct Net::Impl {
   void run(std::vector<Exec>& execs) {
     for (auto& e : execs) {
       auto t0 = Clock::now();
-      e.prim.execute(stream, e.args);
+      if (e.custom)
+        e.custom();
+      else
+        e.prim.execute(stream, e.args);
       double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-      (e.phase == Phase::kMatmul ? times.matmul : times.eltwise) += dt;
+      (e.phase == Phase::kMatmul ? times.matmul
+       : e.phase == Phase::kEltwise ? times.eltwise
+                                    : times.other) += dt;
     }
     stream.wait();
   }
 };
 
-std::unique_ptr<Plan> Net::Impl::build(std::int64_t N, bool training) {
-  auto p = std::make_unique<Plan>();
-  p->N = N;
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // one task may move between threads
-  const auto prop = training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
+namespace {
 
-  auto new_buffer = [&](std::int64_t rows, std::int64_t cols) {
-    p->buffers.emplace_back(static_cast<std::size_t>(rows * cols));
-    return p->buffers.back().data();
-  };
-  std::size_t scratch_bytes = 0;
-  auto add = [&](std::vector<Exec>& list, dnnl::primitive prim, const memory::desc& scratch_md,
-                 std::unordered_map<int, memory> args, Phase phase) {
-    scratch_bytes = std::max(scratch_bytes, scratch_md.get_size());
-    list.push_back({std::move(prim), std::move(args), phase, scratch_md});
-  };
-  std::string where;  // the layer being built, for error messages
-
-  const auto& layers = model->layers();
-  std::int64_t features = model->input_features();
-  memory::desc cur_md({N, features}, Dt::f32, Tag::nc);
-  p->x = memory(cur_md, engine, DNNL_MEMORY_NONE);
-  memory cur = p->x;
-  // Forward pass, remembering what backward needs.
-  struct Saved {
-    const LayerSpec* layer;
-    memory src, dst;
-    memory::desc src_md, dst_md;
-    dnnl::inner_product_forward::primitive_desc ip_pd;
-    dnnl::eltwise_forward::primitive_desc relu_pd;
-    memory weights, bias;
-  };
-  std::vector<Saved> saved;
-  try {
-    for (const auto& l : layers) {
-      where = l.name + " forward, input (" + std::to_string(N) + ", " +
-              std::to_string(cur_md.dims()[1]) + ")";
-      if (l.kind == LayerSpec::Kind::kLinear) {
-        memory::desc w_md({l.out, l.in}, Dt::f32, Tag::oi);  // (OC, IC), the flat array's layout
-        memory::desc b_md({l.out}, Dt::f32, Tag::x);        // (OC)
-        memory::desc dst_md({N, l.out}, Dt::f32, Tag::nc);  // (N, OC)
-        dnnl::inner_product_forward::primitive_desc pd(
-            {prop, cur_md, w_md, b_md, dst_md}, attr, engine);
-        memory w(w_md, engine, DNNL_MEMORY_NONE), b(b_md, engine, DNNL_MEMORY_NONE);
-        p->params.push_back({w, l.weight});
-        p->params.push_back({b, l.bias});
-        memory dst(dst_md, engine, new_buffer(N, l.out));
-        add(p->forward, dnnl::inner_product_forward(pd), pd.scratchpad_desc(),
-            {{DNNL_ARG_SRC, cur}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_BIAS, b}, {DNNL_ARG_DST, dst}},
-            Phase::kMatmul);
-        saved.push_back({&l, cur, dst, cur_md, dst_md, pd, {}, w, b});
-        cur = dst;
-        cur_md = dst_md;
-      } else {
-        // In place; backward uses the output (relu'(x) = [y > 0]), so no input copy is kept.
-        dnnl::eltwise_forward::primitive_desc pd(
-            {prop, dnnl::algorithm::eltwise_relu_use_dst_for_bwd, cur_md, 0.0f}, attr, engine);
-        add(p->forward, dnnl::eltwise_forward(pd), pd.scratchpad_desc(),
-            {{DNNL_ARG_SRC, cur}, {DNNL_ARG_DST, cur}}, Phase::kEltwise);
-        Saved s{};
-        s.layer = &l;
-        s.dst = cur;
-        s.dst_md = cur_md;
-        s.relu_pd = pd;
-        saved.push_back(s);
-      }
-    }
-    p->logits = static_cast<float*>(cur.get_data_handle());
-
-    if (training) {
-      // Backward pass in reverse; the gradient of the logits comes from the loss.
-      const std::int64_t C = model->num_classes();
-      p->diff_logits = new_buffer(N, C);
-      memory diff(memory::desc({N, C}, Dt::f32, Tag::nc), engine, p->diff_logits);
-      for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
-        const LayerSpec& l = *it->layer;
-        where = l.name + " backward, output gradient (" + std::to_string(N) + ", " +
-                std::to_string(it->dst_md.dims()[1]) + ")";
-        if (l.kind == LayerSpec::Kind::kReLU) {
-          dnnl::eltwise_backward::primitive_desc pd(
-              {dnnl::algorithm::eltwise_relu_use_dst_for_bwd, it->dst_md, it->dst_md, 0.0f}, attr,
-              engine, it->relu_pd);
-          add(p->backward, dnnl::eltwise_backward(pd), pd.scratchpad_desc(),
-              {{DNNL_ARG_DST, it->dst}, {DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_DIFF_SRC, diff}},
-              Phase::kEltwise);
-          continue;
-        }
-        memory::desc dw_md({l.out, l.in}, Dt::f32, Tag::oi), db_md({l.out}, Dt::f32, Tag::x);
-        dnnl::inner_product_backward_weights::primitive_desc wpd(
-            {it->src_md, dw_md, db_md, it->dst_md}, attr, engine, it->ip_pd);
-        memory dw(dw_md, engine, DNNL_MEMORY_NONE), db(db_md, engine, DNNL_MEMORY_NONE);
-        p->grads.push_back({dw, l.weight});
-        p->grads.push_back({db, l.bias});
-        add(p->backward, dnnl::inner_product_backward_weights(wpd), wpd.scratchpad_desc(),
-            {{DNNL_ARG_SRC, it->src}, {DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_DIFF_WEIGHTS, dw},
-             {DNNL_ARG_DIFF_BIAS, db}},
-            Phase::kMatmul);
-        if (it + 1 == saved.rend()) break;  // the input needs no gradient
-        dnnl::inner_product_backward_data::primitive_desc dpd(
-            {it->src_md, it->weights.get_desc(), it->dst_md}, attr, engine, it->ip_pd);
-        memory diff_src(it->src_md, engine, new_buffer(N, l.in));
-        add(p->backward, dnnl::inner_product_backward_data(dpd), dpd.scratchpad_desc(),
-            {{DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_WEIGHTS, it->weights},
-             {DNNL_ARG_DIFF_SRC, diff_src}},
-            Phase::kMatmul);
-        diff = diff_src;
-      }
-    }
-  } catch (const dnnl::error& e) {
-    throw InternalError("oneDNN: building " + model->spec() + ", layer " + where + ": " +
-                        e.what() + " (status " +
-                        std::to_string(static_cast<int>(e.status)) + ")");
+// Builds one plan; a helper object so the many small steps share their context.
+class PlanBuilder {
+ public:
+  // `key` is read when the plan runs: the current step's dropout streams.
+  PlanBuilder(const Model& model, const dnnl::engine& engine, const StreamKey* key, Plan& plan,
+              std::int64_t N, bool training)
+      : model_(model), key_(key), p_(plan), N_(N), training_(training), eng_(engine) {
+    attr_.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // a task may move between threads
   }
 
-  // One scratchpad for the plan, as large as the largest primitive's need.
-  p->scratchpad = AlignedBuffer<std::uint8_t>(scratch_bytes);
-  for (auto* list : {&p->forward, &p->backward})
-    for (auto& e : *list)
-      if (e.scratchpad_md.get_size() != 0)
-        e.args.insert({DNNL_ARG_SCRATCHPAD, memory(e.scratchpad_md, engine, p->scratchpad.data())});
+  void build() {
+    const Model& model = model_;
+    const SampleShape in = model.input();
+    memory::desc x_md = in.flat() ? memory::desc({N_, in.C}, Dt::f32, Tag::nc)
+                                  : memory::desc({N_, in.C, in.H, in.W}, Dt::f32, Tag::nchw);
+    p_.x = memory(x_md, eng_, DNNL_MEMORY_NONE);
+    memory cur = p_.x;
+    const auto& layers = model.layers();
+    std::vector<Saved> saved;
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const LayerSpec& l = layers[i];
+      where_ = l.name + " forward, input " + in_str(l.in);
+      saved.push_back(forward(l, i, cur));
+      cur = saved.back().dst;
+    }
+    p_.logits = static_cast<float*>(cur.get_data_handle());
+    if (training_) {
+      const std::int64_t C = model.num_classes();
+      p_.diff_logits = buffer(static_cast<std::size_t>(N_ * C) * sizeof(float));
+      memory diff(memory::desc({N_, C}, Dt::f32, Tag::nc), eng_, p_.diff_logits);
+      for (std::size_t i = layers.size(); i-- > 0;) {
+        where_ = layers[i].name + " backward, output " + in_str(layers[i].out);
+        diff = backward(saved[i], i == 0, diff);
+      }
+    }
+    // One scratchpad for the plan, as large as the largest primitive's need.
+    p_.scratchpad = AlignedBuffer<std::uint8_t>(scratch_bytes_);
+    for (auto* list : {&p_.forward, &p_.backward})
+      for (auto& e : *list)
+        if (!e.custom && e.scratchpad_md.get_size() != 0)
+          e.args.insert({DNNL_ARG_SCRATCHPAD, memory(e.scratchpad_md, eng_, p_.scratchpad.data())});
+  }
+
+  const std::string& where() const { return where_; }
+
+ private:
+  // What backward needs from a layer's forward.
+  struct Saved {
+    const LayerSpec* layer = nullptr;
+    memory src, dst;  // the layer's input and output as the layer saw them
+    memory weights;   // linear/conv weights in the primitive's format
+    memory user_weights;
+    dnnl::primitive_desc_base fwd_pd;
+    memory workspace;  // max pooling
+    memory mask;       // dropout, in the output's layout
+    memory::desc flat_src_md;  // flatten: the plain (N, C, H, W) view of its input
+  };
+
+  std::string in_str(const SampleShape& s) const {
+    return "(" + std::to_string(N_) + ", " + s.str().substr(1);
+  }
+
+  float* buffer(std::size_t bytes) {
+    p_.buffers.emplace_back((bytes + sizeof(float) - 1) / sizeof(float));
+    return p_.buffers.back().data();
+  }
+  memory new_memory(const memory::desc& md) { return memory(md, eng_, buffer(md.get_size())); }
+
+  void add(std::vector<Exec>& list, dnnl::primitive prim, const memory::desc& scratch,
+           std::unordered_map<int, memory> args, Phase phase) {
+    scratch_bytes_ = std::max(scratch_bytes_, scratch.get_size());
+    list.push_back({std::move(prim), std::move(args), phase, scratch, {}});
+  }
+
+  // `m` in layout `want`: itself, or a reorder into a new buffer appended to `list`.
+  memory ensure(const memory& m, const memory::desc& want, std::vector<Exec>& list) {
+    if (m.get_desc() == want) return m;
+    memory out = new_memory(want);
+    reorder_into(m, out, list);
+    return out;
+  }
+  void reorder_into(const memory& from, const memory& to, std::vector<Exec>& list) {
+    dnnl::reorder::primitive_desc pd(eng_, from.get_desc(), eng_, to.get_desc(), attr_);
+    add(list, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
+        Phase::kOther);
+  }
+  memory external(std::vector<External>& list, const memory::desc& md, std::size_t offset) {
+    memory m(md, eng_, DNNL_MEMORY_NONE);
+    list.push_back({m, offset});
+    return m;
+  }
+
+  static memory::desc any(memory::dims dims) { return memory::desc(dims, Dt::f32, Tag::any); }
+  memory::dims image(const SampleShape& s) const { return {N_, s.C, s.H, s.W}; }
+
+  Saved forward(const LayerSpec& l, std::size_t index, memory cur) {
+    const auto prop =
+        training_ ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
+    Saved s;
+    s.layer = &l;
+    s.src = cur;
+    switch (l.kind) {
+      case Kind::kLinear: {
+        memory::desc w_md({l.out.C, l.in.C}, Dt::f32, Tag::oi);  // (OC, IC): the flat array
+        memory::desc b_md({l.out.C}, Dt::f32, Tag::x);
+        memory::desc dst_md({N_, l.out.C}, Dt::f32, Tag::nc);
+        s.src = ensure(cur, memory::desc({N_, l.in.C}, Dt::f32, Tag::nc), p_.forward);
+        dnnl::inner_product_forward::primitive_desc pd(
+            {prop, s.src.get_desc(), w_md, b_md, dst_md}, attr_, eng_);
+        s.weights = s.user_weights = external(p_.params, w_md, l.weight);
+        memory b = external(p_.params, b_md, l.bias);
+        s.dst = new_memory(dst_md);
+        add(p_.forward, dnnl::inner_product_forward(pd), pd.scratchpad_desc(),
+            {{DNNL_ARG_SRC, s.src}, {DNNL_ARG_WEIGHTS, s.weights}, {DNNL_ARG_BIAS, b},
+             {DNNL_ARG_DST, s.dst}},
+            Phase::kMatmul);
+        s.fwd_pd = pd;
+        return s;
+      }
+      case Kind::kConv: {
+        const memory::dims strides{l.stride, l.stride}, pad{l.pad, l.pad};
+        memory::desc b_md({l.out.C}, Dt::f32, Tag::x);
+        dnnl::convolution_forward::primitive_desc pd(
+            {prop, dnnl::algorithm::convolution_direct, any(image(l.in)),
+             any({l.out.C, l.in.C, l.kernel, l.kernel}), b_md, any(image(l.out)), strides, pad,
+             pad},
+            attr_, eng_);
+        s.src = ensure(cur, pd.src_desc(), p_.forward);
+        s.user_weights = external(
+            p_.params, memory::desc({l.out.C, l.in.C, l.kernel, l.kernel}, Dt::f32, Tag::oihw),
+            l.weight);
+        s.weights = ensure(s.user_weights, pd.weights_desc(), p_.forward);  // every step
+        memory b = external(p_.params, b_md, l.bias);
+        s.dst = new_memory(pd.dst_desc());
+        add(p_.forward, dnnl::convolution_forward(pd), pd.scratchpad_desc(),
+            {{DNNL_ARG_SRC, s.src}, {DNNL_ARG_WEIGHTS, s.weights}, {DNNL_ARG_BIAS, b},
+             {DNNL_ARG_DST, s.dst}},
+            Phase::kMatmul);
+        s.fwd_pd = pd;
+        return s;
+      }
+      case Kind::kReLU: {
+        // In place; backward uses the output (relu'(x) = [y > 0]), so no input copy is kept.
+        dnnl::eltwise_forward::primitive_desc pd(
+            {prop, dnnl::algorithm::eltwise_relu_use_dst_for_bwd, cur.get_desc(), 0.0f}, attr_,
+            eng_);
+        add(p_.forward, dnnl::eltwise_forward(pd), pd.scratchpad_desc(),
+            {{DNNL_ARG_SRC, cur}, {DNNL_ARG_DST, cur}}, Phase::kEltwise);
+        s.dst = cur;
+        s.fwd_pd = pd;
+        return s;
+      }
+      case Kind::kMaxPool:
+      case Kind::kAvgPool: {
+        const auto alg = l.kind == Kind::kMaxPool ? dnnl::algorithm::pooling_max
+                                                  : dnnl::algorithm::pooling_avg_exclude_padding;
+        const memory::dims k{l.kernel, l.kernel}, st{l.stride, l.stride}, zero{0, 0};
+        dnnl::pooling_forward::primitive_desc pd(
+            {prop, alg, cur.get_desc(), any(image(l.out)), st, k, zero, zero}, attr_, eng_);
+        s.dst = new_memory(pd.dst_desc());
+        std::unordered_map<int, memory> args{{DNNL_ARG_SRC, cur}, {DNNL_ARG_DST, s.dst}};
+        if (training_ && pd.workspace_desc().get_size() != 0) {  // max: where each max came from
+          s.workspace = memory(pd.workspace_desc(), eng_, buffer(pd.workspace_desc().get_size()));
+          args.insert({DNNL_ARG_WORKSPACE, s.workspace});
+        }
+        add(p_.forward, dnnl::pooling_forward(pd), pd.scratchpad_desc(), std::move(args),
+            Phase::kOther);
+        s.fwd_pd = pd;
+        return s;
+      }
+      case Kind::kFlatten: {
+        // PyTorch's flatten order is (C, H, W): reorder to plain nchw, then view as (N, C*H*W).
+        s.flat_src_md = memory::desc(image(l.in), Dt::f32, Tag::nchw);
+        memory plain = ensure(cur, s.flat_src_md, p_.forward);
+        s.dst = memory(memory::desc({N_, l.out.C}, Dt::f32, Tag::nc), eng_,
+                       plain.get_data_handle());
+        return s;
+      }
+      case Kind::kDropout: {
+        s.dst = cur;
+        if (!training_) return s;  // inference: the identity
+        // The mask is drawn in logical (N, C, H, W) order, then laid out like the activation.
+        const std::size_t count = static_cast<std::size_t>(N_ * l.in.numel());
+        memory::desc plain_md = l.in.flat() ? memory::desc({N_, l.in.C}, Dt::f32, Tag::nc)
+                                            : memory::desc(image(l.in), Dt::f32, Tag::nchw);
+        memory plain(plain_md, eng_, buffer(count * sizeof(float)));
+        float* plain_ptr = static_cast<float*>(plain.get_data_handle());
+        const StreamKey* key = key_;
+        const float p = l.p;
+        p_.forward.push_back({{}, {}, Phase::kOther, {}, [key, index, p, count, plain_ptr] {
+                                dropout_mask(*key, index, p, count, plain_ptr);
+                              }});
+        s.mask = ensure(plain, cur.get_desc(), p_.forward);
+        apply_mask(p_.forward, cur, s.mask);
+        return s;
+      }
+    }
+    COHORT_CHECK(false, "unknown layer kind");
+    __builtin_unreachable();
+  }
+
+  // x *= mask over the physical buffer (both in the same layout; padding is zero in both).
+  void apply_mask(std::vector<Exec>& list, const memory& x, const memory& mask) {
+    float* xp = static_cast<float*>(x.get_data_handle());
+    const float* mp = static_cast<const float*>(mask.get_data_handle());
+    const std::size_t n = x.get_desc().get_size() / sizeof(float);
+    list.push_back({{}, {}, Phase::kOther, {}, [xp, mp, n] {
+                      for (std::size_t i = 0; i < n; ++i) xp[i] *= mp[i];
+                    }});
+  }
+
+  // Appends the layer's backward steps; returns the gradient of its input (unset for the first
+  // layer, whose input needs none).
+  memory backward(const Saved& s, bool first, memory diff) {
+    const LayerSpec& l = *s.layer;
+    diff = ensure(diff, s.dst.get_desc(), p_.backward);
+    switch (l.kind) {
+      case Kind::kLinear: {
+        auto fwd = dnnl::inner_product_forward::primitive_desc(s.fwd_pd.get());
+        memory::desc dw_md({l.out.C, l.in.C}, Dt::f32, Tag::oi), db_md({l.out.C}, Dt::f32, Tag::x);
+        dnnl::inner_product_backward_weights::primitive_desc wpd(
+            {s.src.get_desc(), dw_md, db_md, s.dst.get_desc()}, attr_, eng_, fwd);
+        memory dw = external(p_.grads, dw_md, l.weight), db = external(p_.grads, db_md, l.bias);
+        add(p_.backward, dnnl::inner_product_backward_weights(wpd), wpd.scratchpad_desc(),
+            {{DNNL_ARG_SRC, s.src}, {DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_DIFF_WEIGHTS, dw},
+             {DNNL_ARG_DIFF_BIAS, db}},
+            Phase::kMatmul);
+        if (first) return {};
+        dnnl::inner_product_backward_data::primitive_desc dpd(
+            {s.src.get_desc(), s.weights.get_desc(), s.dst.get_desc()}, attr_, eng_, fwd);
+        memory diff_src = new_memory(s.src.get_desc());
+        add(p_.backward, dnnl::inner_product_backward_data(dpd), dpd.scratchpad_desc(),
+            {{DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_WEIGHTS, s.weights},
+             {DNNL_ARG_DIFF_SRC, diff_src}},
+            Phase::kMatmul);
+        return diff_src;
+      }
+      case Kind::kConv: {
+        auto fwd = dnnl::convolution_forward::primitive_desc(s.fwd_pd.get());
+        const memory::dims strides{l.stride, l.stride}, pad{l.pad, l.pad};
+        memory::desc b_md({l.out.C}, Dt::f32, Tag::x);
+        dnnl::convolution_backward_weights::primitive_desc wpd(
+            {dnnl::algorithm::convolution_direct, any(image(l.in)),
+             any({l.out.C, l.in.C, l.kernel, l.kernel}), b_md, any(image(l.out)), strides, pad,
+             pad},
+            attr_, eng_, fwd);
+        memory src = ensure(s.src, wpd.src_desc(), p_.backward);
+        memory dd = ensure(diff, wpd.diff_dst_desc(), p_.backward);
+        memory user_dw = external(
+            p_.grads, memory::desc({l.out.C, l.in.C, l.kernel, l.kernel}, Dt::f32, Tag::oihw),
+            l.weight);
+        memory db = external(p_.grads, b_md, l.bias);
+        const bool direct = wpd.diff_weights_desc() == user_dw.get_desc();
+        memory dw = direct ? user_dw : new_memory(wpd.diff_weights_desc());
+        add(p_.backward, dnnl::convolution_backward_weights(wpd), wpd.scratchpad_desc(),
+            {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_DIFF_WEIGHTS, dw},
+             {DNNL_ARG_DIFF_BIAS, db}},
+            Phase::kMatmul);
+        if (!direct) reorder_into(dw, user_dw, p_.backward);  // back to the flat (OC, IC, KH, KW)
+        if (first) return {};
+        dnnl::convolution_backward_data::primitive_desc dpd(
+            {dnnl::algorithm::convolution_direct, any(image(l.in)),
+             any({l.out.C, l.in.C, l.kernel, l.kernel}), any(image(l.out)), strides, pad, pad},
+            attr_, eng_, fwd);
+        memory w = ensure(s.weights, dpd.weights_desc(), p_.backward);
+        memory dd2 = ensure(diff, dpd.diff_dst_desc(), p_.backward);
+        memory diff_src = new_memory(dpd.diff_src_desc());
+        add(p_.backward, dnnl::convolution_backward_data(dpd), dpd.scratchpad_desc(),
+            {{DNNL_ARG_DIFF_DST, dd2}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, diff_src}},
+            Phase::kMatmul);
+        return diff_src;
+      }
+      case Kind::kReLU: {
+        auto fwd = dnnl::eltwise_forward::primitive_desc(s.fwd_pd.get());
+        dnnl::eltwise_backward::primitive_desc pd(
+            {dnnl::algorithm::eltwise_relu_use_dst_for_bwd, s.dst.get_desc(), s.dst.get_desc(),
+             0.0f},
+            attr_, eng_, fwd);
+        add(p_.backward, dnnl::eltwise_backward(pd), pd.scratchpad_desc(),
+            {{DNNL_ARG_DST, s.dst}, {DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_DIFF_SRC, diff}},
+            Phase::kEltwise);
+        return diff;
+      }
+      case Kind::kMaxPool:
+      case Kind::kAvgPool: {
+        auto fwd = dnnl::pooling_forward::primitive_desc(s.fwd_pd.get());
+        const auto alg = l.kind == Kind::kMaxPool ? dnnl::algorithm::pooling_max
+                                                  : dnnl::algorithm::pooling_avg_exclude_padding;
+        const memory::dims k{l.kernel, l.kernel}, st{l.stride, l.stride}, zero{0, 0};
+        dnnl::pooling_backward::primitive_desc pd(
+            {alg, s.src.get_desc(), s.dst.get_desc(), st, k, zero, zero}, attr_, eng_, fwd);
+        memory diff_src = new_memory(pd.diff_src_desc());
+        std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, diff},
+                                             {DNNL_ARG_DIFF_SRC, diff_src}};
+        if (s.workspace) args.insert({DNNL_ARG_WORKSPACE, s.workspace});
+        add(p_.backward, dnnl::pooling_backward(pd), pd.scratchpad_desc(), std::move(args),
+            Phase::kOther);
+        return diff_src;
+      }
+      case Kind::kFlatten: {
+        // (N, C*H*W) is the plain (N, C, H, W); the layer before wants its own layout back.
+        memory plain(s.flat_src_md, eng_, diff.get_data_handle());
+        return ensure(plain, s.src.get_desc(), p_.backward);
+      }
+      case Kind::kDropout:
+        apply_mask(p_.backward, diff, s.mask);
+        return diff;
+    }
+    COHORT_CHECK(false, "unknown layer kind");
+    __builtin_unreachable();
+  }
+
+  const Model& model_;
+  const StreamKey* key_;
+  Plan& p_;
+  const std::int64_t N_;
+  const bool training_;
+  const dnnl::engine& eng_;
+  dnnl::primitive_attr attr_;
+  std::size_t scratch_bytes_ = 0;
+  std::string where_;
+};
+
+}  // namespace
+
+std::unique_ptr<Plan> Net::Impl::build(std::int64_t N, bool training) {
+  auto p = std::make_unique<Plan>();
+  PlanBuilder builder(*model, engine, &key, *p, N, training);
+  try {
+    builder.build();
+  } catch (const dnnl::error& e) {
+    throw InternalError("oneDNN: building " + model->spec() + ", layer " + builder.where() +
+                        ": " + e.what() + " (status " + std::to_string(static_cast<int>(e.status)) +
+                        ")");
+  }
   return p;
 }
 
@@ -226,8 +454,9 @@ Net::Net(Net&&) noexcept = default;
 Net& Net::operator=(Net&&) noexcept = default;
 
 double Net::forward_backward(const float* params, const float* x, const std::int32_t* labels,
-                             std::int64_t N, float* grad) {
+                             std::int64_t N, float* grad, const StreamKey& key) {
   Plan& p = impl_->plan(N, /*training=*/true);
+  impl_->key = key;
   impl_->bind(p, params, x, grad);
   impl_->run(p.forward);
   auto t0 = Clock::now();

@@ -146,7 +146,8 @@ struct Trainer::Impl {
   Impl(TrainConfig c, const data::Splits& d)
       : config(std::move(c)),
         data(d),
-        model(nn::Model::parse(config.model)),
+        model(nn::Model::parse(config.model, {1, static_cast<std::int64_t>(d.train.rows),
+                                              static_cast<std::int64_t>(d.train.cols)})),
         features(static_cast<std::size_t>(model.input_features())),
         arena(static_cast<int>(resolve_workers(config.workers))),
         sgd(config.sgd) {
@@ -242,7 +243,8 @@ struct Trainer::Impl {
       float* grad = leaf_grads[leaf].data();
       leaf_loss[leaf] = r.net.forward_backward(
           weights.data(), staging[plan.slot].x.data() + first * features,
-          staging[plan.slot].y.data() + first, static_cast<std::int64_t>(n), grad);
+          staging[plan.slot].y.data() + first, static_cast<std::int64_t>(n), grad,
+          nn::StreamKey{config.seed, plan.number, leaf});  // dropout: never keyed by worker
       auto t1 = Clock::now();
       const bool completed = plan.reducer->contribute(w, leaf, grad);
       const double dt = seconds_since(t1);
@@ -340,6 +342,7 @@ struct Trainer::Impl {
       time.matmul += t.matmul;
       time.eltwise += t.eltwise;
       time.loss += t.loss;
+      time.other += t.other;
       time.compute += t.total();
       time.data += r->data_seconds;
       time.reduce += r->reduce_seconds;

@@ -16,14 +16,45 @@ TEST(Model, DefaultMlpHasPyTorchsParameterCount) {
   EXPECT_EQ(m.layout().numel(), 535818u);  // as torch_peer.py's mlp
   ASSERT_EQ(m.layers().size(), 5u);
   EXPECT_EQ(m.layers()[1].kind, LayerSpec::Kind::kReLU);
+  EXPECT_EQ(m.layers()[2].name, "fc2");
   EXPECT_EQ(m.layout().at("fc2.weight").shape, Shape({{256, 512}}));
   EXPECT_EQ(m.input_features(), 784);
   EXPECT_EQ(m.num_classes(), 10);
 }
 
+TEST(Model, CnnPresetIsThePeersNetwork) {
+  Model m = Model::parse("cnn");
+  // torch_peer.py's CNN counts sum(p.numel()) = 317,066 in PyTorch itself (832 + 51,264 +
+  // 262,400 + 2,570); the figure 315,722 in the peer's docstring and in issue 5 is a slip.
+  EXPECT_EQ(m.layout().numel(), 317066u);
+  EXPECT_EQ(m.layers().size(), 10u);
+  EXPECT_EQ(m.layers()[2].out, (SampleShape{32, 12, 12}));
+  EXPECT_EQ(m.layers()[5].out, (SampleShape{64, 4, 4}));
+  EXPECT_EQ(m.layout().at("conv2.weight").shape, Shape({{64, 32, 5, 5}}));
+  EXPECT_EQ(m.layout().at("fc1.weight").shape, Shape({{256, 1024}}));
+  // Training FLOPs per sample: forward, backward-weights, backward-data except conv1's (the
+  // input needs no gradient): 3 x 8.0046 M - 0.9216 M = 23.09 M, issue 5's 23.1 MFLOP.
+  EXPECT_NEAR(m.forward_flops_per_sample() * 3 - 2.0 * 24 * 24 * 32 * 25, 23.1e6, 0.02e6);
+  EXPECT_EQ(Model::parse(kCnnPreset).layout().numel(), 317066u);
+}
+
+TEST(Model, LayerListShapes) {
+  Model m = Model::parse("conv(3,3,2,1)-relu-avgpool(2)-flatten-dropout(0.25)-linear(5)", {2, 11, 11});
+  EXPECT_EQ(m.layers()[0].out, (SampleShape{3, 6, 6}));  // (11 + 2 - 3) / 2 + 1
+  EXPECT_EQ(m.layers()[2].out, (SampleShape{3, 3, 3}));
+  EXPECT_EQ(m.layers()[3].out, (SampleShape{27, 1, 1}));
+  EXPECT_FLOAT_EQ(m.layers()[4].p, 0.25f);
+  EXPECT_EQ(m.num_classes(), 5);
+  EXPECT_TRUE(m.has_dropout());
+}
+
 TEST(Model, BadSpecsAreRefusedNamingTheFlag) {
-  for (const char* bad : {"", "mlp:", "mlp:784", "mlp:784--10", "mlp:784-x-10", "mlp:784-0-10",
-                          "mlp:-5-10", "cnn2:1-2", "mlp:784-10-", "mlp:99999999-10"}) {
+  for (const char* bad :
+       {"", "mlp:", "mlp:784", "mlp:784--10", "mlp:784-x-10", "mlp:784-0-10", "mlp:-5-10",
+        "cnn2:1-2", "mlp:784-10-", "mlp:99999999-10", "conv(32)-flatten-linear(10)",
+        "conv(32,5)-linear(10)", "conv(32,5", "conv(32,40)-flatten-linear(10)", "pool(2)",
+        "conv(8,3)-flatten-linear(10)-relu", "dropout(1.5)-flatten-linear(10)",
+        "maxpool(30)-flatten-linear(10)", "conv(8,3)-relu(2)-flatten-linear(10)"}) {
     try {
       Model::parse(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";
@@ -44,15 +75,15 @@ TEST(Model, InitIsSeededAndWithinPyTorchsBounds) {
   EXPECT_NE(a, c);
   for (const auto& l : m.layers()) {
     if (l.kind != LayerSpec::Kind::kLinear) continue;
-    const float bound = 1.0f / std::sqrt(float(l.in));
+    const float bound = 1.0f / std::sqrt(float(l.in.C));
     double sum_sq = 0;
-    for (std::int64_t i = 0; i < l.in * l.out; ++i) {
+    for (std::int64_t i = 0; i < l.in.C * l.out.C; ++i) {
       float w = a[l.weight + i];
       ASSERT_LE(std::abs(w), bound);
       sum_sq += double(w) * w;
     }
     // U(-b, b) has variance b^2 / 3.
-    EXPECT_NEAR(sum_sq / double(l.in * l.out), bound * bound / 3.0, 0.05 * bound * bound / 3.0)
+    EXPECT_NEAR(sum_sq / double(l.in.C * l.out.C), bound * bound / 3.0, 0.05 * bound * bound / 3.0)
         << l.name;
   }
 }

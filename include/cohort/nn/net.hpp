@@ -13,16 +13,18 @@
 #include <cstdint>
 #include <memory>
 
+#include "cohort/nn/dropout.hpp"
 #include "cohort/nn/model.hpp"
 
 namespace cohort::nn {
 
 // Seconds spent, accumulated over calls, by kind of work.
 struct PhaseTimes {
-  double matmul = 0;   // inner-product forward, backward-data, backward-weights
+  double matmul = 0;   // inner products and convolutions: forward, backward-data, -weights
   double eltwise = 0;  // ReLU forward/backward
   double loss = 0;     // softmax cross-entropy
-  double total() const { return matmul + eltwise + loss; }
+  double other = 0;    // pooling, dropout, reorders between layouts
+  double total() const { return matmul + eltwise + loss + other; }
 };
 
 class Net {
@@ -32,13 +34,15 @@ class Net {
   Net(Net&&) noexcept;
   Net& operator=(Net&&) noexcept;
 
-  // Forward and backward on N rows: x (N, input_features), labels (N).
-  // Overwrites grad (layout().total() floats; padding untouched) with the gradient of the
-  // *summed* loss over the N rows, and returns that summed loss.
+  // Forward and backward on N rows: x (N, input_features) row-major (for images: (N, C, H, W)),
+  // labels (N). Overwrites grad (layout().total() floats; padding untouched) with the gradient
+  // of the *summed* loss over the N rows, and returns that summed loss. `key` names the random
+  // streams of dropout layers (ignored by models without dropout).
   double forward_backward(const float* params, const float* x, const std::int32_t* labels,
-                          std::int64_t N, float* grad);
+                          std::int64_t N, float* grad, const StreamKey& key = {});
 
-  // Forward only; returns the logits (N, num_classes), valid until the next call.
+  // Forward only, in inference mode (dropout is the identity); returns the logits
+  // (N, num_classes), valid until the next call.
   const float* forward(const float* params, const float* x, std::int64_t N);
 
   const PhaseTimes& times() const;

@@ -54,10 +54,11 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
 // compare with workers x step; `reduce_critical` and `step` are wall time.
 struct TimeBreakdown {
   double step = 0;             // wall time of the training steps: the samples/s denominator
-  double compute = 0;          // forward + loss + backward (the three below), over replicas
-  double matmul = 0;           // oneDNN inner products
+  double compute = 0;          // forward + loss + backward (the four below), over replicas
+  double matmul = 0;           // oneDNN inner products and convolutions
   double eltwise = 0;          // oneDNN ReLU
   double loss = 0;             // softmax cross-entropy
+  double other = 0;            // pooling, dropout, layout reorders
   double data = 0;             // batch assembly (in the prefetch node, or in the replicas)
   double reduce = 0;           // reducer work: contribute calls (combines, the fused root) and
                                // root chunks other threads took
