@@ -10,6 +10,7 @@
 #include <oneapi/tbb/task_scheduler_observer.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -112,6 +113,8 @@ struct Trainer::Impl {
     int slot = 0;                            // staging buffer holding (or to hold) ids
     std::span<const std::uint32_t> next_ids; // the next step's samples, to prefetch; may be empty
     reduce::Reducer* reducer = nullptr;
+    // Next unclaimed leaf of this step (replicas claim leaves one by one).
+    alignas(kCacheLine) std::atomic<std::size_t> next_leaf{0};
     double root_seconds = 0;                 // written by the completing contribute's thread
     std::thread::id root_thread;             // likewise
   };
@@ -224,15 +227,20 @@ struct Trainer::Impl {
     prefetch_seconds += seconds_since(t0);
   }
 
-  // Graph node: replica w computes its contiguous run of leaves and contributes each gradient.
+  // Graph node: replica w claims leaves one at a time, computes each and contributes its
+  // gradient. Claiming (instead of a fixed contiguous run per replica) balances a slow core: a
+  // leaf's gradient does not depend on who computes it, so the result is the same either way.
   // The contribution that completes the tree runs the root: sum, mean and SGD on the master
   // weights, chunk-parallel. Nothing here waits for another node.
   void run_replica(std::size_t w) {
     if (w >= plan.workers) return;
     Replica& r = *replicas[w];
     const std::size_t M = config.micro_batch, rows = plan.ids.size();
-    for (std::size_t leaf = w * plan.leaves / plan.workers;
-         leaf < (w + 1) * plan.leaves / plan.workers; ++leaf) {
+    while (true) {
+      // relaxed: the counter only hands out distinct indices; the leaf's data (staging, plan)
+      // was published to this node by the graph's start message.
+      const std::size_t leaf = plan.next_leaf.fetch_add(1, std::memory_order_relaxed);
+      if (leaf >= plan.leaves) break;
       const std::size_t first = leaf * M, n = std::min(M, rows - first);
       if (!config.prefetch) {
         auto t0 = Clock::now();
@@ -262,6 +270,7 @@ struct Trainer::Impl {
     const std::size_t rows = plan.ids.size();
     plan.leaves = leaves_for(rows);
     plan.workers = std::min(config.workers, plan.leaves);
+    plan.next_leaf.store(0, std::memory_order_relaxed);  // ordered before the nodes by try_put
     plan.reducer = &reducer_for(plan.leaves);
     plan.root_seconds = 0;
     reduce::Reducer& reducer = *plan.reducer;
