@@ -215,7 +215,8 @@ int train_command(const train::TrainConfig& config, const std::string& data_dir,
              {"micro_batch", c.micro_batch}, {"workers", c.workers}, {"epochs", c.epochs},
              {"steps", c.steps}, {"lr", c.sgd.lr}, {"momentum", c.sgd.momentum},
              {"weight_decay", c.sgd.weight_decay}, {"nesterov", c.sgd.nesterov},
-             {"seed", c.seed}, {"reducer", c.reducer}, {"drop_last", c.drop_last}, {"prefetch", c.prefetch}}}};
+             {"seed", c.seed}, {"reducer", c.reducer}, {"drop_last", c.drop_last}, {"prefetch", c.prefetch},
+             {"blocked_layouts", c.blocked_layouts}}}};
     write_atomically(summary_path, j.dump(2) + "\n");
   }
   return kExitOk;
@@ -262,7 +263,10 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   train_cmd->add_option("--reducer", config.reducer,
                         "tree | chunk_owner | parameter_server | atomic | mutex | serial")
       ->capture_default_str();
-  bool keep_last = false;
+  bool keep_last = false, plain_layouts = false;
+  train_cmd->add_flag("--plain-layouts", plain_layouts,
+                      "plain nchw activations in convolutions and pooling instead of oneDNN's "
+                      "blocked choice (for measuring)");
   train_cmd->add_flag("--prefetch", config.prefetch,
                       "assemble the next batch in a graph node beside the replicas (default: each "
                       "replica assembles its own leaves)");
@@ -291,6 +295,7 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   }
 
   config.drop_last = !keep_last;
+  config.blocked_layouts = !plain_layouts;
   try {
     if (train_cmd->parsed())
       return train_command(config, data_dir, summary_path, metrics_path, log_every, quiet, out);

@@ -69,8 +69,9 @@ struct Net::Impl {
   std::map<std::pair<std::int64_t, bool>, std::unique_ptr<Plan>> plans;  // (N, training)
   PhaseTimes times;
   StreamKey key;  // the current step's dropout streams
+  bool blocked_layouts;
 
-  explicit Impl(const Model& m) : model(&m) {}
+  Impl(const Model& m, bool blocked) : model(&m), blocked_layouts(blocked) {}
 
   Plan& plan(std::int64_t N, bool training) {
     auto& slot = plans[{N, training}];
@@ -115,8 +116,9 @@ class PlanBuilder {
  public:
   // `key` is read when the plan runs: the current step's dropout streams.
   PlanBuilder(const Model& model, const dnnl::engine& engine, const StreamKey* key, Plan& plan,
-              std::int64_t N, bool training)
-      : model_(model), key_(key), p_(plan), N_(N), training_(training), eng_(engine) {
+              std::int64_t N, bool training, bool blocked)
+      : model_(model), key_(key), p_(plan), N_(N), training_(training), blocked_(blocked),
+        eng_(engine) {
     attr_.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // a task may move between threads
   }
 
@@ -202,7 +204,10 @@ class PlanBuilder {
     return m;
   }
 
-  static memory::desc any(memory::dims dims) { return memory::desc(dims, Dt::f32, Tag::any); }
+  // A layout oneDNN may choose (blocked), or plain nchw / oihw when blocked layouts are off.
+  memory::desc any(memory::dims dims) const {
+    return memory::desc(dims, Dt::f32, blocked_ ? Tag::any : Tag::abcd);
+  }
   memory::dims image(const SampleShape& s) const { return {N_, s.C, s.H, s.W}; }
 
   Saved forward(const LayerSpec& l, std::size_t index, memory cur) {
@@ -427,6 +432,7 @@ class PlanBuilder {
   Plan& p_;
   const std::int64_t N_;
   const bool training_;
+  const bool blocked_;
   const dnnl::engine& eng_;
   dnnl::primitive_attr attr_;
   std::size_t scratch_bytes_ = 0;
@@ -437,7 +443,7 @@ class PlanBuilder {
 
 std::unique_ptr<Plan> Net::Impl::build(std::int64_t N, bool training) {
   auto p = std::make_unique<Plan>();
-  PlanBuilder builder(*model, engine, &key, *p, N, training);
+  PlanBuilder builder(*model, engine, &key, *p, N, training, blocked_layouts);
   try {
     builder.build();
   } catch (const dnnl::error& e) {
@@ -448,7 +454,8 @@ std::unique_ptr<Plan> Net::Impl::build(std::int64_t N, bool training) {
   return p;
 }
 
-Net::Net(const Model& model) : impl_(std::make_unique<Impl>(model)) {}
+Net::Net(const Model& model, bool blocked_layouts)
+    : impl_(std::make_unique<Impl>(model, blocked_layouts)) {}
 Net::~Net() = default;
 Net::Net(Net&&) noexcept = default;
 Net& Net::operator=(Net&&) noexcept = default;

@@ -66,8 +66,10 @@ struct Replica {
   std::vector<std::int32_t> y;     // (eval rows)
   double data_seconds = 0;
   double reduce_seconds = 0;
-  Replica(const nn::Model& model, std::size_t rows)
-      : net(model), x(rows * static_cast<std::size_t>(model.input_features())), y(rows) {}
+  Replica(const nn::Model& model, std::size_t rows, bool blocked_layouts)
+      : net(model, blocked_layouts),
+        x(rows * static_cast<std::size_t>(model.input_features())),
+        y(rows) {}
 };
 
 // One global batch, assembled: x (B, features) as float, y (B).
@@ -174,7 +176,7 @@ struct Trainer::Impl {
       st.y.resize(config.batch);
     }
     for (std::size_t w = 0; w < config.workers; ++w)
-      replicas.push_back(std::make_unique<Replica>(model, config.eval_batch));
+      replicas.push_back(std::make_unique<Replica>(model, config.eval_batch, config.blocked_layouts));
     arena.execute([&] { build_graph(); });  // the graph belongs to the arena it is built in
   }
 

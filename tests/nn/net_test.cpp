@@ -171,6 +171,29 @@ TEST(Net, SmallCnnGradientMatchesFiniteDifferences) {
     }
 }
 
+TEST(Net, PlainLayoutsComputeTheSameNetwork) {
+  // The layout choice is a performance choice: plain nchw gives the reference's numbers too.
+  omp_set_num_threads(1);
+  Model m = Model::parse("cnn");
+  const std::int64_t N = 3;
+  Inputs in = make_inputs(m, N, kSeed + 3);
+  auto ref = reference::net_forward_backward(m, to_double(in.params), to_double(in.x), in.labels, N);
+  for (bool blocked : {true, false}) {
+    Net net(m, blocked);
+    AlignedBuffer<float> grad(m.layout().total());
+    double loss = net.forward_backward(in.params.data(), in.x.data(), in.labels.data(), N, grad.data());
+    EXPECT_NEAR(loss, ref.loss, 1e-5 * std::abs(ref.loss)) << "blocked " << blocked;
+    for (const auto& e : m.layout().entries()) {
+      double scale = 1e-12;
+      for (std::size_t i = 0; i < e.shape.numel(); ++i)
+        scale = std::max(scale, std::abs(ref.grad[e.offset + i]));
+      for (std::size_t i = 0; i < e.shape.numel(); ++i)
+        ASSERT_NEAR(grad[e.offset + i], ref.grad[e.offset + i], 2e-5 * scale)
+            << e.name << " element " << i << " blocked " << blocked;
+    }
+  }
+}
+
 TEST(Net, PlansAreReusedAndRebindToNewPointers) {
   omp_set_num_threads(1);
   Model m = Model::parse("mlp:31-16-10");

@@ -29,7 +29,10 @@ struct PhaseTimes {
 
 class Net {
  public:
-  explicit Net(const Model& model);  // the model must outlive the Net
+  // blocked_layouts: let oneDNN choose (format_tag::any) the layouts of convolution and
+  // pooling activations and weights; false forces plain nchw / oihw everywhere (to measure the
+  // choice). The model must outlive the Net.
+  explicit Net(const Model& model, bool blocked_layouts = true);
   ~Net();
   Net(Net&&) noexcept;
   Net& operator=(Net&&) noexcept;

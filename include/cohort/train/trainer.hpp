@@ -41,6 +41,8 @@ struct TrainConfig {
   // each replica assemble its own leaves just before computing them (false, the default: on the
   // 2-core development machine the prefetch node measured 0.966x, docs/engine_results.md).
   bool prefetch = false;
+  // Let oneDNN choose blocked layouts for convolution and pooling (false: plain nchw, to measure).
+  bool blocked_layouts = true;
   // Test hook, called on the replica's thread before each leaf's forward/backward; may throw to
   // simulate a failing worker. Not for production use.
   std::function<void(std::uint64_t step, std::size_t leaf)> leaf_hook;
