@@ -65,7 +65,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--cases", default="mlp256,mlp32,scaling,micro,prefetch")
+    p.add_argument("--cases", default="mlp256,mlp32,scaling,micro,prefetch,cnn,layouts")
     a = p.parse_args()
     cases = a.cases.split(",")
     print(f"reps {a.reps}, steps {a.steps}, cohort {COHORT}")
@@ -109,6 +109,23 @@ def main():
              ("in replicas", lambda s: cohort(["--workers", "2"], s))],
             a.reps, a.steps)
         print(f"\nratio prefetch / in replicas: **{med['prefetch node'] / med['in replicas']:.3f}**")
+    if "cnn" in cases:
+        med, _ = side_by_side(
+            "CNN (the cnn preset), batch 256: cohort 2 workers vs PyTorch 2 threads",
+            [("cohort --model cnn --workers 2", lambda s: cohort(["--model", "cnn", "--workers", "2"], s // 4)),
+             ("torch --model cnn --threads 2", lambda s: peer(["--model", "cnn", "--threads", "2"], s // 4))],
+            a.reps, a.steps)
+        r = med["cohort --model cnn --workers 2"]
+        print(f"\nratio cohort / torch: **{r / med['torch --model cnn --threads 2']:.2f}x**; "
+              f"cohort at 23.1 MFLOP per sample: {r * 23.1e6 / 1e9:.0f} GFLOP/s, "
+              f"{100 * r * 23.1e6 / 233e9:.0f}% of the 233 GFLOP/s 2-core FMA peak")
+    if "layouts" in cases:
+        med, _ = side_by_side(
+            "CNN layouts: oneDNN's blocked choice vs plain nchw, 2 workers",
+            [("blocked (default)", lambda s: cohort(["--model", "cnn", "--workers", "2"], s // 4)),
+             ("--plain-layouts", lambda s: cohort(["--model", "cnn", "--workers", "2", "--plain-layouts"], s // 4))],
+            a.reps, a.steps)
+        print(f"\nratio plain / blocked: **{med['--plain-layouts'] / med['blocked (default)']:.2f}**")
 
 
 if __name__ == "__main__":
