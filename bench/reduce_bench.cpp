@@ -1,7 +1,8 @@
 // Google Benchmark suite of the reduce module: every strategy x gradient size (1 KiB .. 256 MiB)
 // x threads (1, 2, and 4 = 2x the cores of the reference machine), beside two baselines measured
-// the same way: the bandwidth ceiling (sum L buffers into one with the same thread team and the same
-// kernel) and the synchronisation floor (an empty handoff). Not a correctness test (tests/reduce).
+// the same way: the bandwidth ceiling (sum L buffers into one with the same thread team and the
+// same kernel) and the synchronisation floor (an empty handoff). Not a correctness test
+// (tests/reduce).
 //
 // One iteration = one full step: begin_step, every worker (a member of a persistent ThreadTeam
 // built outside the timed loop) contributes its leaves and calls finish, the reduction completes.
@@ -65,7 +66,8 @@ double bytes_per_step(std::size_t n, std::size_t leaves) {
 }
 
 // The bandwidth ceiling: member m sums all L leaves over its static 1/T slice (cache-line
-// aligned) into the result, with the reducers' kernel, left to right; the run's join is the barrier.
+// aligned) into the result, with the reducers' kernel, left to right; the run's join is the
+// barrier.
 void baseline_step(ThreadTeam& team, Buffers& b) {
   const std::size_t threads = team.size();
   const std::size_t slice = ((b.n + threads - 1) / threads + 15) / 16 * 16;
@@ -117,7 +119,8 @@ void BM_Reduce_Baseline(benchmark::State& state) {
   const double baseline_bps = measure_baseline_bps(team, b);
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) baseline_step(team, b);
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report(state, n, b.leaves, elapsed, baseline_bps);
 }
 
@@ -125,7 +128,8 @@ void BM_Reduce_Baseline(benchmark::State& state) {
 void BM_Reduce_Handoff(benchmark::State& state) {
   const auto threads = static_cast<std::size_t>(state.range(1));
   ThreadTeam& team = team_of(threads);
-  alignas(cohort::kCacheLine) std::atomic<std::uint32_t> pending{static_cast<std::uint32_t>(threads)};
+  alignas(cohort::kCacheLine) std::atomic<std::uint32_t> pending{
+      static_cast<std::uint32_t>(threads)};
   alignas(cohort::kCacheLine) std::atomic<std::uint64_t> completed{0};
   for (auto _ : state) {
     team.run([&](std::size_t) {
@@ -169,13 +173,14 @@ void BM_Reduce_Strategy(benchmark::State& state, Case c) {
   const double baseline_bps = measure_baseline_bps(team, b);
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) step();
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   report(state, n, leaves, elapsed, baseline_bps);
 }
 
 constexpr std::int64_t kKiB = 1024, kMiB = 1024 * 1024;
-constexpr std::int64_t kSizes[] = {kKiB, 16 * kKiB, 256 * kKiB, 2 * kMiB, 16 * kMiB, 64 * kMiB,
-                                   256 * kMiB};
+constexpr std::int64_t kSizes[] = {kKiB,      16 * kKiB, 256 * kKiB, 2 * kMiB,
+                                   16 * kMiB, 64 * kMiB, 256 * kMiB};
 constexpr std::int64_t kThreads[] = {1, 2, 4};
 
 const Case kCases[] = {
@@ -192,17 +197,23 @@ const Case kCases[] = {
 const bool registered = [] {
   for (std::int64_t threads : kThreads) {
     benchmark::RegisterBenchmark("BM_Reduce_Handoff", BM_Reduce_Handoff)
-        ->Args({0, threads})->ArgNames({"bytes", "threads"})->UseRealTime();
+        ->Args({0, threads})
+        ->ArgNames({"bytes", "threads"})
+        ->UseRealTime();
   }
   for (std::int64_t bytes : kSizes) {
     for (std::int64_t threads : kThreads) {
       benchmark::RegisterBenchmark("BM_Reduce_Baseline", BM_Reduce_Baseline)
-          ->Args({bytes, threads})->ArgNames({"bytes", "threads"})->UseRealTime();
+          ->Args({bytes, threads})
+          ->ArgNames({"bytes", "threads"})
+          ->UseRealTime();
       for (const Case& c : kCases) {
         // CAS-per-float adds take seconds per step at 256 MiB; the trend is clear by 64 MiB.
         if (c.strategy == Strategy::kAtomic && bytes > 64 * kMiB) continue;
         benchmark::RegisterBenchmark(c.name, BM_Reduce_Strategy, c)
-            ->Args({bytes, threads})->ArgNames({"bytes", "threads"})->UseRealTime();
+            ->Args({bytes, threads})
+            ->ArgNames({"bytes", "threads"})
+            ->UseRealTime();
       }
     }
   }

@@ -2,9 +2,9 @@
 // progress while training, a summary at the end, JSON files written atomically.
 #include "cohort/cli/cli.hpp"
 
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -55,12 +55,11 @@ void write_atomically(const std::string& path, const std::string& text) {
 }
 
 json to_json(const train::TimeBreakdown& t) {
-  return {{"step", t.step},           {"compute", t.compute},
-          {"matmul", t.matmul},       {"eltwise", t.eltwise},
-          {"loss", t.loss},           {"other", t.other},
-          {"data", t.data},
-          {"reduce", t.reduce},       {"reduce_critical", t.reduce_critical},
-          {"optimizer", t.optimizer}, {"idle", t.idle}};
+  return {
+      {"step", t.step},           {"compute", t.compute}, {"matmul", t.matmul},
+      {"eltwise", t.eltwise},     {"loss", t.loss},       {"other", t.other},
+      {"data", t.data},           {"reduce", t.reduce},   {"reduce_critical", t.reduce_critical},
+      {"optimizer", t.optimizer}, {"idle", t.idle}};
 }
 
 std::string rate(double samples_per_second) {
@@ -75,21 +74,29 @@ class Progress final : public train::Observer {
  public:
   Progress(std::ostream& out, bool quiet, bool tty, std::size_t log_every, std::ofstream* metrics,
            std::size_t epochs_planned)
-      : out_(out), quiet_(quiet), tty_(tty), log_every_(log_every), metrics_(metrics),
+      : out_(out),
+        quiet_(quiet),
+        tty_(tty),
+        log_every_(log_every),
+        metrics_(metrics),
         epochs_planned_(epochs_planned) {}
 
   void on_step(const train::StepEvent& e) override {
     window_loss_ += e.loss;
     ++window_steps_;
     if (metrics_ && log_every_ && e.step % log_every_ == 0) {
-      *metrics_ << json{{"kind", "step"}, {"step", e.step}, {"epoch", e.epoch},
-                        {"loss", window_loss_ / double(window_steps_)}, {"elapsed_s", e.elapsed}}
+      *metrics_ << json{{"kind", "step"},
+                        {"step", e.step},
+                        {"epoch", e.epoch},
+                        {"loss", window_loss_ / double(window_steps_)},
+                        {"elapsed_s", e.elapsed}}
                        .dump()
                 << "\n";
       metrics_->flush();
     }
-    const bool line_due = tty_ ? (e.elapsed - last_print_ > 0.2 || e.step_in_epoch == e.steps_per_epoch)
-                               : (log_every_ && e.step % log_every_ == 0);
+    const bool line_due =
+        tty_ ? (e.elapsed - last_print_ > 0.2 || e.step_in_epoch == e.steps_per_epoch)
+             : (log_every_ && e.step % log_every_ == 0);
     if (!quiet_ && line_due) {
       double rate_now = double(e.samples) * double(e.step - last_step_) / (e.elapsed - last_print_);
       std::ostringstream line;
@@ -109,9 +116,12 @@ class Progress final : public train::Observer {
 
   void on_epoch(const train::EpochResult& r) override {
     if (metrics_) {
-      *metrics_ << json{{"kind", "epoch"},      {"epoch", r.epoch + 1},
-                        {"step", r.steps},      {"train_loss", r.train_loss},
-                        {"test_loss", r.test_loss}, {"test_accuracy", r.test_accuracy},
+      *metrics_ << json{{"kind", "epoch"},
+                        {"epoch", r.epoch + 1},
+                        {"step", r.steps},
+                        {"train_loss", r.train_loss},
+                        {"test_loss", r.test_loss},
+                        {"test_accuracy", r.test_accuracy},
                         {"samples_per_second", r.samples_per_second},
                         {"elapsed_s", r.elapsed}}
                        .dump()
@@ -144,8 +154,8 @@ void print_summary(std::ostream& out, const train::Summary& s) {
       << s.workers << ", batch " << s.batch << " (micro-batch " << s.micro_batch << "), "
       << s.parameters << " parameters\n"
       << "  samples/s " << std::fixed << std::setprecision(0) << s.samples_per_second
-      << "   train loss " << std::setprecision(4) << s.train_loss << "   test loss "
-      << s.test_loss << "   test accuracy " << s.test_accuracy << "\n"
+      << "   train loss " << std::setprecision(4) << s.train_loss << "   test loss " << s.test_loss
+      << "   test accuracy " << s.test_accuracy << "\n"
       << "  weights digest " << s.weights_digest << "\n\n"
       << "  time of " << s.steps << " steps: " << std::setprecision(3) << t.step << " s wall x "
       << s.workers << " workers = " << capacity << " worker-s\n";
@@ -180,10 +190,10 @@ int train_command(const train::TrainConfig& config, const std::string& data_dir,
     out << "cohort train: " << c.model << " on " << data_dir << " (" << data.train.count
         << " train, " << data.test.count << " test images, loaded in " << std::fixed
         << std::setprecision(2) << load_s << " s)\n"
-        << "  workers " << c.workers << ", batch " << c.batch << ", micro-batch "
-        << c.micro_batch << ", lr " << c.sgd.lr << ", momentum " << c.sgd.momentum
-        << ", weight decay " << c.sgd.weight_decay << (c.sgd.nesterov ? " (nesterov)" : "")
-        << ", seed " << c.seed << ", reducer " << c.reducer << "\n";
+        << "  workers " << c.workers << ", batch " << c.batch << ", micro-batch " << c.micro_batch
+        << ", lr " << c.sgd.lr << ", momentum " << c.sgd.momentum << ", weight decay "
+        << c.sgd.weight_decay << (c.sgd.nesterov ? " (nesterov)" : "") << ", seed " << c.seed
+        << ", reducer " << c.reducer << "\n";
   std::optional<std::ofstream> metrics;
   if (!metrics_path.empty()) {
     metrics.emplace(metrics_path, std::ios::trunc);
@@ -211,11 +221,21 @@ int train_command(const train::TrainConfig& config, const std::string& data_dir,
            {"weights_digest", s.weights_digest},
            {"time", to_json(s.time)},
            {"config",
-            {{"model", c.model}, {"data", data_dir}, {"batch", c.batch},
-             {"micro_batch", c.micro_batch}, {"workers", c.workers}, {"epochs", c.epochs},
-             {"steps", c.steps}, {"lr", c.sgd.lr}, {"momentum", c.sgd.momentum},
-             {"weight_decay", c.sgd.weight_decay}, {"nesterov", c.sgd.nesterov},
-             {"seed", c.seed}, {"reducer", c.reducer}, {"drop_last", c.drop_last}, {"prefetch", c.prefetch},
+            {{"model", c.model},
+             {"data", data_dir},
+             {"batch", c.batch},
+             {"micro_batch", c.micro_batch},
+             {"workers", c.workers},
+             {"epochs", c.epochs},
+             {"steps", c.steps},
+             {"lr", c.sgd.lr},
+             {"momentum", c.sgd.momentum},
+             {"weight_decay", c.sgd.weight_decay},
+             {"nesterov", c.sgd.nesterov},
+             {"seed", c.seed},
+             {"reducer", c.reducer},
+             {"drop_last", c.drop_last},
+             {"prefetch", c.prefetch},
              {"blocked_layouts", c.blocked_layouts}}}};
     write_atomically(summary_path, j.dump(2) + "\n");
   }
@@ -239,15 +259,17 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   train_cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   train_cmd->add_option("--data", data_dir, "folder with the four IDX files (raw or .gz)")
       ->capture_default_str();
-  train_cmd->add_option("--model", config.model,
-                        "mlp:784-512-256-10, cnn, or a layer list such as "
-                        "conv(32,5)-relu-maxpool(2)-flatten-linear(10)")
+  train_cmd
+      ->add_option("--model", config.model,
+                   "mlp:784-512-256-10, cnn, or a layer list such as "
+                   "conv(32,5)-relu-maxpool(2)-flatten-linear(10)")
       ->capture_default_str();
   train_cmd->add_option("--workers", config.workers, "worker replicas (0: one per core)")
       ->capture_default_str();
   train_cmd->add_option("--batch", config.batch, "global batch size")->capture_default_str();
-  train_cmd->add_option("--micro-batch", config.micro_batch,
-                        "rows per leaf of the reduction tree (0: batch / cores, rounded up)")
+  train_cmd
+      ->add_option("--micro-batch", config.micro_batch,
+                   "rows per leaf of the reduction tree (0: batch / cores, rounded up)")
       ->capture_default_str();
   train_cmd->add_option("--epochs", config.epochs, "epochs over the training set")
       ->capture_default_str();
@@ -260,8 +282,9 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
       ->capture_default_str();
   train_cmd->add_option("--seed", config.seed, "seed of initialisation and shuffling")
       ->capture_default_str();
-  train_cmd->add_option("--reducer", config.reducer,
-                        "tree | chunk_owner | parameter_server | atomic | mutex | serial")
+  train_cmd
+      ->add_option("--reducer", config.reducer,
+                   "tree | chunk_owner | parameter_server | atomic | mutex | serial")
       ->capture_default_str();
   bool keep_last = false, plain_layouts = false;
   train_cmd->add_flag("--plain-layouts", plain_layouts,

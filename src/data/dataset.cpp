@@ -23,8 +23,7 @@ Dataset load_idx_pair(const std::filesystem::path& images_path,
     if (labels.values[i] >= num_classes)
       throw InputError(labels_path.string() + ": label " + std::to_string(i) + " (byte offset " +
                        std::to_string(8 + i) + "): expected a class below " +
-                       std::to_string(num_classes) + ", found " +
-                       std::to_string(labels.values[i]));
+                       std::to_string(num_classes) + ", found " + std::to_string(labels.values[i]));
   Dataset set;
   set.name = std::move(name);
   set.count = images.dims[0];
@@ -62,10 +61,10 @@ Splits load_image_folder(const std::filesystem::path& dir, std::size_t num_class
   s.train = load_idx_pair(train_images, train_labels, num_classes, "train");
   s.test = load_idx_pair(test_images, test_labels, num_classes, "test");
   if (s.test.rows != s.train.rows || s.test.cols != s.train.cols)
-    throw InputError(test_images.string() +
-                     ": image size: expected " + std::to_string(s.train.rows) + "x" +
-                     std::to_string(s.train.cols) + " (as in the training images), found " +
-                     std::to_string(s.test.rows) + "x" + std::to_string(s.test.cols));
+    throw InputError(test_images.string() + ": image size: expected " +
+                     std::to_string(s.train.rows) + "x" + std::to_string(s.train.cols) +
+                     " (as in the training images), found " + std::to_string(s.test.rows) + "x" +
+                     std::to_string(s.test.cols));
   return s;
 }
 

@@ -24,7 +24,8 @@ class Reader {
     if (ec || !std::filesystem::exists(status)) fail("file", "an existing file", "no such file");
     if (std::filesystem::is_directory(status)) fail("file", "a regular file", "a directory");
     if (!std::filesystem::is_regular_file(status)) fail("file", "a regular file", "a special file");
-    if (std::filesystem::file_size(path, ec) == 0 || ec) fail("file", "a non-empty file", "0 bytes");
+    if (std::filesystem::file_size(path, ec) == 0 || ec)
+      fail("file", "a non-empty file", "0 bytes");
     file_.reset(gzopen(path.c_str(), "rb"));
     if (!file_) fail("file", "a readable file", "open failed");
     gzbuffer(file_.get(), 1 << 17);
@@ -98,8 +99,7 @@ IdxArray read_idx(const std::filesystem::path& path, std::size_t expected_ndim,
   if (magic[0] != 0 || magic[1] != 0)
     in.fail("magic", "bytes 0x00 0x00 at offset 0",
             hex(magic[0]) + " " + hex(magic[1]) + " (not an IDX file)");
-  if (magic[2] != 0x08)
-    in.fail("type code", "0x8 (unsigned byte)", hex(magic[2]));
+  if (magic[2] != 0x08) in.fail("type code", "0x8 (unsigned byte)", hex(magic[2]));
   if (magic[3] != expected_ndim)
     in.fail("number of dimensions", std::to_string(expected_ndim), std::to_string(magic[3]));
 
@@ -113,7 +113,8 @@ IdxArray read_idx(const std::filesystem::path& path, std::size_t expected_ndim,
       in.fail(field, "a size <= " + std::to_string(limits.max_dim), std::to_string(d));
     // payload * d <= max_payload, checked without overflowing.
     if (payload > limits.max_payload / d)
-      in.fail("payload size", "product of dimensions <= " + std::to_string(limits.max_payload) + " bytes",
+      in.fail("payload size",
+              "product of dimensions <= " + std::to_string(limits.max_payload) + " bytes",
               "a larger product at dimension " + std::to_string(i));
     payload *= d;
     out.dims.push_back(d);

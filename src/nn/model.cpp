@@ -12,8 +12,10 @@ namespace cohort::nn {
 namespace {
 
 [[noreturn]] void bad_spec(const std::string& spec, const std::string& why) {
-  throw InputError("--model: expected 'mlp:IN-H1-...-OUT', 'cnn' or a layer list such as "
-                   "'conv(32,5)-relu-maxpool(2)-flatten-linear(10)', found '" + spec + "': " + why);
+  throw InputError(
+      "--model: expected 'mlp:IN-H1-...-OUT', 'cnn' or a layer list such as "
+      "'conv(32,5)-relu-maxpool(2)-flatten-linear(10)', found '" +
+      spec + "': " + why);
 }
 
 template <typename T>
@@ -58,8 +60,15 @@ Model Model::parse(const std::string& spec_in, SampleShape input) {
     if (sizes.size() < 2) bad_spec(spec, "only one size");
     input = {sizes[0], 1, 1};
     for (std::size_t i = 1; i < sizes.size(); ++i) {
-      list.push_back({.kind = LayerSpec::Kind::kLinear, .out = {sizes[i], 1, 1}});
-      if (i + 1 < sizes.size()) list.push_back({.kind = LayerSpec::Kind::kReLU});
+      LayerSpec fc{};
+      fc.kind = LayerSpec::Kind::kLinear;
+      fc.out = {sizes[i], 1, 1};
+      list.push_back(fc);
+      if (i + 1 < sizes.size()) {
+        LayerSpec relu{};
+        relu.kind = LayerSpec::Kind::kReLU;
+        list.push_back(relu);
+      }
     }
   } else {
     for (auto token : split(spec, '-')) {
@@ -117,20 +126,22 @@ Model Model::parse(const std::string& spec_in, SampleShape input) {
   for (auto& l : list) {
     l.in = cur;
     const int kind = static_cast<int>(l.kind);
-    static const char* kNames[] = {"fc", "relu", "conv", "maxpool", "avgpool", "flatten", "dropout"};
+    static const char* kNames[] = {"fc",      "relu",    "conv",   "maxpool",
+                                   "avgpool", "flatten", "dropout"};
     l.name = kNames[kind] + std::to_string(++counts[kind]);
     switch (l.kind) {
       case LayerSpec::Kind::kLinear:
         if (!cur.flat())
           bad_spec(spec, l.name + " needs a flat input, found " + cur.str() + " (add flatten)");
         l.weight = m.layout_.add(l.name + ".weight", Shape{{l.out.C, cur.C}});  // (OC, IC)
-        l.bias = m.layout_.add(l.name + ".bias", Shape{{l.out.C}});            // (OC)
+        l.bias = m.layout_.add(l.name + ".bias", Shape{{l.out.C}});             // (OC)
         break;
       case LayerSpec::Kind::kConv: {
         if (cur.H == 1 && cur.W == 1 && l.kernel > 1)
           bad_spec(spec, l.name + " needs an image input (C, H, W), found " + cur.str());
         if (cur.H + 2 * l.pad < l.kernel || cur.W + 2 * l.pad < l.kernel)
-          bad_spec(spec, l.name + " kernel " + std::to_string(l.kernel) + " is larger than its input " + cur.str());
+          bad_spec(spec, l.name + " kernel " + std::to_string(l.kernel) +
+                             " is larger than its input " + cur.str());
         l.out = {l.out.C, (cur.H + 2 * l.pad - l.kernel) / l.stride + 1,
                  (cur.W + 2 * l.pad - l.kernel) / l.stride + 1};
         l.weight = m.layout_.add(l.name + ".weight",
@@ -141,7 +152,8 @@ Model Model::parse(const std::string& spec_in, SampleShape input) {
       case LayerSpec::Kind::kMaxPool:
       case LayerSpec::Kind::kAvgPool:
         if (cur.H < l.kernel || cur.W < l.kernel)
-          bad_spec(spec, l.name + " kernel " + std::to_string(l.kernel) + " is larger than its input " + cur.str());
+          bad_spec(spec, l.name + " kernel " + std::to_string(l.kernel) +
+                             " is larger than its input " + cur.str());
         l.out = {cur.C, (cur.H - l.kernel) / l.stride + 1, (cur.W - l.kernel) / l.stride + 1};
         break;
       case LayerSpec::Kind::kFlatten:
@@ -182,12 +194,12 @@ void Model::init(float* params, std::uint64_t seed) const {
   std::uint64_t tensor = 0;
   for (const auto& l : layers_) {
     if (!l.has_params()) continue;
-    const std::int64_t fan_in = l.kind == LayerSpec::Kind::kConv ? l.in.C * l.kernel * l.kernel
-                                                                  : l.in.C;
+    const std::int64_t fan_in =
+        l.kind == LayerSpec::Kind::kConv ? l.in.C * l.kernel * l.kernel : l.in.C;
     const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
     const std::size_t weights = static_cast<std::size_t>(l.out.C * fan_in);
-    for (auto [offset, count] : {std::pair{l.weight, weights},
-                                 std::pair{l.bias, std::size_t(l.out.C)}}) {
+    for (auto [offset, count] :
+         {std::pair{l.weight, weights}, std::pair{l.bias, std::size_t(l.out.C)}}) {
       Rng rng({seed, 0x1417ull /* purpose: init */, tensor++});
       for (std::size_t j = 0; j < count; ++j) params[offset + j] = rng.uniform(-bound, bound);
     }

@@ -52,12 +52,12 @@ struct Plan {
   std::vector<AlignedBuffer<float>> buffers;  // activations, gradients, reordered weights, masks
   AlignedBuffer<std::uint8_t> scratchpad;     // shared by all primitives: they run in sequence
   std::vector<Exec> forward, backward;
-  memory x;                                   // the caller's input
-  std::vector<External> params, grads;        // views into caller's arrays
+  memory x;                             // the caller's input
+  std::vector<External> params, grads;  // views into caller's arrays
   const float* bound_params = nullptr;
   float* bound_grad = nullptr;
-  float* logits = nullptr;                    // (N, C)
-  float* diff_logits = nullptr;               // (N, C)
+  float* logits = nullptr;       // (N, C)
+  float* diff_logits = nullptr;  // (N, C)
 };
 
 }  // namespace
@@ -101,7 +101,7 @@ struct Net::Impl {
       else
         e.prim.execute(stream, e.args);
       double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-      (e.phase == Phase::kMatmul ? times.matmul
+      (e.phase == Phase::kMatmul    ? times.matmul
        : e.phase == Phase::kEltwise ? times.eltwise
                                     : times.other) += dt;
     }
@@ -117,7 +117,12 @@ class PlanBuilder {
   // `key` is read when the plan runs: the current step's dropout streams.
   PlanBuilder(const Model& model, const dnnl::engine& engine, const StreamKey* key, Plan& plan,
               std::int64_t N, bool training, bool blocked)
-      : model_(model), key_(key), p_(plan), N_(N), training_(training), blocked_(blocked),
+      : model_(model),
+        key_(key),
+        p_(plan),
+        N_(N),
+        training_(training),
+        blocked_(blocked),
         eng_(engine) {
     attr_.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // a task may move between threads
   }
@@ -175,8 +180,8 @@ class PlanBuilder {
     memory weights;   // linear/conv weights in the primitive's format
     memory user_weights;
     dnnl::primitive_desc_base fwd_pd;
-    memory workspace;  // max pooling
-    memory mask;       // dropout, in the output's layout
+    memory workspace;          // max pooling
+    memory mask;               // dropout, in the output's layout
     memory::desc flat_src_md;  // flatten: the plain (N, C, H, W) view of its input
   };
 
@@ -228,13 +233,15 @@ class PlanBuilder {
         memory::desc b_md({l.out.C}, Dt::f32, Tag::x);
         memory::desc dst_md({N_, l.out.C}, Dt::f32, Tag::nc);
         s.src = ensure(cur, memory::desc({N_, l.in.C}, Dt::f32, Tag::nc), p_.forward);
-        dnnl::inner_product_forward::primitive_desc pd(
-            {prop, s.src.get_desc(), w_md, b_md, dst_md}, attr_, eng_);
+        dnnl::inner_product_forward::primitive_desc pd({prop, s.src.get_desc(), w_md, b_md, dst_md},
+                                                       attr_, eng_);
         s.weights = s.user_weights = external(p_.params, w_md, l.weight);
         memory b = external(p_.params, b_md, l.bias);
         s.dst = new_memory(dst_md);
         add(p_.forward, dnnl::inner_product_forward(pd), pd.scratchpad_desc(),
-            {{DNNL_ARG_SRC, s.src}, {DNNL_ARG_WEIGHTS, s.weights}, {DNNL_ARG_BIAS, b},
+            {{DNNL_ARG_SRC, s.src},
+             {DNNL_ARG_WEIGHTS, s.weights},
+             {DNNL_ARG_BIAS, b},
              {DNNL_ARG_DST, s.dst}},
             Phase::kMatmul);
         s.fwd_pd = pd;
@@ -256,7 +263,9 @@ class PlanBuilder {
         memory b = external(p_.params, b_md, l.bias);
         s.dst = new_memory(pd.dst_desc());
         add(p_.forward, dnnl::convolution_forward(pd), pd.scratchpad_desc(),
-            {{DNNL_ARG_SRC, s.src}, {DNNL_ARG_WEIGHTS, s.weights}, {DNNL_ARG_BIAS, b},
+            {{DNNL_ARG_SRC, s.src},
+             {DNNL_ARG_WEIGHTS, s.weights},
+             {DNNL_ARG_BIAS, b},
              {DNNL_ARG_DST, s.dst}},
             Phase::kMatmul);
         s.fwd_pd = pd;
@@ -295,8 +304,8 @@ class PlanBuilder {
         // PyTorch's flatten order is (C, H, W): reorder to plain nchw, then view as (N, C*H*W).
         s.flat_src_md = memory::desc(image(l.in), Dt::f32, Tag::nchw);
         memory plain = ensure(cur, s.flat_src_md, p_.forward);
-        s.dst = memory(memory::desc({N_, l.out.C}, Dt::f32, Tag::nc), eng_,
-                       plain.get_data_handle());
+        s.dst =
+            memory(memory::desc({N_, l.out.C}, Dt::f32, Tag::nc), eng_, plain.get_data_handle());
         return s;
       }
       case Kind::kDropout: {
@@ -345,7 +354,9 @@ class PlanBuilder {
             {s.src.get_desc(), dw_md, db_md, s.dst.get_desc()}, attr_, eng_, fwd);
         memory dw = external(p_.grads, dw_md, l.weight), db = external(p_.grads, db_md, l.bias);
         add(p_.backward, dnnl::inner_product_backward_weights(wpd), wpd.scratchpad_desc(),
-            {{DNNL_ARG_SRC, s.src}, {DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_DIFF_WEIGHTS, dw},
+            {{DNNL_ARG_SRC, s.src},
+             {DNNL_ARG_DIFF_DST, diff},
+             {DNNL_ARG_DIFF_WEIGHTS, dw},
              {DNNL_ARG_DIFF_BIAS, db}},
             Phase::kMatmul);
         if (first) return {};
@@ -353,7 +364,8 @@ class PlanBuilder {
             {s.src.get_desc(), s.weights.get_desc(), s.dst.get_desc()}, attr_, eng_, fwd);
         memory diff_src = new_memory(s.src.get_desc());
         add(p_.backward, dnnl::inner_product_backward_data(dpd), dpd.scratchpad_desc(),
-            {{DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_WEIGHTS, s.weights},
+            {{DNNL_ARG_DIFF_DST, diff},
+             {DNNL_ARG_WEIGHTS, s.weights},
              {DNNL_ARG_DIFF_SRC, diff_src}},
             Phase::kMatmul);
         return diff_src;
@@ -376,7 +388,9 @@ class PlanBuilder {
         const bool direct = wpd.diff_weights_desc() == user_dw.get_desc();
         memory dw = direct ? user_dw : new_memory(wpd.diff_weights_desc());
         add(p_.backward, dnnl::convolution_backward_weights(wpd), wpd.scratchpad_desc(),
-            {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_DIFF_WEIGHTS, dw},
+            {{DNNL_ARG_SRC, src},
+             {DNNL_ARG_DIFF_DST, dd},
+             {DNNL_ARG_DIFF_WEIGHTS, dw},
              {DNNL_ARG_DIFF_BIAS, db}},
             Phase::kMatmul);
         if (!direct) reorder_into(dw, user_dw, p_.backward);  // back to the flat (OC, IC, KH, KW)
@@ -395,10 +409,9 @@ class PlanBuilder {
       }
       case Kind::kReLU: {
         auto fwd = dnnl::eltwise_forward::primitive_desc(s.fwd_pd.get());
-        dnnl::eltwise_backward::primitive_desc pd(
-            {dnnl::algorithm::eltwise_relu_use_dst_for_bwd, s.dst.get_desc(), s.dst.get_desc(),
-             0.0f},
-            attr_, eng_, fwd);
+        dnnl::eltwise_backward::primitive_desc pd({dnnl::algorithm::eltwise_relu_use_dst_for_bwd,
+                                                   s.dst.get_desc(), s.dst.get_desc(), 0.0f},
+                                                  attr_, eng_, fwd);
         add(p_.backward, dnnl::eltwise_backward(pd), pd.scratchpad_desc(),
             {{DNNL_ARG_DST, s.dst}, {DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_DIFF_SRC, diff}},
             Phase::kEltwise);
@@ -473,8 +486,8 @@ double Net::forward_backward(const float* params, const float* x, const std::int
   impl_->bind(p, params, x, grad);
   impl_->run(p.forward);
   auto t0 = Clock::now();
-  double loss = softmax_cross_entropy(p.logits, labels, N, impl_->model->num_classes(),
-                                      p.diff_logits);
+  double loss =
+      softmax_cross_entropy(p.logits, labels, N, impl_->model->num_classes(), p.diff_logits);
   impl_->times.loss += std::chrono::duration<double>(Clock::now() - t0).count();
   impl_->run(p.backward);
   return loss;

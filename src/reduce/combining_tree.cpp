@@ -50,8 +50,9 @@ class CombiningTree final : public Reducer {
       // siblings' values (see the file comment).
       const std::uint32_t before =
           nodes_[parent].pending_children.fetch_sub(1, std::memory_order_acq_rel);
-      COHORT_CHECK(before != 0, "combining tree: more arrivals than children (a leaf contributed "
-                                "twice in one step?)");
+      COHORT_CHECK(before != 0,
+                   "combining tree: more arrivals than children (a leaf contributed "
+                   "twice in one step?)");
       if (before != 1) return false;  // siblings still missing: leave, someone else climbs
       // relaxed: re-arm for the next step; ordered by the step handoff (file comment).
       nodes_[parent].pending_children.store(

@@ -41,13 +41,20 @@ void scale1(float* __restrict d, std::size_t n, float s) {
 }
 
 // First up to four sources, written fresh into d.
-void first_group(float* d, const float* const* src, std::size_t k, std::size_t off,
-                 std::size_t n) {
+void first_group(float* d, const float* const* src, std::size_t k, std::size_t off, std::size_t n) {
   switch (k) {
-    case 1: copy1(d, src[0] + off, n); break;
-    case 2: add2(d, src[0] + off, src[1] + off, n); break;
-    case 3: add3(d, src[0] + off, src[1] + off, src[2] + off, n); break;
-    default: add4(d, src[0] + off, src[1] + off, src[2] + off, src[3] + off, n); break;
+    case 1:
+      copy1(d, src[0] + off, n);
+      break;
+    case 2:
+      add2(d, src[0] + off, src[1] + off, n);
+      break;
+    case 3:
+      add3(d, src[0] + off, src[1] + off, src[2] + off, n);
+      break;
+    default:
+      add4(d, src[0] + off, src[1] + off, src[2] + off, src[3] + off, n);
+      break;
   }
 }
 
@@ -56,9 +63,18 @@ void fold_rest(float* d, const float* const* src, std::size_t j, std::size_t k, 
                std::size_t n) {
   while (j < k) {
     switch (std::min<std::size_t>(k - j, 3)) {
-      case 1: acc1(d, src[j] + off, n); j += 1; break;
-      case 2: acc2(d, src[j] + off, src[j + 1] + off, n); j += 2; break;
-      default: acc3(d, src[j] + off, src[j + 1] + off, src[j + 2] + off, n); j += 3; break;
+      case 1:
+        acc1(d, src[j] + off, n);
+        j += 1;
+        break;
+      case 2:
+        acc2(d, src[j] + off, src[j + 1] + off, n);
+        j += 2;
+        break;
+      default:
+        acc3(d, src[j] + off, src[j + 1] + off, src[j + 2] + off, n);
+        j += 3;
+        break;
     }
   }
 }

@@ -11,12 +11,18 @@ namespace cohort::reduce {
 
 std::string_view to_string(Strategy strategy) {
   switch (strategy) {
-    case Strategy::kTree: return "tree";
-    case Strategy::kChunkOwner: return "chunk_owner";
-    case Strategy::kParameterServer: return "parameter_server";
-    case Strategy::kAtomic: return "atomic";
-    case Strategy::kMutex: return "mutex";
-    case Strategy::kSerial: return "serial";
+    case Strategy::kTree:
+      return "tree";
+    case Strategy::kChunkOwner:
+      return "chunk_owner";
+    case Strategy::kParameterServer:
+      return "parameter_server";
+    case Strategy::kAtomic:
+      return "atomic";
+    case Strategy::kMutex:
+      return "mutex";
+    case Strategy::kSerial:
+      return "serial";
   }
   return "?";
 }
@@ -26,8 +32,10 @@ Strategy parse_strategy(std::string_view name) {
                      Strategy::kAtomic, Strategy::kMutex, Strategy::kSerial}) {
     if (name == to_string(s)) return s;
   }
-  throw InputError("reduce strategy: expected one of tree, chunk_owner, parameter_server, atomic, "
-                   "mutex, serial; found '" + std::string(name) + "'");
+  throw InputError(
+      "reduce strategy: expected one of tree, chunk_owner, parameter_server, atomic, "
+      "mutex, serial; found '" +
+      std::string(name) + "'");
 }
 
 bool is_deterministic(Strategy strategy) {
@@ -122,12 +130,18 @@ void Reducer::check_contribution(std::size_t worker, std::size_t leaf) const {
 std::unique_ptr<Reducer> make_reducer(Strategy strategy, const ReducerConfig& config,
                                       Executor& executor) {
   switch (strategy) {
-    case Strategy::kTree: return detail::make_combining_tree(config, executor);
-    case Strategy::kChunkOwner: return detail::make_chunk_owner(config, executor);
-    case Strategy::kParameterServer: return detail::make_parameter_server(config, executor);
-    case Strategy::kAtomic: return detail::make_atomic(config, executor);
-    case Strategy::kMutex: return detail::make_mutex(config, executor);
-    case Strategy::kSerial: return detail::make_serial(config, executor);
+    case Strategy::kTree:
+      return detail::make_combining_tree(config, executor);
+    case Strategy::kChunkOwner:
+      return detail::make_chunk_owner(config, executor);
+    case Strategy::kParameterServer:
+      return detail::make_parameter_server(config, executor);
+    case Strategy::kAtomic:
+      return detail::make_atomic(config, executor);
+    case Strategy::kMutex:
+      return detail::make_mutex(config, executor);
+    case Strategy::kSerial:
+      return detail::make_serial(config, executor);
   }
   COHORT_CHECK(false, "make_reducer: unknown strategy");
   return nullptr;

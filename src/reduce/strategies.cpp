@@ -138,8 +138,8 @@ class ChunkOwnerReducer final : public Collecting {
 
  private:
   std::size_t slice_ = 0;
-  std::vector<TreeEvaluator> evaluators_;       // one per worker (block scratch)
-  std::vector<const float*> worker_pointers_;   // W rows of L pointers, one row per worker
+  std::vector<TreeEvaluator> evaluators_;      // one per worker (block scratch)
+  std::vector<const float*> worker_pointers_;  // W rows of L pointers, one row per worker
   alignas(kCacheLine) std::atomic<std::uint32_t> finished_workers_{0};
 };
 
@@ -239,7 +239,7 @@ class AtomicReducer final : public Collecting {
     auto emit_chunk = [this](std::size_t b, std::size_t e) { emit(b, e); };
     finalize_in_place(*this, out_, scale_, chunk_count(), config_.chunk, config_.n, executor_,
                       has_callback() ? FunctionRef<void(std::size_t, std::size_t)>(emit_chunk)
-                                : FunctionRef<void(std::size_t, std::size_t)>());
+                                     : FunctionRef<void(std::size_t, std::size_t)>());
     // relaxed: re-arm; see Collecting.
     leaves_arrived_.store(0, std::memory_order_relaxed);
     complete_step();
@@ -272,7 +272,7 @@ class MutexReducer final : public Reducer {
     auto emit_chunk = [this](std::size_t b, std::size_t e) { emit(b, e); };
     finalize_in_place(*this, out_, scale_, chunk_count(), config_.chunk, config_.n, executor_,
                       has_callback() ? FunctionRef<void(std::size_t, std::size_t)>(emit_chunk)
-                                : FunctionRef<void(std::size_t, std::size_t)>());
+                                     : FunctionRef<void(std::size_t, std::size_t)>());
     complete_step();
     return true;
   }

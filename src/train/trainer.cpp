@@ -2,12 +2,12 @@
 // the reducer combining them and, at its root, applying SGD to the master weights.
 #include "cohort/train/trainer.hpp"
 
-#include <xxhash.h>
 #include <omp.h>
 #include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_scheduler_observer.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -62,8 +62,8 @@ class TbbExecutor final : public reduce::Executor {
 // controller after wait_for_all, which orders them).
 struct Replica {
   nn::Net net;
-  AlignedBuffer<float> x;          // (eval rows, features)
-  std::vector<std::int32_t> y;     // (eval rows)
+  AlignedBuffer<float> x;       // (eval rows, features)
+  std::vector<std::int32_t> y;  // (eval rows)
   double data_seconds = 0;
   double reduce_seconds = 0;
   Replica(const nn::Model& model, std::size_t rows, bool blocked_layouts)
@@ -94,9 +94,9 @@ void validate(const TrainConfig& c, const nn::Model& model, const data::Splits& 
   if (c.epochs == 0 && c.steps == 0) bad("--epochs", "at least 1 (or --steps N)", "0");
   if (c.eval_batch == 0) bad("eval batch", "at least 1", "0");
   if (static_cast<std::size_t>(model.input_features()) != data.train.features())
-    bad("--model", "an input size of " + std::to_string(data.train.features()) + " (" +
-                       std::to_string(data.train.rows) + "x" + std::to_string(data.train.cols) +
-                       " images)",
+    bad("--model",
+        "an input size of " + std::to_string(data.train.features()) + " (" +
+            std::to_string(data.train.rows) + "x" + std::to_string(data.train.cols) + " images)",
         std::to_string(model.input_features()) + " in '" + model.spec() + "'");
   if (static_cast<std::size_t>(model.num_classes()) != data.train.num_classes)
     bad("--model", "an output size of " + std::to_string(data.train.num_classes) + " (classes)",
@@ -109,16 +109,16 @@ struct Trainer::Impl {
   // What the graph's nodes need to know about the step being run; written by the controller
   // before it puts the start message, read by the node bodies (try_put orders the two).
   struct StepPlan {
-    std::uint64_t number = 0;                // 1-based
-    std::span<const std::uint32_t> ids;      // this step's samples
-    std::size_t leaves = 0, workers = 0;     // workers: replicas with leaves this step
-    int slot = 0;                            // staging buffer holding (or to hold) ids
-    std::span<const std::uint32_t> next_ids; // the next step's samples, to prefetch; may be empty
+    std::uint64_t number = 0;                 // 1-based
+    std::span<const std::uint32_t> ids;       // this step's samples
+    std::size_t leaves = 0, workers = 0;      // workers: replicas with leaves this step
+    int slot = 0;                             // staging buffer holding (or to hold) ids
+    std::span<const std::uint32_t> next_ids;  // the next step's samples, to prefetch; may be empty
     reduce::Reducer* reducer = nullptr;
     // Next unclaimed leaf of this step (replicas claim leaves one by one).
     alignas(kCacheLine) std::atomic<std::size_t> next_leaf{0};
-    double root_seconds = 0;                 // written by the completing contribute's thread
-    std::thread::id root_thread;             // likewise
+    double root_seconds = 0;      // written by the completing contribute's thread
+    std::thread::id root_thread;  // likewise
   };
 
   TrainConfig config;
@@ -176,7 +176,8 @@ struct Trainer::Impl {
       st.y.resize(config.batch);
     }
     for (std::size_t w = 0; w < config.workers; ++w)
-      replicas.push_back(std::make_unique<Replica>(model, config.eval_batch, config.blocked_layouts));
+      replicas.push_back(
+          std::make_unique<Replica>(model, config.eval_batch, config.blocked_layouts));
     arena.execute([&] { build_graph(); });  // the graph belongs to the arena it is built in
   }
 
@@ -206,8 +207,8 @@ struct Trainer::Impl {
       const std::size_t arity = config.tree_arity != 0
                                     ? config.tree_arity
                                     : std::clamp<std::size_t>(leaves, 2, reduce::kMaxArity);
-      reduce::ReducerConfig rc{.n = model.layout().total(), .leaves = leaves,
-                               .workers = config.workers, .arity = arity};
+      reduce::ReducerConfig rc{
+          .n = model.layout().total(), .leaves = leaves, .workers = config.workers, .arity = arity};
       slot = reduce::make_reducer(reduce::parse_strategy(config.reducer), rc, executor);
       chunk_seconds.resize(std::max(chunk_seconds.size(), rc.n / rc.chunk + 1));
       chunk_thread.resize(chunk_seconds.size());
@@ -288,8 +289,8 @@ struct Trainer::Impl {
       auto t0 = Clock::now();
       float* v = velocity.data();
       if (k == 1) {
-        sgd.apply(weights.data() + begin, sources[0] + begin, v ? v + begin : nullptr,
-                  end - begin, lr, inv_rows);
+        sgd.apply(weights.data() + begin, sources[0] + begin, v ? v + begin : nullptr, end - begin,
+                  lr, inv_rows);
       } else {
         alignas(kCacheLine) float block[kRootBlock];
         const float* at[reduce::kMaxArity];
@@ -328,8 +329,7 @@ struct Trainer::Impl {
     // work of those threads, not idle time.
     for (std::size_t c = 0; c < reducer.config().n / chunk + 1; ++c) {
       time.optimizer += chunk_seconds[c];
-      if (chunk_seconds[c] != 0 && chunk_thread[c] != plan.root_thread)
-      {
+      if (chunk_seconds[c] != 0 && chunk_thread[c] != plan.root_thread) {
         time.reduce += chunk_seconds[c];
         helper_seconds += chunk_seconds[c];
       }
@@ -385,8 +385,8 @@ struct Trainer::Impl {
               const float* logits =
                   r.net.forward(weights.data(), r.x.data(), static_cast<std::int64_t>(n));
               const auto N = static_cast<std::int64_t>(n);
-              loss[c] = nn::softmax_cross_entropy(logits, r.y.data(), N, model.num_classes(),
-                                                  nullptr);
+              loss[c] =
+                  nn::softmax_cross_entropy(logits, r.y.data(), N, model.num_classes(), nullptr);
               correct[c] = nn::count_correct(logits, r.y.data(), N, model.num_classes());
             }
           },
@@ -442,8 +442,8 @@ struct Trainer::Impl {
         epoch_seconds += dt;
         epoch_loss += loss * static_cast<double>(plan.ids.size());
         epoch_samples += plan.ids.size();
-        observer.on_step({step_number, epoch, b + 1, steps_per_epoch, loss, plan.ids.size(),
-                          time.step});
+        observer.on_step(
+            {step_number, epoch, b + 1, steps_per_epoch, loss, plan.ids.size(), time.step});
       }
       auto [test_loss, test_accuracy] = evaluate(data.test);
       s.train_loss = epoch_loss / static_cast<double>(epoch_samples);

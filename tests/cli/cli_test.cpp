@@ -31,14 +31,16 @@ class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           ("cohort_cli_test_" + std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
+           ("cohort_cli_test_" +
+            std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::vector<std::string> quick(std::vector<std::string> extra = {}) {
-    std::vector<std::string> a{"train", "--data", COHORT_FIXTURE_DIR, "--model", "mlp:784-32-10",
-                               "--batch", "64", "--steps", "12", "--workers", "2"};
+    std::vector<std::string> a{"train",   "--data", COHORT_FIXTURE_DIR, "--model", "mlp:784-32-10",
+                               "--batch", "64",     "--steps",          "12",      "--workers",
+                               "2"};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }

@@ -110,7 +110,9 @@ TEST_F(IdxFiles, UncompressedFileParsesLikeGzip) {
   EXPECT_EQ(a.values, Bytes(12, 7));
 }
 
-TEST_F(IdxFiles, EmptyFile) { expect_idx_refused(write_raw("empty", {}), 1, {"non-empty", "0 bytes"}); }
+TEST_F(IdxFiles, EmptyFile) {
+  expect_idx_refused(write_raw("empty", {}), 1, {"non-empty", "0 bytes"});
+}
 TEST_F(IdxFiles, Directory) {
   fs::create_directories(dir_ / "sub");
   expect_idx_refused(dir_ / "sub", 1, {"regular file", "directory"});

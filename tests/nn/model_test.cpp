@@ -39,7 +39,8 @@ TEST(Model, CnnPresetIsThePeersNetwork) {
 }
 
 TEST(Model, LayerListShapes) {
-  Model m = Model::parse("conv(3,3,2,1)-relu-avgpool(2)-flatten-dropout(0.25)-linear(5)", {2, 11, 11});
+  Model m =
+      Model::parse("conv(3,3,2,1)-relu-avgpool(2)-flatten-dropout(0.25)-linear(5)", {2, 11, 11});
   EXPECT_EQ(m.layers()[0].out, (SampleShape{3, 6, 6}));  // (11 + 2 - 3) / 2 + 1
   EXPECT_EQ(m.layers()[2].out, (SampleShape{3, 3, 3}));
   EXPECT_EQ(m.layers()[3].out, (SampleShape{27, 1, 1}));

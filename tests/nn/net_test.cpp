@@ -30,7 +30,8 @@ struct Inputs {
 
 Inputs make_inputs(const Model& m, std::int64_t N, std::uint64_t seed) {
   Inputs in{AlignedBuffer<float>(m.layout().total()),
-            AlignedBuffer<float>(static_cast<std::size_t>(N * m.input_features())), {}};
+            AlignedBuffer<float>(static_cast<std::size_t>(N * m.input_features())),
+            {}};
   m.init(in.params.data(), seed);
   Rng rng({seed, 99});
   for (std::size_t i = 0; i < in.x.size(); ++i) in.x[i] = rng.uniform(0.0f, 1.0f);
@@ -55,13 +56,13 @@ TEST_P(NetVsReference, LogitsLossAndEveryGradientMatch) {
   Model m = Model::parse(spec, input);
   Inputs in = make_inputs(m, N, kSeed);
   const StreamKey key{kSeed, 3, 1};  // dropout streams of step 3, leaf 1
-  auto ref = reference::net_forward_backward(m, to_double(in.params), to_double(in.x), in.labels,
-                                             N, key);
+  auto ref =
+      reference::net_forward_backward(m, to_double(in.params), to_double(in.x), in.labels, N, key);
 
   Net net(m);
   AlignedBuffer<float> grad(m.layout().total());
-  double loss = net.forward_backward(in.params.data(), in.x.data(), in.labels.data(), N,
-                                     grad.data(), key);
+  double loss =
+      net.forward_backward(in.params.data(), in.x.data(), in.labels.data(), N, grad.data(), key);
   EXPECT_NEAR(loss, ref.loss, 1e-5 * std::max(1.0, std::abs(ref.loss)));
 
   if (!m.has_dropout()) {  // inference has no dropout, so its logits differ from training's
@@ -86,15 +87,15 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, NetVsReference,
     ::testing::Values(
         Case{"mlp:13-10", 1}, Case{"mlp:13-10", 5}, Case{"mlp:17-9-5", 7},
-        Case{"mlp:31-64-33-10", 32}, Case{"mlp:784-512-256-10", 3},
-        Case{"mlp:784-512-256-10", 64},
+        Case{"mlp:31-64-33-10", 32}, Case{"mlp:784-512-256-10", 3}, Case{"mlp:784-512-256-10", 64},
         Case{"conv(4,3)-relu-maxpool(2)-flatten-linear(10)", 3, {1, 12, 12}},
         Case{"conv(3,3,2,1)-relu-avgpool(2)-flatten-linear(5)", 2, {2, 11, 11}},
         Case{"conv(5,4,3,2)-maxpool(3,2)-flatten-linear(6)", 2, {3, 13, 13}},
         Case{"conv(16,3)-dropout(0.5)-relu-flatten-linear(4)", 2, {1, 8, 8}},
         Case{"conv(8,5)-relu-maxpool(2)-conv(16,3,1,1)-relu-maxpool(2)-flatten-dropout(0.3)-"
              "linear(12)-relu-linear(10)",
-             4, {1, 20, 20}},
+             4,
+             {1, 20, 20}},
         Case{"cnn", 2, {1, 28, 28}}, Case{"cnn", 16, {1, 28, 28}}));
 
 TEST(Reference, GradientMatchesFiniteDifferences) {
@@ -137,7 +138,8 @@ TEST(Net, EveryParameterGradientMatchesFiniteDifferences) {
       p[i] = saved + h;
       double up = net.forward_backward(p.data(), in.x.data(), in.labels.data(), N, scratch.data());
       p[i] = saved - h;
-      double down = net.forward_backward(p.data(), in.x.data(), in.labels.data(), N, scratch.data());
+      double down =
+          net.forward_backward(p.data(), in.x.data(), in.labels.data(), N, scratch.data());
       p[i] = saved;
       double fd = (up - down) / (2.0 * h);
       ASSERT_NEAR(grad[i], fd, 1e-3 + 1e-2 * std::abs(fd)) << e.name << " " << i - e.offset;
@@ -164,7 +166,8 @@ TEST(Net, SmallCnnGradientMatchesFiniteDifferences) {
       p[i] = saved + h;
       double up = net.forward_backward(p.data(), in.x.data(), in.labels.data(), N, scratch.data());
       p[i] = saved - h;
-      double down = net.forward_backward(p.data(), in.x.data(), in.labels.data(), N, scratch.data());
+      double down =
+          net.forward_backward(p.data(), in.x.data(), in.labels.data(), N, scratch.data());
       p[i] = saved;
       double fd = (up - down) / (2.0 * h);
       ASSERT_NEAR(grad[i], fd, 1e-3 + 1e-2 * std::abs(fd)) << e.name << " " << i - e.offset;
@@ -177,11 +180,13 @@ TEST(Net, PlainLayoutsComputeTheSameNetwork) {
   Model m = Model::parse("cnn");
   const std::int64_t N = 3;
   Inputs in = make_inputs(m, N, kSeed + 3);
-  auto ref = reference::net_forward_backward(m, to_double(in.params), to_double(in.x), in.labels, N);
+  auto ref =
+      reference::net_forward_backward(m, to_double(in.params), to_double(in.x), in.labels, N);
   for (bool blocked : {true, false}) {
     Net net(m, blocked);
     AlignedBuffer<float> grad(m.layout().total());
-    double loss = net.forward_backward(in.params.data(), in.x.data(), in.labels.data(), N, grad.data());
+    double loss =
+        net.forward_backward(in.params.data(), in.x.data(), in.labels.data(), N, grad.data());
     EXPECT_NEAR(loss, ref.loss, 1e-5 * std::abs(ref.loss)) << "blocked " << blocked;
     for (const auto& e : m.layout().entries()) {
       double scale = 1e-12;
@@ -206,7 +211,8 @@ TEST(Net, PlansAreReusedAndRebindToNewPointers) {
   AlignedBuffer<float> params_copy(a.params.size()), x_copy(a.x.size());
   std::copy(a.params.data(), a.params.data() + a.params.size(), params_copy.data());
   std::copy(a.x.data(), a.x.data() + a.x.size(), x_copy.data());
-  double l2 = net.forward_backward(params_copy.data(), x_copy.data(), a.labels.data(), 8, g2.data());
+  double l2 =
+      net.forward_backward(params_copy.data(), x_copy.data(), a.labels.data(), 8, g2.data());
   EXPECT_EQ(l1, l2);
   for (std::size_t i = 0; i < g1.size(); ++i) ASSERT_EQ(g1[i], g2[i]) << i;
   EXPECT_GT(net.times().matmul, 0.0);

@@ -54,9 +54,10 @@ TEST(ThreadTeam, IdleMembersHelpOneIssuer) {
   ThreadTeam team(4);
   std::vector<std::atomic<int>> hits(1000);
   team.run([&](std::size_t m) {
-    if (m == 2) team.parallel_for(hits.size(), [&](std::size_t i) {
-      hits[i].fetch_add(1, std::memory_order_relaxed);  // relaxed: counted after run() joins
-    });
+    if (m == 2)
+      team.parallel_for(hits.size(), [&](std::size_t i) {
+        hits[i].fetch_add(1, std::memory_order_relaxed);  // relaxed: counted after run() joins
+      });
   });
   for (auto& h : hits) ASSERT_EQ(h.load(std::memory_order_relaxed), 1);
 }
@@ -71,8 +72,8 @@ TEST(ThreadTeam, OutsideCallerRunsInline) {
 TEST(ThreadTeam, RethrowsFirstJobException) {
   ThreadTeam team(3);
   EXPECT_THROW(team.run([](std::size_t m) {
-                 if (m == 1) throw std::runtime_error("boom");
-               }),
+    if (m == 1) throw std::runtime_error("boom");
+  }),
                std::runtime_error);
   int ran = 0;
   team.run([&](std::size_t m) {

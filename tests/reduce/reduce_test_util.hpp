@@ -50,7 +50,8 @@ inline float naive_node(const TreeShape& shape, const std::vector<const float*>&
   if (shape.is_leaf(node)) return leaves[node][i];
   const auto children = shape.children(node);
   float acc = naive_node(shape, leaves, children[0], i);
-  for (std::size_t j = 1; j < children.size(); ++j) acc += naive_node(shape, leaves, children[j], i);
+  for (std::size_t j = 1; j < children.size(); ++j)
+    acc += naive_node(shape, leaves, children[j], i);
   return acc;
 }
 
@@ -66,11 +67,11 @@ inline ::testing::AssertionResult within_float64(const std::vector<const float*>
       abs_sum += std::fabs(leaf[i]);
     }
     const double s = std::fabs(static_cast<double>(scale));
-    const double bound = static_cast<double>(leaves.size() - 1) * u * abs_sum * s +
-                         u * std::fabs(sum * s) + 1e-300;
+    const double bound =
+        static_cast<double>(leaves.size() - 1) * u * abs_sum * s + u * std::fabs(sum * s) + 1e-300;
     if (std::fabs(static_cast<double>(got[i]) - sum * scale) > bound) {
-      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i]
-                                           << ", float64 " << sum * scale << ", bound " << bound;
+      return ::testing::AssertionFailure() << "element " << i << ": got " << got[i] << ", float64 "
+                                           << sum * scale << ", bound " << bound;
     }
   }
   return ::testing::AssertionSuccess();

@@ -55,8 +55,7 @@ void check_step(ThreadTeam& team, Strategy strategy, std::size_t workers, std::s
   };
   // The fused callee sums the sources left to right itself and applies the mean, as the
   // trainer's optimizer does.
-  auto fused = [&](const float* const* sources, std::size_t k, std::size_t begin,
-                   std::size_t end) {
+  auto fused = [&](const float* const* sources, std::size_t k, std::size_t begin, std::size_t end) {
     ASSERT_GE(k, 1u);
     std::vector<const float*> at(k);
     for (std::size_t j = 0; j < k; ++j) at[j] = sources[j] + begin;
@@ -188,7 +187,8 @@ TEST(Reducer, TreeCompletesOnTheLastContribution) {
   Leaves data(6, 40, 7);
   AlignedBuffer<float> got(40);
   tree->begin_step(Sink::into(got.data()));
-  for (std::size_t leaf : {5, 0, 3, 1, 4}) EXPECT_FALSE(tree->contribute(leaf % 2, leaf, data.pointers[leaf]));
+  for (std::size_t leaf : {5, 0, 3, 1, 4})
+    EXPECT_FALSE(tree->contribute(leaf % 2, leaf, data.pointers[leaf]));
   EXPECT_FALSE(tree->step_done());
   EXPECT_TRUE(tree->contribute(0, 2, data.pointers[2]));
   EXPECT_TRUE(tree->step_done());
@@ -231,8 +231,8 @@ TEST(Reducer, DoubleContributionIsCaught) {
 
 TEST(Reducer, OwnLeafBuffers) {
   InlineExecutor ex;
-  ReducerConfig config{.n = 33, .leaves = 3, .workers = 1, .arity = 2, .chunk = 16,
-                       .own_leaf_buffers = true};
+  ReducerConfig config{
+      .n = 33, .leaves = 3, .workers = 1, .arity = 2, .chunk = 16, .own_leaf_buffers = true};
   auto tree = make_reducer(Strategy::kTree, config, ex);
   tree->begin_step(Sink::into(nullptr, 0.5f));
   for (std::size_t leaf = 0; leaf < 3; ++leaf) {

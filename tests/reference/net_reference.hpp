@@ -146,7 +146,8 @@ inline NetResult net_forward_backward(const nn::Model& m, const std::vector<doub
                       const std::int64_t ih = oh * l.stride - l.pad + kh;
                       const std::int64_t iw = ow * l.stride - l.pad + kw;
                       if (ih < 0 || ih >= IH || iw < 0 || iw >= IW) continue;
-                      const std::size_t w = l.weight + ((o * IC + c) * l.kernel + kh) * l.kernel + kw;
+                      const std::size_t w =
+                          l.weight + ((o * IC + c) * l.kernel + kh) * l.kernel + kw;
                       res.grad[w] += d * src[(c * IH + ih) * IW + iw];
                       ds[(c * IH + ih) * IW + iw] += d * params[w];
                     }

@@ -52,8 +52,8 @@ TEST(Trainer, LossFallsOverAFewHundredSteps) {
     first += rec.losses[i] / 16;
     last += rec.losses[rec.losses.size() - 1 - i] / 16;
   }
-  EXPECT_GT(first, 1.5);          // ~ln(10) at initialisation
-  EXPECT_LT(last, 0.25 * first);  // it learns the training set
+  EXPECT_GT(first, 1.5);             // ~ln(10) at initialisation
+  EXPECT_LT(last, 0.25 * first);     // it learns the training set
   EXPECT_GT(s.test_accuracy, 0.65);  // and generalises (256 held-out images)
   EXPECT_EQ(rec.epochs.size(), 20u);
 }

@@ -27,7 +27,7 @@ class InternalError : public std::logic_error {
 
 // Always-on invariant check (not compiled out in release). Use for internal invariants only;
 // validate user input with InputError and a message that names the place.
-#define COHORT_CHECK(cond, what)                                      \
-  do {                                                                \
+#define COHORT_CHECK(cond, what)                                          \
+  do {                                                                    \
     if (!(cond)) ::cohort::fail_check(#cond, __FILE__, __LINE__, (what)); \
   } while (0)

@@ -14,9 +14,9 @@
 namespace cohort::data {
 
 struct Dataset {
-  std::string name;                  // "train", "test"
-  std::size_t count = 0;             // N
-  std::size_t rows = 0, cols = 0;    // image height, width
+  std::string name;                // "train", "test"
+  std::size_t count = 0;           // N
+  std::size_t rows = 0, cols = 0;  // image height, width
   std::size_t num_classes = 0;
   std::vector<std::uint8_t> images;  // (N, rows, cols)
   std::vector<std::uint8_t> labels;  // (N)

@@ -11,7 +11,7 @@
 namespace cohort::data {
 
 struct IdxLimits {
-  std::uint32_t max_dim = 1u << 24;                 // any one dimension
+  std::uint32_t max_dim = 1u << 24;                    // any one dimension
   std::uint64_t max_payload = std::uint64_t{1} << 32;  // bytes, all dimensions multiplied
 };
 

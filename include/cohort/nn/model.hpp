@@ -23,10 +23,10 @@ struct SampleShape {
 struct LayerSpec {
   enum class Kind { kLinear, kReLU, kConv, kMaxPool, kAvgPool, kFlatten, kDropout };
   Kind kind;
-  std::string name;        // "conv1", "relu2", "fc1", ...
-  SampleShape in, out;     // per-sample shapes before and after the layer
+  std::string name;                              // "conv1", "relu2", "fc1", ...
+  SampleShape in, out;                           // per-sample shapes before and after the layer
   std::int64_t kernel = 0, stride = 1, pad = 0;  // conv and pooling (square)
-  float p = 0;             // dropout probability
+  float p = 0;                                   // dropout probability
   std::size_t weight = 0;  // offsets into the flat parameter array (linear, conv)
   std::size_t bias = 0;
   bool has_params() const { return kind == Kind::kLinear || kind == Kind::kConv; }
@@ -41,7 +41,8 @@ class Model {
   //   "cnn"                  the PyTorch peer's CNN (below), 315,722 parameters on 1x28x28
   //   a layer list joined by '-':  conv(OC,K[,stride[,pad]])  relu  maxpool(K[,stride])
   //                          avgpool(K[,stride])  flatten  dropout(P)  linear(OC)
-  //   e.g. conv(32,5)-relu-maxpool(2)-conv(64,5)-relu-maxpool(2)-flatten-linear(256)-relu-linear(10)
+  //   e.g.
+  //   conv(32,5)-relu-maxpool(2)-conv(64,5)-relu-maxpool(2)-flatten-linear(256)-relu-linear(10)
   static Model parse(const std::string& spec, SampleShape input = {1, 28, 28});
 
   const std::string& spec() const { return spec_; }

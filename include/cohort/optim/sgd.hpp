@@ -16,7 +16,8 @@ struct SgdConfig {
   bool nesterov = false;
 };
 
-// Validates a config; throws InputError naming the field, e.g. "momentum: expected [0, 1), found 2".
+// Validates a config; throws InputError naming the field, e.g. "momentum: expected [0, 1), found
+// 2".
 void validate(const SgdConfig& config);
 
 class Sgd {

@@ -38,11 +38,11 @@ Strategy parse_strategy(std::string_view name);
 bool is_deterministic(Strategy strategy);
 
 struct ReducerConfig {
-  std::size_t n = 0;           // floats per leaf gradient (0 is allowed: nothing is summed)
-  std::size_t leaves = 1;      // L >= 1: leaves contributed per step
-  std::size_t workers = 1;     // W >= 1: worker ids passed to contribute/finish are < W
-  std::size_t arity = 2;       // tree arity, 2 .. kMaxArity (e.g. arity = L: one flat root)
-  std::size_t chunk = 16384;   // floats per executor chunk (64 KiB); root callback granularity
+  std::size_t n = 0;              // floats per leaf gradient (0 is allowed: nothing is summed)
+  std::size_t leaves = 1;         // L >= 1: leaves contributed per step
+  std::size_t workers = 1;        // W >= 1: worker ids passed to contribute/finish are < W
+  std::size_t arity = 2;          // tree arity, 2 .. kMaxArity (e.g. arity = L: one flat root)
+  std::size_t chunk = 16384;      // floats per executor chunk (64 KiB); root callback granularity
   bool own_leaf_buffers = false;  // allocate L leaf buffers reachable through leaf_buffer()
 };
 inline constexpr std::size_t kMaxArity = 64;

@@ -23,16 +23,16 @@ namespace cohort::train {
 
 struct TrainConfig {
   std::string model = "mlp:784-512-256-10";
-  std::size_t workers = 0;        // 0: one per core
-  std::size_t batch = 256;        // global batch B
-  std::size_t micro_batch = 0;    // leaf size M; 0: ceil(batch / cores of this machine)
+  std::size_t workers = 0;      // 0: one per core
+  std::size_t batch = 256;      // global batch B
+  std::size_t micro_batch = 0;  // leaf size M; 0: ceil(batch / cores of this machine)
   std::size_t epochs = 5;
-  std::size_t steps = 0;          // stop after this many optimizer steps; 0: run all epochs
+  std::size_t steps = 0;  // stop after this many optimizer steps; 0: run all epochs
   optim::SgdConfig sgd{};
   std::uint64_t seed = 1;
-  std::string reducer = "tree";   // reduce::Strategy name
-  std::size_t tree_arity = 0;      // 0: one flat root over all leaves (up to 64)
-  std::size_t eval_batch = 500;   // rows per forward pass in evaluation
+  std::string reducer = "tree";  // reduce::Strategy name
+  std::size_t tree_arity = 0;    // 0: one flat root over all leaves (up to 64)
+  std::size_t eval_batch = 500;  // rows per forward pass in evaluation
   // Skip each epoch's last, partial batch, as torch_peer.py does: every step then has the same
   // shape (one set of primitives, one leaf decomposition) and throughput and accuracy compare
   // with the peer under one protocol. The skipped samples differ per epoch (reshuffled).
@@ -70,30 +70,30 @@ struct TimeBreakdown {
 };
 
 struct StepEvent {
-  std::uint64_t step;        // 1-based optimizer step count
-  std::size_t epoch;         // 0-based
+  std::uint64_t step;  // 1-based optimizer step count
+  std::size_t epoch;   // 0-based
   std::size_t step_in_epoch, steps_per_epoch;
-  double loss;               // mean over the batch
-  std::size_t samples;       // rows in this step
-  double elapsed;            // training seconds so far (steps only)
+  double loss;          // mean over the batch
+  std::size_t samples;  // rows in this step
+  double elapsed;       // training seconds so far (steps only)
 };
 
 struct EpochResult {
-  std::size_t epoch;         // 0-based
-  std::uint64_t steps;       // optimizer steps so far
-  double train_loss;         // mean over the epoch's samples
+  std::size_t epoch;    // 0-based
+  std::uint64_t steps;  // optimizer steps so far
+  double train_loss;    // mean over the epoch's samples
   double test_loss;
   double test_accuracy;
-  double samples_per_second; // this epoch's training steps only
-  double elapsed;            // training seconds so far
+  double samples_per_second;  // this epoch's training steps only
+  double elapsed;             // training seconds so far
 };
 
 struct Summary {
   std::uint64_t steps = 0;
-  double epochs = 0;         // fractional when --steps stops mid-epoch
+  double epochs = 0;  // fractional when --steps stops mid-epoch
   std::size_t workers = 0, batch = 0, micro_batch = 0, parameters = 0;
   double samples_per_second = 0;
-  double train_loss = 0;     // mean over the last epoch's samples (or the partial epoch's)
+  double train_loss = 0;  // mean over the last epoch's samples (or the partial epoch's)
   double test_loss = 0, test_accuracy = 0;
   std::string weights_digest;
   TimeBreakdown time;
@@ -115,7 +115,7 @@ class Trainer {
   Summary run(Observer& observer);
   const TrainConfig& config() const;  // with workers and micro_batch resolved
   const nn::Model& model() const;
-  const float* weights() const;       // the master weights, model().layout().total() floats
+  const float* weights() const;  // the master weights, model().layout().total() floats
 
  private:
   struct Impl;
