@@ -197,6 +197,17 @@ class PlanBuilder {
     list.push_back({std::move(prim), std::move(args), phase, scratch, {}});
   }
 
+  // A forward step of a layer with parameters: src, weights and bias to dst.
+  void add_weighted(dnnl::primitive prim, const memory::desc& scratch, const Saved& s,
+                    const memory& bias) {
+    add(p_.forward, std::move(prim), scratch,
+        {{DNNL_ARG_SRC, s.src},
+         {DNNL_ARG_WEIGHTS, s.weights},
+         {DNNL_ARG_BIAS, bias},
+         {DNNL_ARG_DST, s.dst}},
+        Phase::kMatmul);
+  }
+
   // `m` in layout `want`: itself, or a reorder into a new buffer appended to `list`.
   memory ensure(const memory& m, const memory::desc& want, std::vector<Exec>& list) {
     if (m.get_desc() == want) return m;
@@ -238,12 +249,7 @@ class PlanBuilder {
         s.weights = s.user_weights = external(p_.params, w_md, l.weight);
         memory b = external(p_.params, b_md, l.bias);
         s.dst = new_memory(dst_md);
-        add(p_.forward, dnnl::inner_product_forward(pd), pd.scratchpad_desc(),
-            {{DNNL_ARG_SRC, s.src},
-             {DNNL_ARG_WEIGHTS, s.weights},
-             {DNNL_ARG_BIAS, b},
-             {DNNL_ARG_DST, s.dst}},
-            Phase::kMatmul);
+        add_weighted(dnnl::inner_product_forward(pd), pd.scratchpad_desc(), s, b);
         s.fwd_pd = pd;
         return s;
       }
@@ -262,12 +268,7 @@ class PlanBuilder {
         s.weights = ensure(s.user_weights, pd.weights_desc(), p_.forward);  // every step
         memory b = external(p_.params, b_md, l.bias);
         s.dst = new_memory(pd.dst_desc());
-        add(p_.forward, dnnl::convolution_forward(pd), pd.scratchpad_desc(),
-            {{DNNL_ARG_SRC, s.src},
-             {DNNL_ARG_WEIGHTS, s.weights},
-             {DNNL_ARG_BIAS, b},
-             {DNNL_ARG_DST, s.dst}},
-            Phase::kMatmul);
+        add_weighted(dnnl::convolution_forward(pd), pd.scratchpad_desc(), s, b);
         s.fwd_pd = pd;
         return s;
       }

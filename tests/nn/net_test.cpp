@@ -118,60 +118,42 @@ TEST(Reference, GradientMatchesFiniteDifferences) {
     }
 }
 
-TEST(Net, EveryParameterGradientMatchesFiniteDifferences) {
-  // The float32 Net's own loss, differentiated numerically one parameter at a time over a whole
-  // (small) model. Finite differences through ReLU are only valid when no hidden unit crosses
-  // zero within +-h; with this fixed seed none does (a crossing shows up as a large error).
+// Differentiates the Net's own float32 loss numerically, one parameter at a time, and compares
+// with its gradient. Valid only where no ReLU input or pooled maximum sits within h of a kink or
+// a tie; with the fixed seeds below none does (a crossing would show up as a large error).
+void expect_finite_differences_match(const Model& m, std::int64_t N, std::uint64_t seed) {
   omp_set_num_threads(1);
-  Model m = Model::parse("mlp:8-6-5-3");
-  const std::int64_t N = 4;
-  Inputs in = make_inputs(m, N, kSeed + 1);
+  Inputs in = make_inputs(m, N, seed);
   Net net(m);
   AlignedBuffer<float> grad(m.layout().total()), scratch(m.layout().total());
   net.forward_backward(in.params.data(), in.x.data(), in.labels.data(), N, grad.data());
   AlignedBuffer<float> p(m.layout().total());
   std::copy(in.params.data(), in.params.data() + p.size(), p.data());
   const float h = 1e-3f;
+  auto loss_at = [&] {
+    return net.forward_backward(p.data(), in.x.data(), in.labels.data(), N, scratch.data());
+  };
   for (const auto& e : m.layout().entries())
     for (std::size_t i = e.offset; i < e.offset + e.shape.numel(); ++i) {
       const float saved = p[i];
       p[i] = saved + h;
-      double up = net.forward_backward(p.data(), in.x.data(), in.labels.data(), N, scratch.data());
+      const double up = loss_at();
       p[i] = saved - h;
-      double down =
-          net.forward_backward(p.data(), in.x.data(), in.labels.data(), N, scratch.data());
+      const double down = loss_at();
       p[i] = saved;
-      double fd = (up - down) / (2.0 * h);
+      const double fd = (up - down) / (2.0 * h);
       ASSERT_NEAR(grad[i], fd, 1e-3 + 1e-2 * std::abs(fd)) << e.name << " " << i - e.offset;
     }
 }
 
+TEST(Net, EveryParameterGradientMatchesFiniteDifferences) {
+  expect_finite_differences_match(Model::parse("mlp:8-6-5-3"), 4, kSeed + 1);
+}
+
 TEST(Net, SmallCnnGradientMatchesFiniteDifferences) {
-  // Convolution (stride, padding), max pooling and a linear layer, differentiated numerically
-  // one parameter at a time; no pooled maximum or ReLU input sits within h of a tie or a kink
-  // with this seed (a crossing would show up as a large error).
-  omp_set_num_threads(1);
-  Model m = Model::parse("conv(3,3,1,1)-relu-maxpool(2)-flatten-linear(4)", {2, 6, 6});
-  const std::int64_t N = 2;
-  Inputs in = make_inputs(m, N, kSeed + 2);
-  Net net(m);
-  AlignedBuffer<float> grad(m.layout().total()), scratch(m.layout().total());
-  net.forward_backward(in.params.data(), in.x.data(), in.labels.data(), N, grad.data());
-  AlignedBuffer<float> p(m.layout().total());
-  std::copy(in.params.data(), in.params.data() + p.size(), p.data());
-  const float h = 1e-3f;
-  for (const auto& e : m.layout().entries())
-    for (std::size_t i = e.offset; i < e.offset + e.shape.numel(); ++i) {
-      const float saved = p[i];
-      p[i] = saved + h;
-      double up = net.forward_backward(p.data(), in.x.data(), in.labels.data(), N, scratch.data());
-      p[i] = saved - h;
-      double down =
-          net.forward_backward(p.data(), in.x.data(), in.labels.data(), N, scratch.data());
-      p[i] = saved;
-      double fd = (up - down) / (2.0 * h);
-      ASSERT_NEAR(grad[i], fd, 1e-3 + 1e-2 * std::abs(fd)) << e.name << " " << i - e.offset;
-    }
+  // Convolution with padding, ReLU, max pooling, flatten and a linear layer.
+  expect_finite_differences_match(
+      Model::parse("conv(3,3,1,1)-relu-maxpool(2)-flatten-linear(4)", {2, 6, 6}), 2, kSeed + 2);
 }
 
 TEST(Net, PlainLayoutsComputeTheSameNetwork) {
