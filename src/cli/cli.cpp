@@ -2,14 +2,17 @@
 // progress while training, a summary at the end, JSON files written atomically.
 #include "cohort/cli/cli.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <optional>
@@ -68,20 +71,58 @@ std::string rate(double samples_per_second) {
   return s.str();
 }
 
+// Ctrl-C / SIGTERM: the first asks the run to stop after the current step (and save, if saving
+// is on); the second exits at once. Only async-signal-safe calls in the handler.
+std::atomic<int> g_stop_signals{0};
+extern "C" void on_stop_signal(int) {
+  // relaxed: a counter read between steps; no other data is published through it.
+  if (g_stop_signals.fetch_add(1, std::memory_order_relaxed) >= 1) ::_exit(kExitInterrupted);
+}
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signals.store(0, std::memory_order_relaxed);
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  static bool requested() { return g_stop_signals.load(std::memory_order_relaxed) > 0; }
+
+ private:
+  struct sigaction old_int_ {
+  }, old_term_{};
+};
+
+struct CheckpointOptions {
+  std::string save, resume;
+  std::uint64_t save_every = 0;
+  std::size_t keep = 1;
+};
+
 // Progress on the terminal (one rewritten line on a TTY, periodic lines otherwise) and the
 // JSON Lines metrics file.
 class Progress final : public train::Observer {
  public:
   Progress(std::ostream& out, bool quiet, bool tty, std::size_t log_every, std::ofstream* metrics,
-           std::size_t epochs_planned)
+           std::size_t epochs_planned, std::function<void(std::uint64_t)> every_step = {})
       : out_(out),
         quiet_(quiet),
         tty_(tty),
         log_every_(log_every),
         metrics_(metrics),
-        epochs_planned_(epochs_planned) {}
+        epochs_planned_(epochs_planned),
+        every_step_(std::move(every_step)) {}
+
+  bool stop_requested() override { return StopSignals::requested(); }
 
   void on_step(const train::StepEvent& e) override {
+    if (every_step_) every_step_(e.step);
     window_loss_ += e.loss;
     ++window_steps_;
     if (metrics_ && log_every_ && e.step % log_every_ == 0) {
@@ -142,6 +183,7 @@ class Progress final : public train::Observer {
   std::size_t log_every_;
   std::ofstream* metrics_;
   std::size_t epochs_planned_;
+  std::function<void(std::uint64_t)> every_step_;
   double last_print_ = 0, window_loss_ = 0;
   std::uint64_t last_step_ = 0, window_steps_ = 0;
 };
@@ -176,16 +218,37 @@ void print_summary(std::ostream& out, const train::Summary& s) {
   row("root, critical path (wall)", t.reduce_critical, t.step);
 }
 
+json config_json(const train::TrainConfig& c, const std::string& data_dir) {
+  return {{"model", c.model},           {"data", data_dir},
+          {"batch", c.batch},           {"micro_batch", c.micro_batch},
+          {"workers", c.workers},       {"epochs", c.epochs},
+          {"steps", c.steps},           {"lr", c.sgd.lr},
+          {"momentum", c.sgd.momentum}, {"weight_decay", c.sgd.weight_decay},
+          {"nesterov", c.sgd.nesterov}, {"seed", c.seed},
+          {"reducer", c.reducer},       {"drop_last", c.drop_last},
+          {"prefetch", c.prefetch},     {"blocked_layouts", c.blocked_layouts}};
+}
+
 int train_command(const train::TrainConfig& config, const std::string& data_dir,
                   const std::string& summary_path, const std::string& metrics_path,
-                  std::size_t log_every, bool quiet, std::ostream& out) {
+                  const CheckpointOptions& ck, std::size_t log_every, bool quiet,
+                  std::ostream& out) {
   check_output_path("--summary", summary_path);
   check_output_path("--metrics", metrics_path);
+  check_output_path("--save", ck.save);
+  if (ck.keep == 0) throw InputError("--keep: expected at least 1, found 0");
+  if (ck.save_every != 0 && ck.save.empty())
+    throw InputError("--save-every: expected --save FILE as well, found none");
+  std::optional<train::Checkpoint> resume;
+  if (!ck.resume.empty()) resume = train::load_checkpoint(ck.resume);  // all checked, nothing used
   auto t_load = std::chrono::steady_clock::now();
   data::Splits data = data::load_image_folder(data_dir);
   double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   train::Trainer trainer(config, data);  // validates everything before the first step
   const auto& c = trainer.config();
+  if (resume) trainer.restore(*resume, ck.resume);
+  const std::string effective = config_json(c, data_dir).dump();
+  auto save = [&] { train::save_checkpoint(ck.save, trainer.checkpoint(effective), ck.keep); };
   if (!quiet)
     out << "cohort train: " << c.model << " on " << data_dir << " (" << data.train.count
         << " train, " << data.test.count << " test images, loaded in " << std::fixed
@@ -193,7 +256,10 @@ int train_command(const train::TrainConfig& config, const std::string& data_dir,
         << "  workers " << c.workers << ", batch " << c.batch << ", micro-batch " << c.micro_batch
         << ", lr " << c.sgd.lr << ", momentum " << c.sgd.momentum << ", weight decay "
         << c.sgd.weight_decay << (c.sgd.nesterov ? " (nesterov)" : "") << ", seed " << c.seed
-        << ", reducer " << c.reducer << "\n";
+        << ", reducer " << c.reducer << "\n"
+        << (resume
+                ? "  resumed from " + ck.resume + " at step " + std::to_string(resume->step) + "\n"
+                : "");
   std::optional<std::ofstream> metrics;
   if (!metrics_path.empty()) {
     metrics.emplace(metrics_path, std::ios::trunc);
@@ -203,9 +269,19 @@ int train_command(const train::TrainConfig& config, const std::string& data_dir,
       c.drop_last ? data.train.count / c.batch : (data.train.count + c.batch - 1) / c.batch;
   const std::size_t epochs_planned =
       c.steps ? (c.steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;
+  auto every_step = [&](std::uint64_t step) {
+    if (ck.save_every != 0 && step % ck.save_every == 0) save();
+  };
   Progress progress(out, quiet, &out == &std::cout && ::isatty(STDOUT_FILENO), log_every,
-                    metrics ? &*metrics : nullptr, epochs_planned);
+                    metrics ? &*metrics : nullptr, epochs_planned, every_step);
+  StopSignals signals;
   train::Summary s = trainer.run(progress);
+  if (!ck.save.empty()) save();  // the final weights (also after Ctrl-C: a whole step's)
+  if (s.stopped) {
+    out << "\nstopped by a signal after step " << s.steps
+        << (ck.save.empty() ? "" : "; checkpoint " + ck.save) << "\n";
+    return kExitInterrupted;
+  }
   if (!quiet) print_summary(out, s);
   if (!summary_path.empty()) {
     json j{{"steps", s.steps},
@@ -220,25 +296,41 @@ int train_command(const train::TrainConfig& config, const std::string& data_dir,
            {"test_accuracy", s.test_accuracy},
            {"weights_digest", s.weights_digest},
            {"time", to_json(s.time)},
-           {"config",
-            {{"model", c.model},
-             {"data", data_dir},
-             {"batch", c.batch},
-             {"micro_batch", c.micro_batch},
-             {"workers", c.workers},
-             {"epochs", c.epochs},
-             {"steps", c.steps},
-             {"lr", c.sgd.lr},
-             {"momentum", c.sgd.momentum},
-             {"weight_decay", c.sgd.weight_decay},
-             {"nesterov", c.sgd.nesterov},
-             {"seed", c.seed},
-             {"reducer", c.reducer},
-             {"drop_last", c.drop_last},
-             {"prefetch", c.prefetch},
-             {"blocked_layouts", c.blocked_layouts}}}};
+           {"config", config_json(c, data_dir)}};
     write_atomically(summary_path, j.dump(2) + "\n");
   }
+  return kExitOk;
+}
+
+int eval_command(const std::string& checkpoint, const std::string& data_dir,
+                 const std::string& summary_path, std::size_t workers, std::ostream& out) {
+  check_output_path("--summary", summary_path);
+  const train::Checkpoint ck = train::load_checkpoint(checkpoint);
+  data::Splits data = data::load_image_folder(data_dir);
+  train::TrainConfig config;
+  config.model = ck.model;
+  config.seed = ck.seed;
+  config.batch = ck.batch;
+  config.micro_batch = ck.micro_batch;
+  config.drop_last = ck.drop_last;
+  config.workers = workers;
+  config.sgd.momentum = ck.velocity.empty() ? 0.0f : config.sgd.momentum;
+  train::Trainer trainer(config, data);
+  trainer.restore(ck, checkpoint);
+  auto [loss, accuracy] = trainer.evaluate_test();
+  const std::string digest = train::weights_digest(trainer.weights(), ck.weights.size());
+  out << "cohort eval: " << checkpoint << " (" << ck.model << ", step " << ck.step << ") on "
+      << data_dir << ": test loss " << std::fixed << std::setprecision(4) << loss
+      << ", test accuracy " << accuracy << ", weights digest " << digest << "\n";
+  if (!summary_path.empty())
+    write_atomically(summary_path, json{{"checkpoint", checkpoint},
+                                        {"model", ck.model},
+                                        {"step", ck.step},
+                                        {"test_loss", loss},
+                                        {"test_accuracy", accuracy},
+                                        {"weights_digest", digest}}
+                                           .dump(2) +
+                                       "\n");
   return kExitOk;
 }
 
@@ -295,11 +387,30 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
                       "replica assembles its own leaves)");
   train_cmd->add_flag("--keep-last", keep_last,
                       "also train on each epoch's last, partial batch (default: skip it)");
+  CheckpointOptions ck;
+  train_cmd->add_option("--save", ck.save,
+                        "write a checkpoint here at the end (and every --save-every steps)");
+  train_cmd
+      ->add_option("--save-every", ck.save_every, "steps between checkpoints (0: only at the end)")
+      ->capture_default_str();
+  train_cmd->add_option("--keep", ck.keep, "checkpoints to keep: FILE, FILE.1, ... (newest first)")
+      ->capture_default_str();
+  train_cmd->add_option("--resume", ck.resume,
+                        "continue from this checkpoint (bit for bit the uninterrupted run)");
   train_cmd->add_option("--summary", summary_path, "write a JSON summary to this file");
   train_cmd->add_option("--metrics", metrics_path, "write JSON Lines metrics to this file");
   train_cmd->add_option("--log-every", log_every, "steps between progress lines / step metrics")
       ->capture_default_str();
   train_cmd->add_flag("--quiet", quiet, "no progress and no summary table");
+
+  std::string eval_checkpoint, eval_data = data::kDefaultDataDir, eval_summary;
+  std::size_t eval_workers = 0;
+  CLI::App* eval_cmd = app.add_subcommand("eval", "evaluate a checkpoint on the test set");
+  eval_cmd->add_option("--checkpoint", eval_checkpoint, "the checkpoint to evaluate")->required();
+  eval_cmd->add_option("--data", eval_data, "folder with the four IDX files")
+      ->capture_default_str();
+  eval_cmd->add_option("--summary", eval_summary, "write a JSON summary to this file");
+  eval_cmd->add_option("--workers", eval_workers, "worker replicas (0: one per core)");
 
   try {
     app.parse(argc, argv);
@@ -321,7 +432,9 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   config.blocked_layouts = !plain_layouts;
   try {
     if (train_cmd->parsed())
-      return train_command(config, data_dir, summary_path, metrics_path, log_every, quiet, out);
+      return train_command(config, data_dir, summary_path, metrics_path, ck, log_every, quiet, out);
+    if (eval_cmd->parsed())
+      return eval_command(eval_checkpoint, eval_data, eval_summary, eval_workers, out);
     return kExitBadInput;
   } catch (const InputError& e) {
     err << "cohort: error: " << e.what() << "\n";

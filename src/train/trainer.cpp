@@ -143,6 +143,7 @@ struct Trainer::Impl {
   optim::Sgd sgd;
   TimeBreakdown time;
   StepPlan plan;
+  std::uint64_t steps_done = 0;  // optimizer steps applied to `weights`
   // The step's graph, built once inside the arena: start -> {prepare(t+1), replica 0..W-1 (t)}.
   std::unique_ptr<flow::graph> graph;
   std::unique_ptr<flow::broadcast_node<flow::continue_msg>> start;
@@ -256,6 +257,12 @@ struct Trainer::Impl {
           weights.data(), staging[plan.slot].x.data() + first * features,
           staging[plan.slot].y.data() + first, static_cast<std::int64_t>(n), grad,
           nn::StreamKey{config.seed, plan.number, leaf});  // dropout: never keyed by worker
+      // A non-finite loss must never reach the weights: fail the step before contributing, so
+      // the root (the only writer) never runs and the weights stay those of the last step.
+      if (!std::isfinite(leaf_loss[leaf]))
+        throw InternalError("non-finite loss (" + std::to_string(leaf_loss[leaf]) + ") in leaf " +
+                            std::to_string(leaf) + "; the weights are those after step " +
+                            std::to_string(plan.number - 1));
       auto t1 = Clock::now();
       const bool completed = plan.reducer->contribute(w, leaf, grad);
       const double dt = seconds_since(t1);
@@ -414,14 +421,18 @@ struct Trainer::Impl {
       return std::span(order).subspan(first, std::min(B, order.size() - first));
     };
     Summary s;
-    std::uint64_t step_number = 0;
-    std::vector<std::uint32_t> order = sampler.epoch_order(0), next_order;
+    // Continue where the weights are: 0 for a new run, the checkpoint's step after restore().
+    std::uint64_t step_number = steps_done;
+    const std::size_t first_epoch = static_cast<std::size_t>(step_number / steps_per_epoch);
+    std::size_t first_b = static_cast<std::size_t>(step_number % steps_per_epoch);
+    std::vector<std::uint32_t> order = sampler.epoch_order(first_epoch), next_order;
     plan.slot = 0;
-    if (config.prefetch && total_steps > 0) assemble(batch_of(order, 0), 0, 0);
-    for (std::size_t epoch = 0; step_number < total_steps; ++epoch) {
+    if (config.prefetch && step_number < total_steps) assemble(batch_of(order, first_b), 0, 0);
+    bool stopped = false;
+    for (std::size_t epoch = first_epoch; step_number < total_steps && !stopped; ++epoch) {
       double epoch_loss = 0, epoch_seconds = 0;
       std::size_t epoch_samples = 0;
-      for (std::size_t b = 0; b < steps_per_epoch && step_number < total_steps; ++b) {
+      for (std::size_t b = first_b; b < steps_per_epoch && step_number < total_steps; ++b) {
         plan.number = step_number + 1;
         plan.ids = batch_of(order, b);
         plan.next_ids = {};
@@ -439,12 +450,19 @@ struct Trainer::Impl {
         account(dt);
         plan.slot = config.prefetch ? 1 - plan.slot : plan.slot;
         ++step_number;
+        steps_done = step_number;
         epoch_seconds += dt;
         epoch_loss += loss * static_cast<double>(plan.ids.size());
         epoch_samples += plan.ids.size();
         observer.on_step(
             {step_number, epoch, b + 1, steps_per_epoch, loss, plan.ids.size(), time.step});
+        if (observer.stop_requested()) {  // between steps: the weights are a whole step's
+          stopped = true;
+          break;
+        }
       }
+      first_b = 0;
+      if (epoch_samples == 0) break;
       auto [test_loss, test_accuracy] = evaluate(data.test);
       s.train_loss = epoch_loss / static_cast<double>(epoch_samples);
       s.test_loss = test_loss;
@@ -457,7 +475,8 @@ struct Trainer::Impl {
       order.swap(next_order);
     }
     s.steps = step_number;
-    s.samples_per_second /= time.step;
+    s.stopped = stopped;
+    s.samples_per_second = time.step > 0 ? s.samples_per_second / time.step : 0;
     s.workers = config.workers;
     s.batch = config.batch;
     s.micro_batch = config.micro_batch;
@@ -467,6 +486,57 @@ struct Trainer::Impl {
     return s;
   }
 };
+
+Checkpoint Trainer::checkpoint(std::string config_json) const {
+  const Impl& m = *impl_;
+  Checkpoint c;
+  c.model = m.config.model;
+  c.step = m.steps_done;
+  c.seed = m.config.seed;
+  c.batch = m.config.batch;
+  c.micro_batch = m.config.micro_batch;
+  c.train_count = m.data.train.count;
+  c.drop_last = m.config.drop_last;
+  c.config_json = std::move(config_json);
+  c.weights.assign(m.weights.data(), m.weights.data() + m.weights.size());
+  if (m.velocity.size() != 0)
+    c.velocity.assign(m.velocity.data(), m.velocity.data() + m.velocity.size());
+  return c;
+}
+
+void Trainer::restore(const Checkpoint& c, const std::string& name) {
+  Impl& m = *impl_;
+  auto mismatch = [&](const std::string& field, const std::string& ours,
+                      const std::string& theirs) {
+    throw InputError(name + ": " + field + ": this run has " + ours + ", the checkpoint " + theirs +
+                     " (resume with the checkpoint's value, or start a new run)");
+  };
+  if (c.model != m.config.model)
+    mismatch("--model", "'" + m.config.model + "'", "'" + c.model + "'");
+  if (c.weights.size() != m.weights.size())
+    mismatch("parameters", std::to_string(m.weights.size()) + " floats",
+             std::to_string(c.weights.size()));
+  if (c.seed != m.config.seed)
+    mismatch("--seed", std::to_string(m.config.seed), std::to_string(c.seed));
+  if (c.batch != m.config.batch)
+    mismatch("--batch", std::to_string(m.config.batch), std::to_string(c.batch));
+  if (c.micro_batch != m.config.micro_batch)
+    mismatch("--micro-batch", std::to_string(m.config.micro_batch), std::to_string(c.micro_batch));
+  if (c.drop_last != m.config.drop_last)
+    mismatch("--keep-last", m.config.drop_last ? "off" : "on", c.drop_last ? "off" : "on");
+  if (c.train_count != m.data.train.count)
+    mismatch("training set size", std::to_string(m.data.train.count),
+             std::to_string(c.train_count));
+  if (c.velocity.size() != m.velocity.size())
+    mismatch("momentum state", std::to_string(m.velocity.size()) + " floats",
+             std::to_string(c.velocity.size()));
+  std::copy(c.weights.begin(), c.weights.end(), m.weights.data());
+  std::copy(c.velocity.begin(), c.velocity.end(), m.velocity.data());
+  m.steps_done = c.step;
+}
+
+std::uint64_t Trainer::steps_done() const { return impl_->steps_done; }
+std::pair<double, double> Trainer::evaluate_test() { return impl_->evaluate(impl_->data.test); }
 
 Trainer::Trainer(TrainConfig config, const data::Splits& data)
     : impl_(std::make_unique<Impl>(std::move(config), data)) {}

@@ -4,9 +4,16 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 namespace cohort::cli {
 namespace {
@@ -109,6 +116,68 @@ TEST_F(Cli, SameSeedSameDigest) {
   ASSERT_EQ(cohort(quick({"--quiet", "--summary", s2, "--workers", "2"})).code, 0);
   auto a = nlohmann::json::parse(std::ifstream(s1)), b = nlohmann::json::parse(std::ifstream(s2));
   EXPECT_EQ(a["weights_digest"], b["weights_digest"]);
+}
+
+TEST_F(Cli, SaveResumeAndEvalGiveTheUninterruptedRun) {
+  const auto full = (dir_ / "full.json").string(), resumed = (dir_ / "resumed.json").string();
+  const auto ckpt = (dir_ / "run.ckpt").string(), eval = (dir_ / "eval.json").string();
+  ASSERT_EQ(cohort(quick({"--quiet", "--summary", full})).code, 0);
+  auto half = quick({"--quiet", "--save", ckpt});
+  half[8] = "5";  // --steps 5 of 12
+  ASSERT_EQ(cohort(half).code, 0);
+  Result r = cohort(quick({"--resume", ckpt, "--summary", resumed, "--save", ckpt}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos);
+  auto a = nlohmann::json::parse(std::ifstream(full));
+  auto b = nlohmann::json::parse(std::ifstream(resumed));
+  EXPECT_EQ(a["weights_digest"], b["weights_digest"]);
+  EXPECT_EQ(b["steps"], 12);
+  Result e =
+      cohort({"eval", "--checkpoint", ckpt, "--data", COHORT_FIXTURE_DIR, "--summary", eval});
+  ASSERT_EQ(e.code, 0) << e.err;
+  auto j = nlohmann::json::parse(std::ifstream(eval));
+  EXPECT_EQ(j["step"], 12);
+  EXPECT_EQ(j["weights_digest"], a["weights_digest"]);
+  EXPECT_EQ(j["test_accuracy"], a["test_accuracy"]);
+}
+
+TEST_F(Cli, BadCheckpointsExitTwoBeforeTraining) {
+  const auto ckpt = (dir_ / "run.ckpt").string();
+  ASSERT_EQ(cohort(quick({"--quiet", "--save", ckpt})).code, 0);
+  std::filesystem::resize_file(ckpt, std::filesystem::file_size(ckpt) / 2);
+  Result r = cohort(quick({"--resume", ckpt}));
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find(ckpt), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");  // refused before anything started
+  EXPECT_EQ(cohort({"eval", "--checkpoint", ckpt, "--data", COHORT_FIXTURE_DIR}).code,
+            kExitBadInput);
+  EXPECT_EQ(cohort(quick({"--save-every", "3"})).code, kExitBadInput);  // no --save
+  EXPECT_EQ(cohort(quick({"--save", dir_.string()})).code, kExitBadInput);
+}
+
+TEST_F(Cli, CtrlCFinishesTheStepSavesAndExits130) {
+  const auto ckpt = dir_ / "live.ckpt";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int devnull = ::open("/dev/null", O_WRONLY);
+    dup2(devnull, 1);
+    execl(COHORT_BINARY, COHORT_BINARY, "train", "--data", COHORT_FIXTURE_DIR, "--model",
+          "mlp:784-64-10", "--batch", "32", "--steps", "1000000", "--save", ckpt.c_str(),
+          "--save-every", "50", nullptr);
+    _exit(127);
+  }
+  for (int i = 0; i < 600 && !std::filesystem::exists(ckpt); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(std::filesystem::exists(ckpt));
+  ASSERT_EQ(kill(pid, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), kExitInterrupted);
+  // The final checkpoint is the step the signal interrupted, not a multiple of --save-every.
+  Result e = cohort({"eval", "--checkpoint", ckpt.string(), "--data", COHORT_FIXTURE_DIR});
+  EXPECT_EQ(e.code, 0) << e.err;
 }
 
 TEST_F(Cli, HelpAndVersionExitZero) {

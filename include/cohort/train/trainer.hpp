@@ -13,11 +13,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cohort/data/dataset.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/optim/sgd.hpp"
+#include "cohort/train/checkpoint.hpp"
 
 namespace cohort::train {
 
@@ -96,14 +98,19 @@ struct Summary {
   double train_loss = 0;  // mean over the last epoch's samples (or the partial epoch's)
   double test_loss = 0, test_accuracy = 0;
   std::string weights_digest;
+  bool stopped = false;  // an observer asked to stop (e.g. Ctrl-C)
   TimeBreakdown time;
 };
 
+// Called on the thread that runs Trainer::run, between steps (the weights are then those after
+// a whole step, so an observer may take a checkpoint).
 class Observer {
  public:
   virtual ~Observer() = default;
   virtual void on_step(const StepEvent&) {}
   virtual void on_epoch(const EpochResult&) {}
+  // Checked after every step: true ends the run there (Summary::stopped), without evaluation.
+  virtual bool stop_requested() { return false; }
 };
 
 class Trainer {
@@ -112,7 +119,17 @@ class Trainer {
   Trainer(TrainConfig config, const data::Splits& data);
   ~Trainer();
 
+  // Trains from the current step (0, or the restored checkpoint's) to --steps or --epochs.
   Summary run(Observer& observer);
+  // A snapshot to save; call between steps (before or after run, or from an Observer).
+  Checkpoint checkpoint(std::string config_json) const;
+  // Continues from `c`: refuses (InputError naming `name` and the field) a checkpoint of another
+  // model, seed, batch, micro-batch, partial-batch rule or training set, since the run would not
+  // be the one the checkpoint started.
+  void restore(const Checkpoint& c, const std::string& name);
+  std::uint64_t steps_done() const;
+  // Mean loss and accuracy of the current weights on the test set.
+  std::pair<double, double> evaluate_test();
   const TrainConfig& config() const;  // with workers and micro_batch resolved
   const nn::Model& model() const;
   const float* weights() const;  // the master weights, model().layout().total() floats

@@ -1,0 +1,40 @@
+// Checkpoints: a versioned binary file of sections, each with a zlib crc32, holding everything a
+// run needs to continue bit for bit (weights, momentum, step, the sampler's inputs, the config).
+// Written to a temporary file in the same folder, fsynced, renamed over the old one and the
+// folder fsynced, so a crash at any instant leaves the previous checkpoint loadable. Read into
+// memory and validated completely before anything is applied: a truncated, bit-flipped, foreign
+// or future file is refused whole (InputError naming the file, section and field).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace cohort::train {
+
+inline constexpr std::uint32_t kCheckpointVersion = 1;
+
+struct Checkpoint {
+  std::string model;       // the model spec, e.g. "cnn"
+  std::uint64_t step = 0;  // optimizer steps done
+  std::uint64_t seed = 0;  // initialisation, shuffling and dropout streams
+  std::uint64_t batch = 0, micro_batch = 0, train_count = 0;
+  bool drop_last = true;
+  std::string config_json;      // the effective configuration, for people and `cohort eval`
+  std::vector<float> weights;   // the flat parameter array (layout().total() floats)
+  std::vector<float> velocity;  // SGD momentum, same size, or empty without momentum
+};
+
+// Atomically replaces `path` with `c`. With keep > 1 the previous files are kept as path.1 ...
+// path.(keep-1), newest first. Throws InputError if the folder cannot be written.
+void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, std::size_t keep = 1);
+
+// Reads and validates a whole checkpoint. Throws InputError (the file is never partly applied).
+Checkpoint load_checkpoint(const std::filesystem::path& path);
+
+// The encoding alone (for tests and fuzzing): bytes <-> checkpoint, same validation.
+std::vector<std::uint8_t> encode_checkpoint(const Checkpoint& c);
+Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::string& name);
+
+}  // namespace cohort::train

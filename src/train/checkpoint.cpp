@@ -1,0 +1,255 @@
+// Checkpoint encoding (little-endian): "COHORTCK" u32 version u32 section-count, then sections
+// {u32 tag, u64 length, payload, u32 crc32(payload)}, tags META (text fields), PARM (weights),
+// MOMN (momentum). Every length is checked against the bytes left before it is used.
+#include "cohort/train/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort::train {
+
+namespace {
+
+constexpr char kMagic[8] = {'C', 'O', 'H', 'O', 'R', 'T', 'C', 'K'};
+constexpr std::uint32_t tag(const char (&t)[5]) {
+  return std::uint32_t(std::uint8_t(t[0])) | std::uint32_t(std::uint8_t(t[1])) << 8 |
+         std::uint32_t(std::uint8_t(t[2])) << 16 | std::uint32_t(std::uint8_t(t[3])) << 24;
+}
+constexpr std::uint32_t kMeta = tag("META"), kParams = tag("PARM"), kMomentum = tag("MOMN");
+constexpr std::uint64_t kMaxFloats = std::uint64_t{1} << 32;  // 16 GiB of parameters
+
+void put_bytes(std::vector<std::uint8_t>& out, const void* p, std::size_t n) {
+  if (n == 0) return;
+  const std::size_t at = out.size();
+  out.resize(at + n);
+  std::memcpy(out.data() + at, p, n);
+}
+template <typename T>
+void put(std::vector<std::uint8_t>& out, T v) {
+  std::uint8_t b[sizeof(T)];
+  for (std::size_t i = 0; i < sizeof(T); ++i) b[i] = std::uint8_t(std::uint64_t(v) >> (8 * i));
+  put_bytes(out, b, sizeof b);
+}
+std::uint32_t crc(const std::uint8_t* p, std::uint64_t n) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  while (n > 0) {
+    const uInt chunk = static_cast<uInt>(std::min<std::uint64_t>(n, 1u << 30));
+    c = crc32(c, p, chunk);
+    p += chunk;
+    n -= chunk;
+  }
+  return static_cast<std::uint32_t>(c);
+}
+
+void add_section(std::vector<std::uint8_t>& out, std::uint32_t t, const void* p, std::size_t n) {
+  put<std::uint32_t>(out, t);
+  put<std::uint64_t>(out, n);
+  put_bytes(out, p, n);
+  put<std::uint32_t>(out, crc(static_cast<const std::uint8_t*>(p), n));
+}
+
+std::string meta_text(const Checkpoint& c) {
+  std::ostringstream s;
+  s << "model=" << c.model << "\nstep=" << c.step << "\nseed=" << c.seed << "\nbatch=" << c.batch
+    << "\nmicro_batch=" << c.micro_batch << "\ntrain_count=" << c.train_count
+    << "\ndrop_last=" << (c.drop_last ? 1 : 0) << "\nconfig=" << c.config_json << "\n";
+  return s.str();
+}
+
+class Reader {
+ public:
+  Reader(const std::vector<std::uint8_t>& b, const std::string& name) : b_(b), name_(name) {}
+  template <typename T>
+  T get(const std::string& field) {
+    need(sizeof(T), field);
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < sizeof(T); ++i) v |= std::uint64_t(b_[at_ + i]) << (8 * i);
+    at_ += sizeof(T);
+    return static_cast<T>(v);
+  }
+  const std::uint8_t* take(std::uint64_t n, const std::string& field) {
+    need(n, field);
+    const std::uint8_t* p = b_.data() + at_;
+    at_ += n;
+    return p;
+  }
+  std::uint64_t offset() const { return at_; }
+  bool done() const { return at_ == b_.size(); }
+  [[noreturn]] void fail(const std::string& field, const std::string& expected,
+                         const std::string& found) const {
+    throw InputError(name_ + ": " + field + ": expected " + expected + ", found " + found +
+                     " (at byte " + std::to_string(at_) + ")");
+  }
+
+ private:
+  void need(std::uint64_t n, const std::string& field) {
+    if (n > b_.size() - at_)  // no overflow: at_ <= size
+      fail(field, std::to_string(n) + " more bytes",
+           std::to_string(b_.size() - at_) + " (file truncated or length corrupt)");
+  }
+  const std::vector<std::uint8_t>& b_;
+  const std::string& name_;
+  std::uint64_t at_ = 0;
+};
+
+std::uint64_t parse_u64(const std::string& name, const std::string& key, const std::string& v) {
+  std::uint64_t out = 0;
+  std::size_t used = 0;
+  try {
+    out = std::stoull(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != v.size())
+    throw InputError(name + ": section META, field " + key + ": expected an integer, found '" + v +
+                     "'");
+  return out;
+}
+
+void fsync_path(const std::filesystem::path& p, bool directory) {
+  int fd = ::open(p.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) throw InputError(p.string() + ": cannot open to sync: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw InputError(p.string() + ": fsync failed: " + std::strerror(errno));
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> encode_checkpoint(const Checkpoint& c) {
+  std::vector<std::uint8_t> out;
+  put_bytes(out, kMagic, sizeof kMagic);
+  put<std::uint32_t>(out, kCheckpointVersion);
+  put<std::uint32_t>(out, 3);
+  const std::string meta = meta_text(c);
+  add_section(out, kMeta, meta.data(), meta.size());
+  add_section(out, kParams, c.weights.data(), c.weights.size() * sizeof(float));
+  add_section(out, kMomentum, c.velocity.data(), c.velocity.size() * sizeof(float));
+  return out;
+}
+
+Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::string& name) {
+  Reader r(bytes, name);
+  const std::uint8_t* magic = r.take(sizeof kMagic, "magic");
+  if (std::memcmp(magic, kMagic, sizeof kMagic) != 0)
+    r.fail("magic", "'COHORTCK' (a cohort checkpoint)", "other bytes");
+  const auto version = r.get<std::uint32_t>("version");
+  if (version != kCheckpointVersion)
+    r.fail("version",
+           std::to_string(kCheckpointVersion) +
+               (version > kCheckpointVersion ? " (written by a newer cohort)" : ""),
+           std::to_string(version));
+  const auto sections = r.get<std::uint32_t>("section count");
+  if (sections != 3) r.fail("section count", "3", std::to_string(sections));
+  std::map<std::uint32_t, std::pair<const std::uint8_t*, std::uint64_t>> found;
+  for (std::uint32_t i = 0; i < sections; ++i) {
+    const auto t = r.get<std::uint32_t>("section tag");
+    const std::string tag_name = t == kMeta       ? "META"
+                                 : t == kParams   ? "PARM"
+                                 : t == kMomentum ? "MOMN"
+                                                  : "?";
+    if (tag_name == "?" || found.count(t))
+      r.fail("section tag", "META, PARM or MOMN once each", "an unknown or repeated tag");
+    const auto len = r.get<std::uint64_t>("section " + tag_name + " length");
+    const std::uint8_t* p = r.take(len, "section " + tag_name + " payload");
+    const auto want = r.get<std::uint32_t>("section " + tag_name + " crc32");
+    if (crc(p, len) != want)
+      r.fail("section " + tag_name + " crc32", "a matching checksum",
+             "a mismatch (the file is corrupt)");
+    if (tag_name != "META" && (len % sizeof(float) != 0 || len / sizeof(float) > kMaxFloats))
+      r.fail("section " + tag_name + " length", "a multiple of 4 up to 2^34", std::to_string(len));
+    found[t] = {p, len};
+  }
+  if (!r.done()) r.fail("file length", "the end of the last section", "trailing bytes");
+
+  Checkpoint c;
+  std::map<std::string, std::string> kv;
+  std::istringstream meta(
+      std::string(reinterpret_cast<const char*>(found[kMeta].first), found[kMeta].second));
+  for (std::string line; std::getline(meta, line);) {
+    auto eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    kv[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  for (const char* key :
+       {"model", "step", "seed", "batch", "micro_batch", "train_count", "drop_last", "config"})
+    if (!kv.count(key))
+      throw InputError(name + ": section META: expected field " + key + ", found none");
+  c.model = kv["model"];
+  c.step = parse_u64(name, "step", kv["step"]);
+  c.seed = parse_u64(name, "seed", kv["seed"]);
+  c.batch = parse_u64(name, "batch", kv["batch"]);
+  c.micro_batch = parse_u64(name, "micro_batch", kv["micro_batch"]);
+  c.train_count = parse_u64(name, "train_count", kv["train_count"]);
+  c.drop_last = parse_u64(name, "drop_last", kv["drop_last"]) != 0;
+  c.config_json = kv["config"];
+  auto floats = [&](std::uint32_t t) {
+    std::vector<float> v(found[t].second / sizeof(float));
+    if (!v.empty()) std::memcpy(v.data(), found[t].first, found[t].second);
+    return v;
+  };
+  c.weights = floats(kParams);
+  c.velocity = floats(kMomentum);
+  if (c.weights.empty()) throw InputError(name + ": section PARM: expected parameters, found none");
+  if (!c.velocity.empty() && c.velocity.size() != c.weights.size())
+    throw InputError(name + ": section MOMN: expected " + std::to_string(c.weights.size()) +
+                     " floats (as PARM) or none, found " + std::to_string(c.velocity.size()));
+  return c;
+}
+
+void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, std::size_t keep) {
+  namespace fs = std::filesystem;
+  const std::vector<std::uint8_t> bytes = encode_checkpoint(c);
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    f.flush();
+    if (!f) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw InputError(path.string() + ": writing the checkpoint failed (disk full or read-only?)");
+    }
+  }
+  fsync_path(tmp, false);  // the bytes are on disk before the name points at them
+  // Rotate older checkpoints: path.(keep-2) -> path.(keep-1), ..., and path -> path.1 as a hard
+  // link (then renamed into place), so `path` itself never disappears: at every instant it is
+  // the previous checkpoint or the new one.
+  std::error_code ec;
+  for (std::size_t k = keep; k-- > 1;) {
+    const fs::path to = path.string() + "." + std::to_string(k);
+    if (k > 1) {
+      const fs::path from = path.string() + "." + std::to_string(k - 1);
+      if (fs::exists(from, ec)) fs::rename(from, to, ec);
+    } else if (fs::exists(path, ec)) {
+      const fs::path link = to.string() + ".tmp." + std::to_string(::getpid());
+      fs::remove(link, ec);
+      fs::create_hard_link(path, link, ec);
+      if (!ec) fs::rename(link, to, ec);
+    }
+  }
+  fs::rename(tmp, path);  // atomic: readers see the old file or the new one
+  fsync_path(dir, true);  // the rename itself is durable
+}
+
+Checkpoint load_checkpoint(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw InputError(path.string() + ": checkpoint: expected a regular file, found " +
+                     (std::filesystem::exists(path, ec) ? "something else" : "nothing"));
+  std::ifstream f(path, std::ios::binary);
+  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(f)), {});
+  if (!f.good() && !f.eof()) throw InputError(path.string() + ": checkpoint: read failed");
+  return decode_checkpoint(bytes, path.string());
+}
+
+}  // namespace cohort::train
