@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <cmath>
 #include <thread>
 
 #include "cohort/core/error.hpp"
@@ -303,6 +304,30 @@ TEST(CnnWorkers, DropoutChangesWithTheSeedOnly) {
   Summary d = Trainer(c, fixture()).run(r3);
   EXPECT_EQ(a.weights_digest, b.weights_digest);
   EXPECT_NE(a.weights_digest, d.weights_digest);
+}
+
+}  // namespace
+}  // namespace cohort::train
+
+namespace cohort::train {
+namespace {
+
+TEST(Engine, NonFiniteLossStopsTheRunWithFiniteWeights) {
+  TrainConfig c = small_config();
+  c.sgd.lr = 1e12f;  // diverges within a few steps
+  c.sgd.momentum = 0.0f;
+  c.steps = 200;
+  Trainer t(c, fixture());
+  Recorder rec;
+  try {
+    t.run(rec);
+    FAIL() << "a diverging run finished";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("non-finite loss"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(rec.losses.size(), 200u);
+  const std::size_t n = t.model().layout().total();
+  for (std::size_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(t.weights()[i])) << i;
 }
 
 }  // namespace
