@@ -499,6 +499,11 @@ Checkpoint Trainer::checkpoint(std::string config_json) const {
   c.drop_last = m.config.drop_last;
   c.config_json = std::move(config_json);
   c.weights.assign(m.weights.data(), m.weights.data() + m.weights.size());
+  // Never save what cannot be trained on: an overflowing update shows up here at the latest.
+  for (float w : c.weights)
+    if (!std::isfinite(w))
+      throw InternalError("step " + std::to_string(m.steps_done) +
+                          ": the weights are not finite (the run diverged); not saving them");
   if (m.velocity.size() != 0)
     c.velocity.assign(m.velocity.data(), m.velocity.data() + m.velocity.size());
   return c;
