@@ -487,9 +487,9 @@ struct Trainer::Impl {
   }
 };
 
-Checkpoint Trainer::checkpoint(std::string config_json) const {
+checkpoint::Checkpoint Trainer::checkpoint(std::string config_json) const {
   const Impl& m = *impl_;
-  Checkpoint c;
+  checkpoint::Checkpoint c;
   c.model = m.config.model;
   c.step = m.steps_done;
   c.seed = m.config.seed;
@@ -509,7 +509,7 @@ Checkpoint Trainer::checkpoint(std::string config_json) const {
   return c;
 }
 
-void Trainer::restore(const Checkpoint& c, const std::string& name) {
+void Trainer::restore(const checkpoint::Checkpoint& c, const std::string& name) {
   Impl& m = *impl_;
   auto mismatch = [&](const std::string& field, const std::string& ours,
                       const std::string& theirs) {

@@ -19,7 +19,7 @@
 #include "cohort/data/dataset.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/optim/sgd.hpp"
-#include "cohort/train/checkpoint.hpp"
+#include "cohort/checkpoint/checkpoint.hpp"
 
 namespace cohort::train {
 
@@ -122,11 +122,11 @@ class Trainer {
   // Trains from the current step (0, or the restored checkpoint's) to --steps or --epochs.
   Summary run(Observer& observer);
   // A snapshot to save; call between steps (before or after run, or from an Observer).
-  Checkpoint checkpoint(std::string config_json) const;
+  checkpoint::Checkpoint checkpoint(std::string config_json) const;
   // Continues from `c`: refuses (InputError naming `name` and the field) a checkpoint of another
   // model, seed, batch, micro-batch, partial-batch rule or training set, since the run would not
   // be the one the checkpoint started.
-  void restore(const Checkpoint& c, const std::string& name);
+  void restore(const checkpoint::Checkpoint& c, const std::string& name);
   std::uint64_t steps_done() const;
   // Mean loss and accuracy of the current weights on the test set.
   std::pair<double, double> evaluate_test();

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace cohort::train {
+namespace cohort::checkpoint {
 
 inline constexpr std::uint32_t kCheckpointVersion = 1;
 
@@ -37,4 +37,4 @@ Checkpoint load_checkpoint(const std::filesystem::path& path);
 std::vector<std::uint8_t> encode_checkpoint(const Checkpoint& c);
 Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::string& name);
 
-}  // namespace cohort::train
+}  // namespace cohort::checkpoint

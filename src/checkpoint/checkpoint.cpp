@@ -1,7 +1,7 @@
 // Checkpoint encoding (little-endian): "COHORTCK" u32 version u32 section-count, then sections
 // {u32 tag, u64 length, payload, u32 crc32(payload)}, tags META (text fields), PARM (weights),
 // MOMN (momentum). Every length is checked against the bytes left before it is used.
-#include "cohort/train/checkpoint.hpp"
+#include "cohort/checkpoint/checkpoint.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 
 #include "cohort/core/error.hpp"
 
-namespace cohort::train {
+namespace cohort::checkpoint {
 
 namespace {
 
@@ -252,4 +252,4 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   return decode_checkpoint(bytes, path.string());
 }
 
-}  // namespace cohort::train
+}  // namespace cohort::checkpoint
