@@ -2,7 +2,9 @@
 # The whole test suite, on a fresh Debian 12 machine: installs what is missing, builds the
 # release preset and runs every test, builds the ThreadSanitizer preset (clang) of the
 # dependency-free core (the reducers) and runs its tests, then runs every test again under
-# AddressSanitizer + UndefinedBehaviorSanitizer. Exits non-zero on any failure.
+# AddressSanitizer + UndefinedBehaviorSanitizer, and fuzzes the IDX and checkpoint readers for a
+# bounded time (COHORT_FUZZ_SECONDS each, default 30) after replaying their corpora.
+# Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -22,3 +24,21 @@ echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
 cmake --preset asan
 cmake --build --preset asan -j "$jobs"
 ASAN_OPTIONS="detect_leaks=1" ctest --preset asan -j "$jobs"
+
+echo "== libFuzzer: replay the corpora, then fuzz each reader for a bounded time"
+cmake --preset fuzz
+cmake --build --preset fuzz -j "$jobs" --target fuzz_idx fuzz_checkpoint
+ctest --preset fuzz
+seconds=${COHORT_FUZZ_SECONDS:-30}
+for target in idx checkpoint; do
+  work=$(mktemp -d)
+  cp tests/fuzz/corpus/$target/* "$work"/
+  build/fuzz/tests/fuzz/fuzz_$target -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    -artifact_prefix=build/fuzz/crash-$target- -print_final_stats=1 "$work" 2>&1 |
+    grep -E "stat::number_of_executed_units|Done|ERROR|crash" || true
+  rm -rf "$work"
+  if ls build/fuzz/crash-$target-* > /dev/null 2>&1; then
+    echo "fuzz_$target found a crash: build/fuzz/crash-$target-* (add it to tests/fuzz/crashes/$target/)"
+    exit 1
+  fi
+done
