@@ -11,7 +11,7 @@ packages=(
   ocl-icd-opencl-dev    # dnnl's CMake config asks for OpenCL
   libgtest-dev libbenchmark-dev
   zlib1g-dev            # .gz IDX files
-  libcli11-dev nlohmann-json3-dev libxxhash-dev
+  libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
   clang libclang-rt-14-dev   # the ThreadSanitizer build of the reducer core
   dataset-fashion-mnist # the real Fashion-MNIST under /usr/share/datasets/fashion-mnist
 )

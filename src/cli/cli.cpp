@@ -22,6 +22,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/train/trainer.hpp"
+#include "job_config.hpp"
 
 namespace cohort::cli {
 
@@ -356,7 +357,31 @@ int eval_command(const std::string& checkpoint, const std::string& data_dir,
 
 }  // namespace
 
+// `cohort train --config FILE ...`: the file's keys become flags placed before the command
+// line's own, so that with take-the-last-value options the command line overrides the file.
+std::vector<std::string> with_config_flags(int argc, const char* const* argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  if (args.size() < 2 || args[1] != "train") return args;
+  for (std::size_t i = 2; i < args.size(); ++i) {
+    std::string path;
+    if (args[i] == "--config" && i + 1 < args.size()) path = args[i + 1];
+    if (args[i].rfind("--config=", 0) == 0) path = args[i].substr(9);
+    if (path.empty()) continue;
+    auto flags = job_config_flags(path);
+    args.insert(args.begin() + 2, flags.begin(), flags.end());
+    break;
+  }
+  return args;
+}
+
 int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  std::vector<std::string> args;
+  try {
+    args = with_config_flags(argc, argv);
+  } catch (const InputError& e) {
+    err << "cohort: error: " << e.what() << "\n";
+    return kExitBadInput;
+  }
   CLI::App app{"cohort: synchronous data-parallel neural-network training on one CPU machine",
                "cohort"};
   app.require_subcommand(1);
@@ -369,6 +394,9 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   CLI::App* train_cmd = app.add_subcommand("train", "train a model on an image dataset");
   // A flag given twice takes its last value, so a script's defaults can be overridden.
   train_cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  std::string config_path;
+  train_cmd->add_option("--config", config_path,
+                        "TOML job config (examples/); flags on the command line override it");
   train_cmd->add_option("--data", data_dir, "folder with the four IDX files (raw or .gz)")
       ->capture_default_str();
   train_cmd
@@ -433,7 +461,9 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   eval_cmd->add_option("--workers", eval_workers, "worker replicas (0: one per core)");
 
   try {
-    app.parse(argc, argv);
+    std::vector<const char*> view;
+    for (const auto& a : args) view.push_back(a.c_str());
+    app.parse(static_cast<int>(view.size()), view.data());
   } catch (const CLI::CallForHelp&) {
     out << app.help();
     return kExitOk;

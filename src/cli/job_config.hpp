@@ -1,0 +1,17 @@
+// The job config file (TOML, read with toml++): every `cohort train` option as a key, turned
+// into the flags it stands for, so that flags given on the command line, parsed after them,
+// override the file. Not a second option parser: the flags' own validation still applies.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace cohort::cli {
+
+// Reads `path` and returns the equivalent flags ("--lr", "0.1", ...). Throws InputError naming
+// file:line:column and the key for a syntax error, a duplicate or unknown key, a wrong type or
+// an out-of-range value — before anything else runs.
+std::vector<std::string> job_config_flags(const std::filesystem::path& path);
+
+}  // namespace cohort::cli
