@@ -244,13 +244,21 @@ TEST_F(Cli, BadConfigsAreRefusedWithFileLineAndKey) {
 }
 
 TEST_F(Cli, ExampleConfigsParse) {
+  // The examples write to runs/ relative to where they are run (the repository root, where
+  // scripts/train.sh makes it): run them from a folder that has one.
+  std::filesystem::create_directories(dir_ / "runs");
+  const auto cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir_);
   for (const char* name : {"mlp.toml", "cnn.toml"}) {
-    const auto path = std::filesystem::path(COHORT_FIXTURE_DIR) / "../../examples" / name;
+    const auto path =
+        std::filesystem::canonical(std::filesystem::path(COHORT_FIXTURE_DIR) / "../../examples") /
+        name;
     Result r = cohort({"train", "--config", path.string(), "--data", COHORT_FIXTURE_DIR, "--steps",
                        "1", "--quiet", "--summary", (dir_ / "s.json").string(), "--metrics",
                        (dir_ / "m.jsonl").string(), "--save", (dir_ / "c.ckpt").string()});
     EXPECT_EQ(r.code, 0) << name << ": " << r.err;
   }
+  std::filesystem::current_path(cwd);
 }
 
 TEST_F(Cli, HelpAndVersionExitZero) {
