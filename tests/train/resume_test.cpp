@@ -15,6 +15,7 @@
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/train/trainer.hpp"
+#include "train_test_util.hpp"
 
 namespace cohort::train {
 namespace {
@@ -25,16 +26,8 @@ using checkpoint::decode_checkpoint;
 using checkpoint::encode_checkpoint;
 using checkpoint::load_checkpoint;
 
-const data::Splits& fixture() {
-  static const data::Splits splits = data::load_image_folder(COHORT_FIXTURE_DIR);
-  return splits;
-}
-
-class Recorder : public Observer {
- public:
-  void on_step(const StepEvent& e) override { losses.push_back(e.loss); }
-  std::vector<double> losses;
-};
+using testing::fixture;
+using testing::Recorder;
 
 TrainConfig resume_config(const char* model, std::size_t workers) {
   TrainConfig c;

@@ -10,22 +10,13 @@
 #include <thread>
 
 #include "cohort/core/error.hpp"
+#include "train_test_util.hpp"
 
 namespace cohort::train {
 namespace {
 
-const data::Splits& fixture() {
-  static const data::Splits splits = data::load_image_folder(COHORT_FIXTURE_DIR);
-  return splits;
-}
-
-class Recorder : public Observer {
- public:
-  void on_step(const StepEvent& e) override { losses.push_back(e.loss); }
-  void on_epoch(const EpochResult& r) override { epochs.push_back(r); }
-  std::vector<double> losses;
-  std::vector<EpochResult> epochs;
-};
+using testing::fixture;
+using testing::Recorder;
 
 TrainConfig small_config() {
   TrainConfig c;
@@ -145,6 +136,9 @@ TEST(Trainer, BadConfigsAreRefusedBeforeWork) {
 namespace cohort::train {
 namespace {
 
+using testing::fixture;
+using testing::Recorder;
+
 TrainConfig engine_config(std::size_t workers) {
   TrainConfig c;  // the default MLP, batch 256, lr 0.05, momentum 0.9
   c.micro_batch = 32;
@@ -255,6 +249,9 @@ TEST(Engine, WithPrefetchTheResultIsTheSame) {
 namespace cohort::train {
 namespace {
 
+using testing::fixture;
+using testing::Recorder;
+
 TrainConfig cnn_config(std::size_t workers, const char* model) {
   TrainConfig c;
   c.model = model;
@@ -311,6 +308,9 @@ TEST(CnnWorkers, DropoutChangesWithTheSeedOnly) {
 
 namespace cohort::train {
 namespace {
+
+using testing::fixture;
+using testing::Recorder;
 
 TEST(Engine, NonFiniteLossStopsTheRunWithFiniteWeights) {
   TrainConfig c = small_config();

@@ -16,10 +16,10 @@
 #include <utility>
 #include <vector>
 
+#include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/data/dataset.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/optim/sgd.hpp"
-#include "cohort/checkpoint/checkpoint.hpp"
 
 namespace cohort::train {
 
