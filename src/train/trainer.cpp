@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <map>
 #include <thread>
+#include <tuple>
 
 #include "cohort/core/error.hpp"
 #include "cohort/nn/loss.hpp"
@@ -423,6 +424,7 @@ struct Trainer::Impl {
     Summary s;
     // Continue where the weights are: 0 for a new run, the checkpoint's step after restore().
     std::uint64_t step_number = steps_done;
+    const std::uint64_t steps_done_at_start = steps_done;
     const std::size_t first_epoch = static_cast<std::size_t>(step_number / steps_per_epoch);
     std::size_t first_b = static_cast<std::size_t>(step_number % steps_per_epoch);
     std::vector<std::uint32_t> order = sampler.epoch_order(first_epoch), next_order;
@@ -473,6 +475,10 @@ struct Trainer::Impl {
                          static_cast<double>(epoch_samples) / epoch_seconds, time.step});
       s.samples_per_second += static_cast<double>(epoch_samples);  // total, divided below
       order.swap(next_order);
+    }
+    if (step_number == steps_done_at_start) {  // nothing left to train (e.g. a finished resume)
+      std::tie(s.test_loss, s.test_accuracy) = evaluate(data.test);
+      s.epochs = static_cast<double>(step_number) / static_cast<double>(steps_per_epoch);
     }
     s.steps = step_number;
     s.stopped = stopped;

@@ -69,6 +69,21 @@ INSTANTIATE_TEST_SUITE_P(Models, Resume,
                                            "conv(4,5)-relu-maxpool(2)-flatten-dropout(0.3)-"
                                            "linear(10)"));
 
+TEST(ResumeDone, AFinishedRunStillReportsItsAccuracy) {
+  TrainConfig c = resume_config("mlp:784-64-10", 1);
+  Trainer a(c, fixture());
+  Recorder r;
+  const Summary done = a.run(r);
+  Trainer b(c, fixture());
+  b.restore(a.checkpoint("{}"), "mem");
+  Recorder none;
+  const Summary again = b.run(none);  // already at --steps: nothing to train
+  EXPECT_TRUE(none.losses.empty());
+  EXPECT_EQ(again.steps, 20u);
+  EXPECT_EQ(again.weights_digest, done.weights_digest);
+  EXPECT_EQ(again.test_accuracy, done.test_accuracy);
+}
+
 TEST(ResumeRefusals, AnotherRunsCheckpointIsRefusedNamingTheField) {
   Trainer b(resume_config("mlp:784-64-10", 1), fixture());
   const Checkpoint ck = b.checkpoint("{}");
