@@ -130,15 +130,6 @@ TEST(Trainer, BadConfigsAreRefusedBeforeWork) {
   EXPECT_NE(message_of(c).find("lr"), std::string::npos);
 }
 
-}  // namespace
-}  // namespace cohort::train
-
-namespace cohort::train {
-namespace {
-
-using testing::fixture;
-using testing::Recorder;
-
 TrainConfig engine_config(std::size_t workers) {
   TrainConfig c;  // the default MLP, batch 256, lr 0.05, momentum 0.9
   c.micro_batch = 32;
@@ -243,15 +234,6 @@ TEST(Engine, WithPrefetchTheResultIsTheSame) {
   EXPECT_EQ(a.losses, b.losses);
 }
 
-}  // namespace
-}  // namespace cohort::train
-
-namespace cohort::train {
-namespace {
-
-using testing::fixture;
-using testing::Recorder;
-
 TrainConfig cnn_config(std::size_t workers, const char* model) {
   TrainConfig c;
   c.model = model;
@@ -302,15 +284,6 @@ TEST(CnnWorkers, DropoutChangesWithTheSeedOnly) {
   EXPECT_EQ(a.weights_digest, b.weights_digest);
   EXPECT_NE(a.weights_digest, d.weights_digest);
 }
-
-}  // namespace
-}  // namespace cohort::train
-
-namespace cohort::train {
-namespace {
-
-using testing::fixture;
-using testing::Recorder;
 
 TEST(Engine, NonFiniteLossStopsTheRunWithFiniteWeights) {
   TrainConfig c = small_config();
