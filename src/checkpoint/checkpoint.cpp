@@ -1,6 +1,7 @@
 // Checkpoint encoding (little-endian): "COHORTCK" u32 version u32 section-count, then sections
-// {u32 tag, u64 length, payload, u32 crc32(payload)}, tags META (text fields), PARM (weights),
-// MOMN (momentum). Every length is checked against the bytes left before it is used.
+// {u32 tag, u64 length, payload, u32 crc32(payload)}: META (text fields), PARM (weights), then
+// the optimizer's state arrays ST00, ST01, ... in order (version 1: META, PARM, MOMN). Every
+// length is checked against the bytes left before it is used.
 #include "cohort/checkpoint/checkpoint.hpp"
 
 #include <fcntl.h>
@@ -23,7 +24,18 @@ constexpr std::uint32_t tag(const char (&t)[5]) {
   return std::uint32_t(std::uint8_t(t[0])) | std::uint32_t(std::uint8_t(t[1])) << 8 |
          std::uint32_t(std::uint8_t(t[2])) << 16 | std::uint32_t(std::uint8_t(t[3])) << 24;
 }
-constexpr std::uint32_t kMeta = tag("META"), kParams = tag("PARM"), kMomentum = tag("MOMN");
+constexpr std::uint32_t kMeta = tag("META"), kParams = tag("PARM"), kMomentumV1 = tag("MOMN");
+constexpr std::uint32_t state_tag(std::size_t i) {
+  return tag("ST00") + ((std::uint32_t(i / 10) << 16) | (std::uint32_t(i % 10) << 24));
+}
+std::string tag_text(std::uint32_t t) {
+  std::string s(4, ' ');
+  for (int i = 0; i < 4; ++i) {
+    const char c = static_cast<char>((t >> (8 * i)) & 0xff);
+    s[i] = (c >= 0x20 && c < 0x7f) ? c : '?';
+  }
+  return s;
+}
 constexpr std::uint64_t kMaxFloats = std::uint64_t{1} << 32;  // 16 GiB of parameters
 
 void put_bytes(std::vector<std::uint8_t>& out, const void* p, std::size_t n) {
@@ -58,9 +70,11 @@ void add_section(std::vector<std::uint8_t>& out, std::uint32_t t, const void* p,
 
 std::string meta_text(const Checkpoint& c) {
   std::ostringstream s;
-  s << "model=" << c.model << "\nstep=" << c.step << "\nseed=" << c.seed << "\nbatch=" << c.batch
+  s << "model=" << c.model << "\nstep=" << c.step << "\nupdates=" << c.updates
+    << "\nskipped=" << c.skipped << "\nseed=" << c.seed << "\nbatch=" << c.batch
     << "\nmicro_batch=" << c.micro_batch << "\ntrain_count=" << c.train_count
-    << "\ndrop_last=" << (c.drop_last ? 1 : 0) << "\nconfig=" << c.config_json << "\n";
+    << "\ndrop_last=" << (c.drop_last ? 1 : 0) << "\noptimizer=" << c.optimizer
+    << "\nconfig=" << c.config_json << "\n";
   return s.str();
 }
 
@@ -128,11 +142,12 @@ std::vector<std::uint8_t> encode_checkpoint(const Checkpoint& c) {
   std::vector<std::uint8_t> out;
   put_bytes(out, kMagic, sizeof kMagic);
   put<std::uint32_t>(out, kCheckpointVersion);
-  put<std::uint32_t>(out, 3);
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(2 + c.state.size()));
   const std::string meta = meta_text(c);
   add_section(out, kMeta, meta.data(), meta.size());
   add_section(out, kParams, c.weights.data(), c.weights.size() * sizeof(float));
-  add_section(out, kMomentum, c.velocity.data(), c.velocity.size() * sizeof(float));
+  for (std::size_t i = 0; i < c.state.size(); ++i)
+    add_section(out, state_tag(i), c.state[i].data(), c.state[i].size() * sizeof(float));
   return out;
 }
 
@@ -142,45 +157,52 @@ Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::
   if (std::memcmp(magic, kMagic, sizeof kMagic) != 0)
     r.fail("magic", "'COHORTCK' (a cohort checkpoint)", "other bytes");
   const auto version = r.get<std::uint32_t>("version");
-  if (version != kCheckpointVersion)
+  if (version == 0 || version > kCheckpointVersion)
     r.fail("version",
-           std::to_string(kCheckpointVersion) +
-               (version > kCheckpointVersion ? " (written by a newer cohort)" : ""),
+           "1 .. " + std::to_string(kCheckpointVersion) +
+               (version > kCheckpointVersion ? " (the file was written by a newer cohort)" : ""),
            std::to_string(version));
   const auto sections = r.get<std::uint32_t>("section count");
-  if (sections != 3) r.fail("section count", "3", std::to_string(sections));
-  std::map<std::uint32_t, std::pair<const std::uint8_t*, std::uint64_t>> found;
+  // Version 1: META, PARM, MOMN. Version 2: META, PARM, then the state arrays in order.
+  if (version == 1 ? sections != 3 : (sections < 2 || sections > 2 + kMaxStateArrays))
+    r.fail("section count", version == 1 ? "3" : "2 .. " + std::to_string(2 + kMaxStateArrays),
+           std::to_string(sections));
+  std::vector<std::pair<const std::uint8_t*, std::uint64_t>> payload(sections);
   for (std::uint32_t i = 0; i < sections; ++i) {
+    const std::uint32_t expected = i == 0   ? kMeta
+                                   : i == 1 ? kParams
+                                   : version == 1 ? kMomentumV1
+                                                  : state_tag(i - 2);
     const auto t = r.get<std::uint32_t>("section tag");
-    const std::string tag_name = t == kMeta       ? "META"
-                                 : t == kParams   ? "PARM"
-                                 : t == kMomentum ? "MOMN"
-                                                  : "?";
-    if (tag_name == "?" || found.count(t))
-      r.fail("section tag", "META, PARM or MOMN once each", "an unknown or repeated tag");
+    if (t != expected)
+      r.fail("section " + std::to_string(i) + " tag", tag_text(expected),
+             "'" + tag_text(t) + "'");
+    const std::string tag_name = tag_text(t);
     const auto len = r.get<std::uint64_t>("section " + tag_name + " length");
     const std::uint8_t* p = r.take(len, "section " + tag_name + " payload");
     const auto want = r.get<std::uint32_t>("section " + tag_name + " crc32");
     if (crc(p, len) != want)
       r.fail("section " + tag_name + " crc32", "a matching checksum",
              "a mismatch (the file is corrupt)");
-    if (tag_name != "META" && (len % sizeof(float) != 0 || len / sizeof(float) > kMaxFloats))
+    if (i > 0 && (len % sizeof(float) != 0 || len / sizeof(float) > kMaxFloats))
       r.fail("section " + tag_name + " length", "a multiple of 4 up to 2^34", std::to_string(len));
-    found[t] = {p, len};
+    payload[i] = {p, len};
   }
   if (!r.done()) r.fail("file length", "the end of the last section", "trailing bytes");
 
   Checkpoint c;
   std::map<std::string, std::string> kv;
   std::istringstream meta(
-      std::string(reinterpret_cast<const char*>(found[kMeta].first), found[kMeta].second));
+      std::string(reinterpret_cast<const char*>(payload[0].first), payload[0].second));
   for (std::string line; std::getline(meta, line);) {
     auto eq = line.find('=');
     if (eq == std::string::npos) continue;
     kv[line.substr(0, eq)] = line.substr(eq + 1);
   }
-  for (const char* key :
-       {"model", "step", "seed", "batch", "micro_batch", "train_count", "drop_last", "config"})
+  std::vector<const char*> required = {"model",       "step",        "seed",      "batch",
+                                       "micro_batch", "train_count", "drop_last", "config"};
+  if (version >= 2) required.insert(required.end(), {"updates", "skipped", "optimizer"});
+  for (const char* key : required)
     if (!kv.count(key))
       throw InputError(name + ": section META: expected field " + key + ", found none");
   c.model = kv["model"];
@@ -191,17 +213,33 @@ Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::
   c.train_count = parse_u64(name, "train_count", kv["train_count"]);
   c.drop_last = parse_u64(name, "drop_last", kv["drop_last"]) != 0;
   c.config_json = kv["config"];
-  auto floats = [&](std::uint32_t t) {
-    std::vector<float> v(found[t].second / sizeof(float));
-    if (!v.empty()) std::memcpy(v.data(), found[t].first, found[t].second);
+  if (version >= 2) {
+    c.updates = parse_u64(name, "updates", kv["updates"]);
+    c.skipped = parse_u64(name, "skipped", kv["skipped"]);
+    c.optimizer = kv["optimizer"];
+    if (c.updates > c.step || c.skipped > c.step)
+      throw InputError(name + ": section META: expected updates and skipped <= step (" +
+                       std::to_string(c.step) + "), found " + std::to_string(c.updates) + " and " +
+                       std::to_string(c.skipped));
+  } else {
+    c.updates = c.step;  // version 1 never skipped a step
+  }
+  auto floats = [&](std::size_t i) {
+    std::vector<float> v(payload[i].second / sizeof(float));
+    if (!v.empty()) std::memcpy(v.data(), payload[i].first, payload[i].second);
     return v;
   };
-  c.weights = floats(kParams);
-  c.velocity = floats(kMomentum);
+  c.weights = floats(1);
   if (c.weights.empty()) throw InputError(name + ": section PARM: expected parameters, found none");
-  if (!c.velocity.empty() && c.velocity.size() != c.weights.size())
-    throw InputError(name + ": section MOMN: expected " + std::to_string(c.weights.size()) +
-                     " floats (as PARM) or none, found " + std::to_string(c.velocity.size()));
+  for (std::size_t i = 2; i < sections; ++i) {
+    std::vector<float> s = floats(i);
+    if (version == 1 && s.empty()) break;  // version 1: an empty MOMN meant no momentum
+    if (s.size() != c.weights.size())
+      throw InputError(name + ": section " + tag_text(version == 1 ? kMomentumV1 : state_tag(i - 2)) +
+                       ": expected " + std::to_string(c.weights.size()) + " floats (as PARM), found " +
+                       std::to_string(s.size()));
+    c.state.push_back(std::move(s));
+  }
   return c;
 }
 

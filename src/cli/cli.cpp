@@ -8,7 +8,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -143,29 +145,56 @@ class Progress final : public train::Observer {
 
   void on_step(const train::StepEvent& e) override {
     if (every_step_) every_step_(e.step);
+    if (first_step_ == 0) {  // a resumed run starts past 1
+      first_step_ = e.step;
+      last_step_ = e.step - 1;
+    }
+    if (e.skipped) {
+      if (metrics_) {
+        *metrics_ << json{{"kind", "skip"},
+                          {"step", e.step},
+                          {"epoch", e.epoch},
+                          {"reason", e.skip_reason},
+                          {"skipped_total", e.skipped_total}}
+                         .dump()
+                  << "\n";
+        metrics_->flush();
+      }
+      if (!quiet_)
+        out_ << (tty_ ? "\r" : "") << "step " << e.step << " skipped: " << e.skip_reason << " ("
+             << e.skipped_total << " skipped so far)" << (tty_ ? kClearToEnd : "") << "\n";
+      return;
+    }
     window_loss_ += e.loss;
     ++window_steps_;
     if (metrics_ && log_every_ && e.step % log_every_ == 0) {
-      *metrics_ << json{{"kind", "step"},
-                        {"step", e.step},
-                        {"epoch", e.epoch},
-                        {"loss", window_loss_ / double(window_steps_)},
-                        {"elapsed_s", e.elapsed}}
-                       .dump()
-                << "\n";
+      json line{{"kind", "step"},
+                {"step", e.step},
+                {"epoch", e.epoch},
+                {"loss", window_loss_ / double(window_steps_)},
+                {"lr", e.lr}};
+      if (std::isfinite(e.grad_norm)) line["grad_norm"] = e.grad_norm;
+      line["elapsed_s"] = e.elapsed;
+      *metrics_ << line.dump() << "\n";
       metrics_->flush();
     }
     const bool line_due =
         tty_ ? (e.elapsed - last_print_ > 0.2 || e.step_in_epoch == e.steps_per_epoch)
              : (log_every_ && e.step % log_every_ == 0);
-    if (!quiet_ && line_due) {
-      double rate_now = double(e.samples) * double(e.step - last_step_) / (e.elapsed - last_print_);
+    if (!quiet_ && line_due && window_steps_ > 0) {
+      const double rate_now =
+          double(e.samples) * double(e.step - last_step_) / (e.elapsed - last_print_);
+      // ETA from this run's mean step time (training steps only; evaluation adds to it).
+      const double per_step = e.elapsed / double(e.step - first_step_ + 1);
+      const double eta = per_step * double(e.total_steps - e.step);
       std::ostringstream line;
+      if (tty_) line << bar(double(e.step) / double(e.total_steps)) << " ";
       line << "epoch " << e.epoch + 1 << "/" << epochs_planned_ << "  step " << e.step_in_epoch
            << "/" << e.steps_per_epoch << "  loss " << std::fixed << std::setprecision(4)
-           << window_loss_ / double(window_steps_) << "  " << rate(rate_now) << " samples/s";
+           << window_loss_ / double(window_steps_) << "  " << rate(rate_now) << " samples/s"
+           << "  ETA " << clock_text(eta);
       if (tty_)
-        out_ << "\r" << line.str() << "   " << std::flush;
+        out_ << "\r" << line.str() << kClearToEnd << std::flush;
       else
         out_ << line.str() << "\n";
       last_print_ = e.elapsed;
@@ -194,10 +223,24 @@ class Progress final : public train::Observer {
     out_ << "epoch " << r.epoch + 1 << " done: train loss " << std::fixed << std::setprecision(4)
          << r.train_loss << "  test loss " << r.test_loss << "  test accuracy "
          << std::setprecision(4) << r.test_accuracy << "  " << rate(r.samples_per_second)
-         << " samples/s          \n";
+         << " samples/s" << (tty_ ? kClearToEnd : "") << "\n";
   }
 
  private:
+  static constexpr const char* kClearToEnd = "\x1b[K";  // erase the rest of a rewritten line
+  static std::string bar(double fraction) {
+    constexpr int kWidth = 24;
+    const int done = static_cast<int>(std::clamp(fraction, 0.0, 1.0) * kWidth);
+    return "[" + std::string(done, '#') + std::string(kWidth - done, '.') + "]";
+  }
+  static std::string clock_text(double seconds) {
+    const auto total = static_cast<long long>(std::max(0.0, seconds) + 0.5);
+    char text[32];
+    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", total / 3600, total / 60 % 60,
+                  total % 60);
+    return text;
+  }
+
   std::ostream& out_;
   bool quiet_, tty_;
   std::size_t log_every_;
@@ -205,7 +248,7 @@ class Progress final : public train::Observer {
   std::size_t epochs_planned_;
   std::function<void(std::uint64_t)> every_step_;
   double last_print_ = 0, window_loss_ = 0;
-  std::uint64_t last_step_ = 0, window_steps_ = 0;
+  std::uint64_t last_step_ = 0, window_steps_ = 0, first_step_ = 0;
 };
 
 void print_summary(std::ostream& out, const train::Summary& s) {
@@ -238,15 +281,42 @@ void print_summary(std::ostream& out, const train::Summary& s) {
   row("root, critical path (wall)", t.reduce_critical, t.step);
 }
 
+// The effective configuration (defaults resolved), as printed at the start and stored in the
+// summary and the checkpoint.
 json config_json(const train::TrainConfig& c, const std::string& data_dir) {
-  return {{"model", c.model},           {"data", data_dir},
-          {"batch", c.batch},           {"micro_batch", c.micro_batch},
-          {"workers", c.workers},       {"epochs", c.epochs},
-          {"steps", c.steps},           {"lr", c.sgd.lr},
-          {"momentum", c.sgd.momentum}, {"weight_decay", c.sgd.weight_decay},
-          {"nesterov", c.sgd.nesterov}, {"seed", c.seed},
-          {"reducer", c.reducer},       {"drop_last", c.drop_last},
-          {"prefetch", c.prefetch},     {"blocked_layouts", c.blocked_layouts}};
+  const auto& o = c.optimizer;
+  json optimizer{{"kind", optim::to_string(o.kind)}, {"lr", o.lr}};
+  if (o.kind == optim::Kind::kSgd)
+    optimizer.update(json{{"momentum", o.momentum}, {"nesterov", o.nesterov}});
+  else
+    optimizer.update(json{{"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}});
+  optimizer["weight_decay"] = o.weight_decay;
+  optimizer["clip_norm"] = c.clip_norm;
+  const auto& sc = c.schedule;
+  json schedule{{"kind", optim::to_string(sc.kind)},
+                {"warmup_steps", sc.warmup_steps},
+                {"scale_batch", sc.scale_batch},
+                {"base_lr", optim::scaled_base_lr(sc, o.lr, c.batch)}};
+  if (sc.kind == optim::ScheduleKind::kStep)
+    schedule.update(json{{"step_every", sc.step_every}, {"gamma", sc.gamma}});
+  if (sc.kind == optim::ScheduleKind::kCosine) schedule["min_lr"] = sc.min_lr;
+  return {{"model", c.model},
+          {"data", data_dir},
+          {"batch", c.batch},
+          {"micro_batch", c.micro_batch},
+          {"workers", c.workers},
+          {"epochs", c.epochs},
+          {"steps", c.steps},
+          {"seed", c.seed},
+          {"optimizer", optimizer},
+          {"schedule", schedule},
+          {"on_nonfinite",
+           c.on_nonfinite == train::TrainConfig::OnNonFinite::kSkip ? "skip" : "stop"},
+          {"max_skips", c.max_skips},
+          {"reducer", c.reducer},
+          {"drop_last", c.drop_last},
+          {"prefetch", c.prefetch},
+          {"blocked_layouts", c.blocked_layouts}};
 }
 
 int train_command(const train::TrainConfig& config, const std::string& data_dir,
@@ -269,16 +339,14 @@ int train_command(const train::TrainConfig& config, const std::string& data_dir,
   train::Trainer trainer(config, data);  // validates everything before the first step
   const auto& c = trainer.config();
   if (resume) trainer.restore(*resume, ck.resume);
-  const std::string effective = config_json(c, data_dir).dump();
+  const json effective_json = config_json(c, data_dir);
+  const std::string effective = effective_json.dump();
   auto save = [&] { checkpoint::save_checkpoint(ck.save, trainer.checkpoint(effective), ck.keep); };
   if (!quiet)
     out << "cohort train: " << c.model << " on " << data_dir << " (" << data.train.count
         << " train, " << data.test.count << " test images, loaded in " << std::fixed
         << std::setprecision(2) << load_s << " s)\n"
-        << "  workers " << c.workers << ", batch " << c.batch << ", micro-batch " << c.micro_batch
-        << ", lr " << c.sgd.lr << ", momentum " << c.sgd.momentum << ", weight decay "
-        << c.sgd.weight_decay << (c.sgd.nesterov ? " (nesterov)" : "") << ", seed " << c.seed
-        << ", reducer " << c.reducer << "\n"
+        << "  config " << effective << "\n"
         << (resume
                 ? "  resumed from " + ck.resume + " at step " + std::to_string(resume->step) + "\n"
                 : "");
@@ -306,6 +374,8 @@ int train_command(const train::TrainConfig& config, const std::string& data_dir,
   if (!quiet) print_summary(out, s);
   if (!summary_path.empty()) {
     json j{{"steps", s.steps},
+           {"updates", s.updates},
+           {"skipped_steps", s.skipped},
            {"epochs", s.epochs},
            {"workers", s.workers},
            {"batch", s.batch},
@@ -317,7 +387,7 @@ int train_command(const train::TrainConfig& config, const std::string& data_dir,
            {"test_accuracy", s.test_accuracy},
            {"weights_digest", s.weights_digest},
            {"time", to_json(s.time)},
-           {"config", config_json(c, data_dir)}};
+           {"config", effective_json}};
     write_atomically(summary_path, j.dump(2) + "\n");
   }
   return kExitOk;
@@ -335,7 +405,10 @@ int eval_command(const std::string& checkpoint, const std::string& data_dir,
   config.micro_batch = ck.micro_batch;
   config.drop_last = ck.drop_last;
   config.workers = workers;
-  config.sgd.momentum = ck.velocity.empty() ? 0.0f : config.sgd.momentum;
+  // The optimizer only shapes the state the checkpoint must match; evaluation never steps.
+  config.optimizer.kind = optim::parse_kind(ck.optimizer, checkpoint + ": optimizer");
+  if (config.optimizer.kind == optim::Kind::kSgd)
+    config.optimizer.momentum = ck.state.empty() ? 0.0f : config.optimizer.momentum;
   train::Trainer trainer(config, data);
   trainer.restore(ck, checkpoint);
   auto [loss, accuracy] = trainer.evaluate_test();
@@ -415,10 +488,43 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
       ->capture_default_str();
   train_cmd->add_option("--steps", config.steps, "stop after N optimizer steps (0: no limit)")
       ->capture_default_str();
-  train_cmd->add_option("--lr", config.sgd.lr, "learning rate")->capture_default_str();
-  train_cmd->add_option("--momentum", config.sgd.momentum, "SGD momentum")->capture_default_str();
-  train_cmd->add_flag("--nesterov", config.sgd.nesterov, "Nesterov momentum");
-  train_cmd->add_option("--weight-decay", config.sgd.weight_decay, "L2 weight decay")
+  std::string optimizer_name = "sgd", schedule_name = "constant", on_nonfinite = "stop";
+  auto& opt = config.optimizer;
+  auto& sched = config.schedule;
+  train_cmd->add_option("--optimizer", optimizer_name, "sgd | adam | adamw")
+      ->capture_default_str();
+  train_cmd->add_option("--lr", opt.lr, "base learning rate")->capture_default_str();
+  train_cmd->add_option("--momentum", opt.momentum, "SGD momentum")->capture_default_str();
+  train_cmd->add_flag("--nesterov", opt.nesterov, "SGD: Nesterov momentum");
+  train_cmd
+      ->add_option("--weight-decay", opt.weight_decay,
+                   "weight decay (SGD, Adam: L2 on the gradient; AdamW: decoupled)")
+      ->capture_default_str();
+  train_cmd->add_option("--beta1", opt.beta1, "Adam(W): first moment decay")->capture_default_str();
+  train_cmd->add_option("--beta2", opt.beta2, "Adam(W): second moment decay")
+      ->capture_default_str();
+  train_cmd->add_option("--eps", opt.eps, "Adam(W): denominator epsilon")->capture_default_str();
+  train_cmd->add_option("--schedule", schedule_name, "constant | step | cosine (after warmup)")
+      ->capture_default_str();
+  train_cmd->add_option("--warmup-steps", sched.warmup_steps, "linear warmup over N updates")
+      ->capture_default_str();
+  train_cmd->add_option("--lr-step-every", sched.step_every, "step schedule: updates per decay")
+      ->capture_default_str();
+  train_cmd->add_option("--lr-gamma", sched.gamma, "step schedule: decay factor")
+      ->capture_default_str();
+  train_cmd->add_option("--min-lr", sched.min_lr, "cosine schedule: final learning rate")
+      ->capture_default_str();
+  train_cmd
+      ->add_option("--lr-scale-batch", sched.scale_batch,
+                   "linear scaling rule: use lr * batch / N as the base rate (0: off)")
+      ->capture_default_str();
+  train_cmd->add_option("--clip-norm", config.clip_norm, "clip the gradient's global norm (0: off)")
+      ->capture_default_str();
+  train_cmd
+      ->add_option("--on-nonfinite", on_nonfinite,
+                   "stop | skip: a non-finite loss or gradient stops the run, or skips the step")
+      ->capture_default_str();
+  train_cmd->add_option("--max-skips", config.max_skips, "skipped steps in a row that stop the run")
       ->capture_default_str();
   train_cmd->add_option("--seed", config.seed, "seed of initialisation and shuffling")
       ->capture_default_str();
@@ -481,6 +587,12 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   config.drop_last = !keep_last;
   config.blocked_layouts = !plain_layouts;
   try {
+    config.optimizer.kind = optim::parse_kind(optimizer_name);
+    config.schedule.kind = optim::parse_schedule(schedule_name);
+    if (on_nonfinite != "stop" && on_nonfinite != "skip")
+      throw InputError("--on-nonfinite: expected stop or skip, found '" + on_nonfinite + "'");
+    config.on_nonfinite = on_nonfinite == "skip" ? train::TrainConfig::OnNonFinite::kSkip
+                                                 : train::TrainConfig::OnNonFinite::kStop;
     if (train_cmd->parsed())
       return train_command(config, data_dir, summary_path, metrics_path, ck, log_every, quiet, out);
     if (eval_cmd->parsed())

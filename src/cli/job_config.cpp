@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -14,7 +15,7 @@ namespace cohort::cli {
 
 namespace {
 
-enum class Type { kString, kInteger, kFloat, kBool, kDir, kFileIn, kFileOut };
+enum class Type { kString, kChoice, kInteger, kFloat, kBool, kDir, kFileIn, kFileOut };
 
 struct Key {
   const char* flag;
@@ -23,6 +24,7 @@ struct Key {
   double max = 1e18;           // numbers: largest allowed value
   bool min_exclusive = false;  // numbers: the value must be > min
   bool max_exclusive = false;  // numbers: the value must be < max
+  std::vector<std::string> choices = {};  // kChoice: the allowed strings
 };
 
 // section.key -> flag. Ranges are the ones the flags' own checks enforce, stated here too so a
@@ -40,10 +42,24 @@ const std::map<std::string, Key>& schema() {
       {"run.reducer", {"--reducer", Type::kString}},
       {"run.keep_last", {"--keep-last", Type::kBool}},
       {"run.prefetch", {"--prefetch", Type::kBool}},
+      {"run.on_nonfinite", {"--on-nonfinite", Type::kChoice, 0, 0, false, false, {"stop", "skip"}}},
+      {"run.max_skips", {"--max-skips", Type::kInteger, 1, 1e9}},
+      {"optimizer.kind", {"--optimizer", Type::kChoice, 0, 0, false, false, {"sgd", "adam", "adamw"}}},
       {"optimizer.lr", {"--lr", Type::kFloat, 0, 1e6, true}},
       {"optimizer.momentum", {"--momentum", Type::kFloat, 0, 1, false, true}},
       {"optimizer.weight_decay", {"--weight-decay", Type::kFloat, 0, 1e6}},
       {"optimizer.nesterov", {"--nesterov", Type::kBool}},
+      {"optimizer.beta1", {"--beta1", Type::kFloat, 0, 1, false, true}},
+      {"optimizer.beta2", {"--beta2", Type::kFloat, 0, 1, false, true}},
+      {"optimizer.eps", {"--eps", Type::kFloat, 0, 1, true}},
+      {"optimizer.clip_norm", {"--clip-norm", Type::kFloat, 0, 1e9}},
+      {"schedule.kind", {"--schedule", Type::kChoice, 0, 0, false, false, {"constant", "step", "cosine"}}},
+      {"schedule.warmup_steps", {"--warmup-steps", Type::kInteger, 0, 1e12}},
+      {"schedule.step_every", {"--lr-step-every", Type::kInteger, 1, 1e15}},
+      {"schedule.gamma", {"--lr-gamma", Type::kFloat, 0, 1, true}},
+      {"schedule.min_lr", {"--min-lr", Type::kFloat, 0, 1e6}},
+      {"schedule.scale_batch", {"--lr-scale-batch", Type::kInteger, 0, 1 << 24}},
+      {"output.trace", {"--trace", Type::kFileOut}},
       {"output.summary", {"--summary", Type::kFileOut}},
       {"output.metrics", {"--metrics", Type::kFileOut}},
       {"output.log_every", {"--log-every", Type::kInteger, 1, 1e9}},
@@ -60,6 +76,8 @@ const char* type_name(Type t) {
   switch (t) {
     case Type::kString:
       return "a string";
+    case Type::kChoice:
+      return "one of the names";
     case Type::kInteger:
       return "an integer";
     case Type::kFloat:
@@ -112,7 +130,7 @@ std::vector<std::string> job_config_flags(const std::filesystem::path& path) {
     const auto* table = node.as_table();
     if (!table)
       throw InputError(where(path, node.source()) + ": '" + std::string(section.str()) +
-                       "': expected a [section] (data, model, run, optimizer, output, "
+                       "': expected a [section] (data, model, run, optimizer, schedule, output, "
                        "checkpoint), found a value");
     for (const auto& [name, value] : *table) {
       const std::string key = std::string(section.str()) + "." + std::string(name.str());
@@ -129,6 +147,16 @@ std::vector<std::string> job_config_flags(const std::filesystem::path& path) {
                          ", found " + found);
       };
       switch (k.type) {
+        case Type::kChoice: {
+          const auto* v = value.as_string();
+          std::string names;
+          for (const auto& c : k.choices) names += (names.empty() ? "" : ", ") + c;
+          if (!v) wrong("one of " + names, type_of(value));
+          if (std::find(k.choices.begin(), k.choices.end(), v->get()) == k.choices.end())
+            wrong("one of " + names, "'" + v->get() + "'");
+          flags.insert(flags.end(), {k.flag, v->get()});
+          break;
+        }
         case Type::kString:
         case Type::kDir:
         case Type::kFileIn:

@@ -1,5 +1,5 @@
 // The training loop: epochs of steps; a step = replicas computing leaf gradients in a TBB arena,
-// the reducer combining them and, at its root, applying SGD to the master weights.
+// the reducer combining them and, at its root, applying the optimizer to the master weights.
 #include "cohort/train/trainer.hpp"
 
 #include <omp.h>
@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <thread>
 #include <tuple>
@@ -21,6 +22,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/nn/loss.hpp"
 #include "cohort/nn/net.hpp"
+#include "cohort/optim/gradient.hpp"
 #include "cohort/reduce/kernels.hpp"
 #include "cohort/reduce/reducer.hpp"
 #include "cohort/tensor/buffer.hpp"
@@ -103,8 +105,23 @@ void validate(const TrainConfig& c, const nn::Model& model, const data::Splits& 
     bad("--model", "an output size of " + std::to_string(data.train.num_classes) + " (classes)",
         std::to_string(model.num_classes()) + " in '" + model.spec() + "'");
   reduce::parse_strategy(c.reducer);
-  optim::validate(c.sgd);
+  optim::validate(c.optimizer);
+  optim::validate(c.schedule, optim::scaled_base_lr(c.schedule, c.optimizer.lr, c.batch));
+  if (!(std::isfinite(c.clip_norm) && c.clip_norm >= 0))
+    bad("--clip-norm", "a finite value >= 0 (0: off)", std::to_string(c.clip_norm));
+  if (c.max_skips == 0) bad("--max-skips", "at least 1", "0");
 }
+
+namespace {
+// What a step did, for the run loop and the observers.
+struct StepOutcome {
+  double loss = 0;  // mean over the batch
+  float lr = 0;
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  bool skipped = false;
+  std::string skip_reason;
+};
+}  // namespace
 
 struct Trainer::Impl {
   // What the graph's nodes need to know about the step being run; written by the controller
@@ -126,8 +143,12 @@ struct Trainer::Impl {
   const data::Splits& data;
   nn::Model model;
   const std::size_t features;
-  AlignedBuffer<float> weights, velocity;
+  AlignedBuffer<float> weights;
+  AlignedBuffer<float> state[2];  // the optimizer's per-parameter arrays (momentum, moments)
   std::vector<AlignedBuffer<float>> leaf_grads;  // one per leaf of a full batch
+  // Two-phase root (--clip-norm or --on-nonfinite skip): the summed gradient, checked and
+  // measured before anything is applied. Empty in the fused one-pass root.
+  AlignedBuffer<float> grad_sum;
   std::vector<double> leaf_loss;
   std::vector<std::unique_ptr<Replica>> replicas;
   Staging staging[2];
@@ -137,14 +158,23 @@ struct Trainer::Impl {
   // writers; read by the controller after the step).
   std::vector<double> chunk_seconds;
   std::vector<std::thread::id> chunk_thread;
+  // Per reducer chunk: the first non-finite element of the summed gradient (n: none), and in the
+  // two-phase root the chunk's sum of squares. Added in chunk order, so W does not matter.
+  std::vector<std::size_t> chunk_bad;
+  std::vector<double> chunk_sumsq;
   oneapi::tbb::task_arena arena;
   OmpSingleThread omp_pin{arena};
   TbbExecutor executor;
   std::map<std::size_t, std::unique_ptr<reduce::Reducer>> reducers;  // by leaf count
-  optim::Sgd sgd;
+  optim::Optimizer optimizer;
+  const bool two_phase;  // clip or skip: check the whole summed gradient before applying
+  float base_lr;         // --lr after the linear scaling rule
   TimeBreakdown time;
   StepPlan plan;
-  std::uint64_t steps_done = 0;  // optimizer steps applied to `weights`
+  std::uint64_t steps_done = 0;    // training steps done (batches consumed)
+  std::uint64_t updates_done = 0;  // optimizer updates applied to `weights`
+  std::uint64_t skipped_total = 0, skipped_in_a_row = 0;
+  std::uint64_t total_steps = 0;  // of the current run(): the schedule's horizon
   // The step's graph, built once inside the arena: start -> {prepare(t+1), replica 0..W-1 (t)}.
   std::unique_ptr<flow::graph> graph;
   std::unique_ptr<flow::broadcast_node<flow::continue_msg>> start;
@@ -157,7 +187,9 @@ struct Trainer::Impl {
                                               static_cast<std::int64_t>(d.train.cols)})),
         features(static_cast<std::size_t>(model.input_features())),
         arena(static_cast<int>(resolve_workers(config.workers))),
-        sgd(config.sgd) {
+        optimizer(config.optimizer),
+        two_phase(config.clip_norm > 0 || config.on_nonfinite == TrainConfig::OnNonFinite::kSkip),
+        base_lr(optim::scaled_base_lr(config.schedule, config.optimizer.lr, config.batch)) {
     validate(config, model, data);
     config.workers = resolve_workers(config.workers);
     // Default: one leaf per core of this machine, the fastest decomposition measured
@@ -169,7 +201,9 @@ struct Trainer::Impl {
     omp_set_num_threads(1);  // this thread also runs replica work inside the arena
     weights = AlignedBuffer<float>(model.layout().total());
     model.init(weights.data(), config.seed);
-    if (config.sgd.momentum != 0) velocity = AlignedBuffer<float>(model.layout().total());
+    for (std::size_t i = 0; i < optimizer.state_buffers(); ++i)
+      state[i] = AlignedBuffer<float>(model.layout().total());
+    if (two_phase) grad_sum = AlignedBuffer<float>(model.layout().total());
     const std::size_t max_leaves = leaves_for(config.batch);
     for (std::size_t i = 0; i < max_leaves; ++i) leaf_grads.emplace_back(model.layout().total());
     leaf_loss.resize(max_leaves);
@@ -214,6 +248,8 @@ struct Trainer::Impl {
       slot = reduce::make_reducer(reduce::parse_strategy(config.reducer), rc, executor);
       chunk_seconds.resize(std::max(chunk_seconds.size(), rc.n / rc.chunk + 1));
       chunk_thread.resize(chunk_seconds.size());
+      chunk_bad.resize(chunk_seconds.size(), rc.n);
+      chunk_sumsq.resize(chunk_seconds.size());
     }
     return *slot;
   }
@@ -258,9 +294,13 @@ struct Trainer::Impl {
           weights.data(), staging[plan.slot].x.data() + first * features,
           staging[plan.slot].y.data() + first, static_cast<std::int64_t>(n), grad,
           nn::StreamKey{config.seed, plan.number, leaf});  // dropout: never keyed by worker
-      // A non-finite loss must never reach the weights: fail the step before contributing, so
-      // the root (the only writer) never runs and the weights stay those of the last step.
-      if (!std::isfinite(leaf_loss[leaf]))
+      if (config.gradient_hook)
+        config.gradient_hook(plan.number, leaf, grad, model.layout().total());
+      // A non-finite loss must never reach the weights. Stopping: fail the step before
+      // contributing, so the root (the only writer) never runs and the weights stay those of the
+      // last step. Skipping: the two-phase root sees the loss and applies nothing.
+      if (!std::isfinite(leaf_loss[leaf]) &&
+          config.on_nonfinite == TrainConfig::OnNonFinite::kStop)
         throw InternalError("non-finite loss (" + std::to_string(leaf_loss[leaf]) + ") in leaf " +
                             std::to_string(leaf) + "; the weights are those after step " +
                             std::to_string(plan.number - 1));
@@ -275,9 +315,28 @@ struct Trainer::Impl {
     }
   }
 
-  // One optimizer step on plan.ids (already in staging[plan.slot] when prefetching); returns
-  // the mean loss.
-  double step() {
+  // Where element i of the flat parameter array belongs, for messages: "fc1.weight[1234]".
+  std::string tensor_of(std::size_t i) const {
+    for (const auto& e : model.layout().entries())
+      if (i >= e.offset && i < e.offset + e.shape.numel())
+        return e.name + "[" + std::to_string(i - e.offset) + "]";
+    return "padding[" + std::to_string(i) + "]";
+  }
+
+  // The first non-finite leaf loss or summed-gradient element of the step just run, or "".
+  std::string non_finite_reason(std::size_t chunks) const {
+    for (std::size_t leaf = 0; leaf < plan.leaves; ++leaf)
+      if (!std::isfinite(leaf_loss[leaf]))
+        return "non-finite loss (" + std::to_string(leaf_loss[leaf]) + ") in leaf " +
+               std::to_string(leaf);
+    for (std::size_t c = 0; c < chunks; ++c)
+      if (chunk_bad[c] != model.layout().total())
+        return "non-finite gradient in " + tensor_of(chunk_bad[c]);
+    return "";
+  }
+
+  // One training step on plan.ids (already in staging[plan.slot] when prefetching).
+  StepOutcome step() {
     const std::size_t rows = plan.ids.size();
     plan.leaves = leaves_for(rows);
     plan.workers = std::min(config.workers, plan.leaves);
@@ -285,34 +344,64 @@ struct Trainer::Impl {
     plan.reducer = &reducer_for(plan.leaves);
     plan.root_seconds = 0;
     reduce::Reducer& reducer = *plan.reducer;
-    const std::size_t chunk = reducer.config().chunk;
-    const float lr = config.sgd.lr;
-    // The fused root: for each chunk the reducer hands over the root's children (the leaves,
-    // for a flat tree); they are added left to right block by block into an L1-sized buffer and
-    // the optimizer applies the mean (grad_scale) from there. One read of each leaf, one
-    // read-modify-write of weights and momentum, no N-sized sum; a single leaf is used as is.
+    const std::size_t chunk = reducer.config().chunk, n = model.layout().total();
+    const std::size_t chunks = (n + chunk - 1) / chunk;
+    StepOutcome out;
+    out.lr = optim::lr_at(config.schedule, base_lr, updates_done, total_steps);
     const float inv_rows = 1.0f / static_cast<float>(rows);
-    auto apply = [&](const float* const* sources, std::size_t k, std::size_t begin,
+    const optim::StepScalars scalars = optimizer.scalars(out.lr, inv_rows, updates_done + 1);
+    float* s0 = state[0].size() ? state[0].data() : nullptr;
+    float* s1 = state[1].size() ? state[1].data() : nullptr;
+    auto off = [](float* p, std::size_t i) { return p ? p + i : nullptr; };
+    // The fused root: for each chunk the reducer hands over the root's children (the leaves,
+    // for a flat tree); they are added left to right block by block into an L1-sized buffer,
+    // checked for non-finite values, and the optimizer applies the mean from there. One read of
+    // each leaf, one read-modify-write of the weights and each state array, no N-sized sum; a
+    // single leaf is used as is. A non-finite block is not applied and fails the step.
+    auto fused = [&](const float* const* sources, std::size_t k, std::size_t begin,
                      std::size_t end) {
       auto t0 = Clock::now();
-      float* v = velocity.data();
-      if (k == 1) {
-        sgd.apply(weights.data() + begin, sources[0] + begin, v ? v + begin : nullptr, end - begin,
-                  lr, inv_rows);
-      } else {
-        alignas(kCacheLine) float block[kRootBlock];
-        const float* at[reduce::kMaxArity];
-        for (std::size_t b = begin; b < end; b += kRootBlock) {
-          const std::size_t count = std::min(kRootBlock, end - b);
+      alignas(kCacheLine) float block[kRootBlock];
+      const float* at[reduce::kMaxArity];
+      for (std::size_t b = begin; b < end; b += kRootBlock) {
+        const std::size_t count = std::min(kRootBlock, end - b);
+        const float* g = sources[0] + b;
+        if (k > 1) {
           for (std::size_t j = 0; j < k; ++j) at[j] = sources[j] + b;
           reduce::sum_sources(block, at, k, count);
-          sgd.apply(weights.data() + b, block, v ? v + b : nullptr, count, lr, inv_rows);
+          g = block;
         }
+        if (const std::size_t i = optim::first_non_finite(g, count); i != count) {
+          chunk_bad[begin / chunk] = b + i;
+          break;
+        }
+        optimizer.apply(scalars, weights.data() + b, g, off(s0, b), off(s1, b), count);
       }
       chunk_seconds[begin / chunk] = seconds_since(t0);
       chunk_thread[begin / chunk] = std::this_thread::get_id();
     };
-    reducer.begin_step(reduce::Sink::fused(apply));
+    // The two-phase root, first phase: the sum (into grad_sum; a single leaf is read in place),
+    // its first non-finite element and its sum of squares, per chunk. Nothing is applied yet.
+    auto summed = [&](const float* const* sources, std::size_t k, std::size_t begin,
+                      std::size_t end) {
+      auto t0 = Clock::now();
+      const float* g = sources[0] + begin;
+      if (k > 1) {
+        const float* at[reduce::kMaxArity];
+        for (std::size_t j = 0; j < k; ++j) at[j] = sources[j] + begin;
+        reduce::sum_sources(grad_sum.data() + begin, at, k, end - begin);
+        g = grad_sum.data() + begin;
+      }
+      const std::size_t bad = optim::first_non_finite(g, end - begin);
+      if (bad != end - begin) chunk_bad[begin / chunk] = begin + bad;
+      chunk_sumsq[begin / chunk] = optim::sum_squares(g, end - begin);
+      chunk_seconds[begin / chunk] = seconds_since(t0);
+      chunk_thread[begin / chunk] = std::this_thread::get_id();
+    };
+    if (two_phase)
+      reducer.begin_step(reduce::Sink::fused(summed));
+    else
+      reducer.begin_step(reduce::Sink::fused(fused));
     try {
       arena.execute([&] {
         start->try_put(flow::continue_msg());
@@ -335,7 +424,7 @@ struct Trainer::Impl {
     COHORT_CHECK(reducer.step_done(), "every leaf was contributed but the step is not complete");
     // Root chunks that other threads took (stolen from the completing contribute) are reduce
     // work of those threads, not idle time.
-    for (std::size_t c = 0; c < reducer.config().n / chunk + 1; ++c) {
+    for (std::size_t c = 0; c < chunks; ++c) {
       time.optimizer += chunk_seconds[c];
       if (chunk_seconds[c] != 0 && chunk_thread[c] != plan.root_thread) {
         time.reduce += chunk_seconds[c];
@@ -344,9 +433,49 @@ struct Trainer::Impl {
       chunk_seconds[c] = 0;
     }
     time.reduce_critical += plan.root_seconds;
-    double loss = 0;
-    for (std::size_t leaf = 0; leaf < plan.leaves; ++leaf) loss += leaf_loss[leaf];  // leaf order
-    return loss / static_cast<double>(rows);
+    for (std::size_t leaf = 0; leaf < plan.leaves; ++leaf) out.loss += leaf_loss[leaf];
+    out.loss /= static_cast<double>(rows);  // leaf order
+    const std::string reason = non_finite_reason(chunks);
+    std::fill(chunk_bad.begin(), chunk_bad.end(), n);
+    if (!two_phase) {
+      if (!reason.empty())
+        throw InternalError("step " + std::to_string(plan.number) + ": " + reason +
+                            "; the run stops (blocks with finite gradients were applied; "
+                            "nothing is saved from this state)");
+      return out;
+    }
+    if (!reason.empty()) {
+      if (config.on_nonfinite == TrainConfig::OnNonFinite::kStop)
+        throw InternalError("step " + std::to_string(plan.number) + ": " + reason +
+                            "; the weights are those after step " +
+                            std::to_string(plan.number - 1));
+      out.skipped = true;
+      out.skip_reason = reason;
+      return out;
+    }
+    // Second phase: the norm of the mean gradient (chunk sums added in chunk order), the clip
+    // factor, and the optimizer over every chunk, spread over the arena's threads.
+    double sumsq = 0;
+    for (std::size_t c = 0; c < chunks; ++c) sumsq += chunk_sumsq[c];
+    out.grad_norm = std::sqrt(sumsq) * static_cast<double>(inv_rows);
+    double clip = 1.0;
+    if (config.clip_norm > 0)
+      clip = std::min(1.0, static_cast<double>(config.clip_norm) / (out.grad_norm + 1e-6));
+    const optim::StepScalars clipped =
+        optimizer.scalars(out.lr, static_cast<float>(inv_rows * clip), updates_done + 1);
+    const float* g = plan.leaves == 1 ? leaf_grads[0].data() : grad_sum.data();
+    auto t0 = Clock::now();
+    arena.execute([&] {
+      oneapi::tbb::parallel_for(std::size_t{0}, chunks, [&](std::size_t c) {
+        const std::size_t begin = c * chunk, end = std::min(n, begin + chunk);
+        optimizer.apply(clipped, weights.data() + begin, g + begin, off(s0, begin), off(s1, begin),
+                        end - begin);
+      });
+    });
+    const double apply_seconds = seconds_since(t0);
+    time.optimizer += apply_seconds;
+    time.reduce_critical += apply_seconds;
+    return out;
   }
 
   // Collects the replicas' per-step accounts into `time`; the idle share is what is left of
@@ -415,8 +544,7 @@ struct Trainer::Impl {
     const std::size_t B = config.batch;
     const std::size_t steps_per_epoch =
         config.drop_last ? data.train.count / B : (data.train.count + B - 1) / B;
-    const std::uint64_t total_steps =
-        config.steps != 0 ? config.steps : steps_per_epoch * config.epochs;
+    total_steps = config.steps != 0 ? config.steps : steps_per_epoch * config.epochs;
     auto batch_of = [&](const std::vector<std::uint32_t>& order, std::size_t b) {
       const std::size_t first = b * B;
       return std::span(order).subspan(first, std::min(B, order.size() - first));
@@ -433,7 +561,7 @@ struct Trainer::Impl {
     bool stopped = false;
     for (std::size_t epoch = first_epoch; step_number < total_steps && !stopped; ++epoch) {
       double epoch_loss = 0, epoch_seconds = 0;
-      std::size_t epoch_samples = 0;
+      std::size_t epoch_samples = 0, epoch_loss_samples = 0;  // the latter: applied steps only
       for (std::size_t b = first_b; b < steps_per_epoch && step_number < total_steps; ++b) {
         plan.number = step_number + 1;
         plan.ids = batch_of(order, b);
@@ -447,17 +575,30 @@ struct Trainer::Impl {
           }
         }
         auto t0 = Clock::now();
-        double loss = step();
+        const StepOutcome o = step();
         double dt = seconds_since(t0);
         account(dt);
         plan.slot = config.prefetch ? 1 - plan.slot : plan.slot;
         ++step_number;
         steps_done = step_number;
         epoch_seconds += dt;
-        epoch_loss += loss * static_cast<double>(plan.ids.size());
         epoch_samples += plan.ids.size();
-        observer.on_step(
-            {step_number, epoch, b + 1, steps_per_epoch, loss, plan.ids.size(), time.step});
+        if (o.skipped) {
+          ++skipped_total;
+          if (++skipped_in_a_row >= config.max_skips)
+            throw InternalError("step " + std::to_string(step_number) + ": " +
+                                std::to_string(skipped_in_a_row) +
+                                " steps in a row skipped (--max-skips), the last for a " +
+                                o.skip_reason + "; the run stops");
+        } else {
+          ++updates_done;
+          skipped_in_a_row = 0;
+          epoch_loss += o.loss * static_cast<double>(plan.ids.size());
+          epoch_loss_samples += plan.ids.size();
+        }
+        observer.on_step({step_number, epoch, b + 1, steps_per_epoch, o.loss, plan.ids.size(),
+                          time.step, o.lr, o.grad_norm, o.skipped, o.skip_reason, skipped_total,
+                          total_steps});
         if (observer.stop_requested()) {  // between steps: the weights are a whole step's
           stopped = true;
           break;
@@ -466,7 +607,8 @@ struct Trainer::Impl {
       first_b = 0;
       if (epoch_samples == 0) break;
       auto [test_loss, test_accuracy] = evaluate(data.test);
-      s.train_loss = epoch_loss / static_cast<double>(epoch_samples);
+      s.train_loss = epoch_loss_samples ? epoch_loss / static_cast<double>(epoch_loss_samples)
+                                        : std::numeric_limits<double>::quiet_NaN();
       s.test_loss = test_loss;
       s.test_accuracy = test_accuracy;
       s.epochs = static_cast<double>(epoch) +
@@ -481,6 +623,8 @@ struct Trainer::Impl {
       s.epochs = static_cast<double>(step_number) / static_cast<double>(steps_per_epoch);
     }
     s.steps = step_number;
+    s.updates = updates_done;
+    s.skipped = skipped_total;
     s.stopped = stopped;
     s.samples_per_second = time.step > 0 ? s.samples_per_second / time.step : 0;
     s.workers = config.workers;
@@ -498,6 +642,9 @@ checkpoint::Checkpoint Trainer::checkpoint(std::string config_json) const {
   checkpoint::Checkpoint c;
   c.model = m.config.model;
   c.step = m.steps_done;
+  c.updates = m.updates_done;
+  c.skipped = m.skipped_total;
+  c.optimizer = optim::to_string(m.config.optimizer.kind);
   c.seed = m.config.seed;
   c.batch = m.config.batch;
   c.micro_batch = m.config.micro_batch;
@@ -510,8 +657,8 @@ checkpoint::Checkpoint Trainer::checkpoint(std::string config_json) const {
     if (!std::isfinite(w))
       throw InternalError("step " + std::to_string(m.steps_done) +
                           ": the weights are not finite (the run diverged); not saving them");
-  if (m.velocity.size() != 0)
-    c.velocity.assign(m.velocity.data(), m.velocity.data() + m.velocity.size());
+  for (std::size_t i = 0; i < m.optimizer.state_buffers(); ++i)
+    c.state.emplace_back(m.state[i].data(), m.state[i].data() + m.state[i].size());
   return c;
 }
 
@@ -538,12 +685,18 @@ void Trainer::restore(const checkpoint::Checkpoint& c, const std::string& name) 
   if (c.train_count != m.data.train.count)
     mismatch("training set size", std::to_string(m.data.train.count),
              std::to_string(c.train_count));
-  if (c.velocity.size() != m.velocity.size())
-    mismatch("momentum state", std::to_string(m.velocity.size()) + " floats",
-             std::to_string(c.velocity.size()));
+  if (c.optimizer != optim::to_string(m.config.optimizer.kind))
+    mismatch("--optimizer", optim::to_string(m.config.optimizer.kind), c.optimizer);
+  if (c.state.size() != m.optimizer.state_buffers())
+    mismatch("optimizer state", std::to_string(m.optimizer.state_buffers()) + " arrays",
+             std::to_string(c.state.size()) + " (SGD keeps one only with --momentum > 0)");
   std::copy(c.weights.begin(), c.weights.end(), m.weights.data());
-  std::copy(c.velocity.begin(), c.velocity.end(), m.velocity.data());
+  for (std::size_t i = 0; i < c.state.size(); ++i)
+    std::copy(c.state[i].begin(), c.state[i].end(), m.state[i].data());
   m.steps_done = c.step;
+  m.updates_done = c.updates;
+  m.skipped_total = c.skipped;
+  m.skipped_in_a_row = 0;
 }
 
 std::uint64_t Trainer::steps_done() const { return impl_->steps_done; }

@@ -3,6 +3,7 @@
 #include "cohort/checkpoint/checkpoint.hpp"
 
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -19,13 +20,18 @@ Checkpoint small_checkpoint() {
   Checkpoint c;
   c.model = "mlp:4-3";
   c.step = 17;
+  c.updates = 15;
+  c.skipped = 2;
+  c.optimizer = "adam";
   c.seed = 5;
   c.batch = 8;
   c.micro_batch = 4;
   c.train_count = 512;
   c.config_json = R"({"lr":0.05})";
   for (int i = 0; i < 16; ++i) c.weights.push_back(0.25f * float(i) - 1.0f);
-  for (int i = 0; i < 16; ++i) c.velocity.push_back(0.01f * float(i));
+  c.state.resize(2);
+  for (int i = 0; i < 16; ++i) c.state[0].push_back(0.01f * float(i));
+  for (int i = 0; i < 16; ++i) c.state[1].push_back(0.5f + 0.01f * float(i));
   return c;
 }
 
@@ -53,7 +59,10 @@ TEST_F(Checkpoints, RoundTripIsExact) {
   EXPECT_EQ(d.model, c.model);
   EXPECT_EQ(d.step, 17u);
   EXPECT_EQ(d.weights, c.weights);
-  EXPECT_EQ(d.velocity, c.velocity);
+  EXPECT_EQ(d.updates, 15u);
+  EXPECT_EQ(d.skipped, 2u);
+  EXPECT_EQ(d.optimizer, "adam");
+  EXPECT_EQ(d.state, c.state);
   EXPECT_EQ(d.config_json, c.config_json);
   EXPECT_EQ(encode_checkpoint(d), bytes);
   // save, load, save: identical files
@@ -96,7 +105,7 @@ TEST_F(Checkpoints, ForeignAndFutureFilesAreRefusedWithReasons) {
     return std::string("accepted");
   };
   auto future = bytes;
-  future[8] = 2;  // version 2
+  future[8] = 3;  // version 3
   EXPECT_NE(message(future).find("newer cohort"), std::string::npos);
   auto foreign = bytes;
   foreign[0] = 'X';
@@ -104,17 +113,72 @@ TEST_F(Checkpoints, ForeignAndFutureFilesAreRefusedWithReasons) {
   EXPECT_NE(message({}).find("magic"), std::string::npos);
   // A length that would overflow an offset: the last section's length set to 2^63.
   auto huge = bytes;
-  const std::size_t momn_len = bytes.size() - 4 - 16 * 4 - 8;
-  huge[momn_len + 7] = 0x80;
-  EXPECT_NE(message(huge).find("MOMN"), std::string::npos);
+  const std::size_t last_len = bytes.size() - 4 - 16 * 4 - 8;
+  huge[last_len + 7] = 0x80;
+  EXPECT_NE(message(huge).find("ST01"), std::string::npos) << message(huge);
+  // A state array of another size than the weights.
+  Checkpoint odd = small_checkpoint();
+  odd.state[1].pop_back();
+  EXPECT_NE(message(encode_checkpoint(odd)).find("ST01: expected 16 floats"), std::string::npos)
+      << message(encode_checkpoint(odd));
+  // More updates than steps cannot come from a run.
+  Checkpoint ahead = small_checkpoint();
+  ahead.updates = 18;
+  EXPECT_NE(message(encode_checkpoint(ahead)).find("updates and skipped <= step"),
+            std::string::npos);
   EXPECT_THROW(load_checkpoint(dir_ / "absent.ckpt"), InputError);
   EXPECT_THROW(load_checkpoint(dir_), InputError);
 }
 
+// Version 1 (before Adam): META without updates/skipped/optimizer, then PARM and MOMN. Built
+// byte by byte here as cohort 0.1 wrote it; it loads as SGD with every step an update.
+std::vector<std::uint8_t> version1_file(const std::vector<float>& weights,
+                                        const std::vector<float>& momentum) {
+  std::vector<std::uint8_t> out{'C', 'O', 'H', 'O', 'R', 'T', 'C', 'K'};
+  auto put = [&](std::uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) out.push_back(std::uint8_t(v >> (8 * i)));
+  };
+  auto section = [&](const char* tag, const void* p, std::size_t n) {
+    out.insert(out.end(), tag, tag + 4);
+    put(n, 8);
+    const auto* b = static_cast<const std::uint8_t*>(p);
+    out.insert(out.end(), b, b + n);
+    put(crc32(crc32(0L, Z_NULL, 0), b, static_cast<uInt>(n)), 4);
+  };
+  put(1, 4);
+  put(3, 4);
+  const std::string meta =
+      "model=mlp:2-2\nstep=3\nseed=1\nbatch=4\nmicro_batch=2\ntrain_count=8\ndrop_last=1\n"
+      "config={}\n";
+  section("META", meta.data(), meta.size());
+  section("PARM", weights.data(), weights.size() * 4);
+  section("MOMN", momentum.data(), momentum.size() * 4);
+  return out;
+}
+
+TEST_F(Checkpoints, Version1FilesStillLoad) {
+  const std::vector<float> w{1, 2, 3, 4, 5, 6, 7, 8}, v{8, 7, 6, 5, 4, 3, 2, 1};
+  const Checkpoint c = decode_checkpoint(version1_file(w, v), "v1.ckpt");
+  EXPECT_EQ(c.model, "mlp:2-2");
+  EXPECT_EQ(c.step, 3u);
+  EXPECT_EQ(c.updates, 3u);
+  EXPECT_EQ(c.skipped, 0u);
+  EXPECT_EQ(c.optimizer, "sgd");
+  EXPECT_EQ(c.weights, w);
+  ASSERT_EQ(c.state.size(), 1u);
+  EXPECT_EQ(c.state[0], v);
+  EXPECT_TRUE(decode_checkpoint(version1_file(w, {}), "v1.ckpt").state.empty());
+  // Re-encoding writes the current version, which decodes to the same checkpoint.
+  const Checkpoint again = decode_checkpoint(encode_checkpoint(c), "v2.ckpt");
+  EXPECT_EQ(again.state, c.state);
+  EXPECT_EQ(again.updates, 3u);
+}
+
 TEST_F(Checkpoints, KeepRotatesNewestFirst) {
   Checkpoint c = small_checkpoint();
+  c.skipped = 0;
   for (std::uint64_t step = 1; step <= 4; ++step) {
-    c.step = step;
+    c.step = c.updates = step;
     save_checkpoint(dir_ / "run.ckpt", c, 3);
   }
   EXPECT_EQ(load_checkpoint(dir_ / "run.ckpt").step, 4u);

@@ -190,8 +190,8 @@ TEST_F(Cli, ConfigFileWithFlagsOverridingIt) {
   ASSERT_EQ(cohort({"train", "--config", cfg.string(), "--lr", "0.1"}).code, 0);
   auto j = nlohmann::json::parse(std::ifstream(summary));
   EXPECT_EQ(j["steps"], 6);
-  EXPECT_NEAR(j["config"]["lr"].get<double>(), 0.1, 1e-7);  // the flag wins over the file
-  EXPECT_EQ(j["config"]["nesterov"], true);                 // the file's value stays
+  EXPECT_NEAR(j["config"]["optimizer"]["lr"].get<double>(), 0.1, 1e-7);  // the flag wins over the file
+  EXPECT_EQ(j["config"]["optimizer"]["nesterov"], true);                 // the file's value stays
   EXPECT_EQ(j["config"]["model"], "mlp:784-32-10");
 }
 

@@ -15,8 +15,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // up to the order of META's fields, which decoding does not keep: re-decode and compare.
     const auto again = cohort::checkpoint::decode_checkpoint(
         cohort::checkpoint::encode_checkpoint(c), "fuzz-again");
-    if (again.weights != c.weights || again.velocity != c.velocity || again.step != c.step ||
-        again.model != c.model)
+    if (again.weights != c.weights || again.state != c.state || again.step != c.step ||
+        again.updates != c.updates || again.skipped != c.skipped ||
+        again.optimizer != c.optimizer || again.model != c.model)
       std::abort();
   } catch (const cohort::InputError&) {
   }

@@ -107,7 +107,7 @@ TEST(ResumeRefusals, AnotherRunsCheckpointIsRefusedNamingTheField) {
   c.micro_batch = 8;
   EXPECT_NE(message(c).find("--micro-batch"), std::string::npos);
   c = resume_config("mlp:784-64-10", 1);
-  c.sgd.momentum = 0;
+  c.optimizer.momentum = 0;
   EXPECT_NE(message(c).find("momentum"), std::string::npos);
 }
 

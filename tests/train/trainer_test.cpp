@@ -26,7 +26,7 @@ TrainConfig small_config() {
   c.workers = 1;
   c.epochs = 2;
   c.seed = 5;
-  c.sgd.lr = 0.05f;
+  c.optimizer.lr = 0.05f;
   return c;
 }
 
@@ -126,7 +126,7 @@ TEST(Trainer, BadConfigsAreRefusedBeforeWork) {
   c.reducer = "magic";
   EXPECT_NE(message_of(c).find("magic"), std::string::npos);
   c = small_config();
-  c.sgd.lr = -1;
+  c.optimizer.lr = -1;
   EXPECT_NE(message_of(c).find("lr"), std::string::npos);
 }
 
@@ -287,8 +287,8 @@ TEST(CnnWorkers, DropoutChangesWithTheSeedOnly) {
 
 TEST(Engine, NonFiniteLossStopsTheRunWithFiniteWeights) {
   TrainConfig c = small_config();
-  c.sgd.lr = 1e12f;  // diverges within a few steps
-  c.sgd.momentum = 0.0f;
+  c.optimizer.lr = 1e12f;  // diverges within a few steps
+  c.optimizer.momentum = 0.0f;
   c.steps = 200;
   Trainer t(c, fixture());
   Recorder rec;

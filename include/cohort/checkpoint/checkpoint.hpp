@@ -1,5 +1,6 @@
 // Checkpoints: a versioned binary file of sections, each with a zlib crc32, holding everything a
-// run needs to continue bit for bit (weights, momentum, step, the sampler's inputs, the config).
+// run needs to continue bit for bit (weights, optimizer state, step, the sampler's inputs, the
+// config).
 // Written to a temporary file in the same folder, fsynced, renamed over the old one and the
 // folder fsynced, so a crash at any instant leaves the previous checkpoint loadable. Read into
 // memory and validated completely before anything is applied: a truncated, bit-flipped, foreign
@@ -13,17 +14,25 @@
 
 namespace cohort::checkpoint {
 
-inline constexpr std::uint32_t kCheckpointVersion = 1;
+// Version 2 added the optimizer's name, its update and skip counts and any number of state
+// arrays; version 1 files (SGD only) still load.
+inline constexpr std::uint32_t kCheckpointVersion = 2;
+inline constexpr std::size_t kMaxStateArrays = 4;
 
 struct Checkpoint {
-  std::string model;       // the model spec, e.g. "cnn"
-  std::uint64_t step = 0;  // optimizer steps done
-  std::uint64_t seed = 0;  // initialisation, shuffling and dropout streams
+  std::string model;          // the model spec, e.g. "cnn"
+  std::uint64_t step = 0;     // training steps done (batches consumed: the sampler's position)
+  std::uint64_t updates = 0;  // optimizer updates applied (the schedule's and Adam's clock)
+  std::uint64_t skipped = 0;  // steps skipped for a non-finite loss or gradient
+  std::uint64_t seed = 0;     // initialisation, shuffling and dropout streams
   std::uint64_t batch = 0, micro_batch = 0, train_count = 0;
   bool drop_last = true;
-  std::string config_json;      // the effective configuration, for people and `cohort eval`
-  std::vector<float> weights;   // the flat parameter array (layout().total() floats)
-  std::vector<float> velocity;  // SGD momentum, same size, or empty without momentum
+  std::string optimizer = "sgd";  // optim::to_string(kind)
+  std::string config_json;        // the effective configuration, for people and `cohort eval`
+  std::vector<float> weights;     // the flat parameter array (layout().total() floats)
+  // The optimizer's per-parameter arrays, each as large as `weights`: SGD momentum (one, or none
+  // without momentum), Adam's first and second moments (two).
+  std::vector<std::vector<float>> state;
 };
 
 // Atomically replaces `path` with `c`. With keep > 1 the previous files are kept as path.1 ...

@@ -1,8 +1,8 @@
 // Trainer: synchronous data-parallel training of one Model on one machine. Each step's global
 // batch is cut into micro-shards (leaves) of a fixed size; W replicas take contiguous runs of
 // leaves and compute each leaf's gradient with their own Net; the reducer's combining tree sums
-// the leaves in a fixed order and, at its root, scales by 1/batch and applies SGD to the one
-// shared copy of the master weights, chunk by chunk. The result depends on the seed and the
+// the leaves in a fixed order and, at its root, scales by 1/batch and applies the optimizer to
+// the one shared copy of the master weights, chunk by chunk. The result depends on the seed and the
 // micro-batch, never on W. Not a CLI: no printing, no files (see cli/); observers get events.
 //
 // Thread-safety: one thread drives a Trainer (run()); it uses a TBB arena of W threads inside.
@@ -19,7 +19,8 @@
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/data/dataset.hpp"
 #include "cohort/nn/model.hpp"
-#include "cohort/optim/sgd.hpp"
+#include "cohort/optim/optimizer.hpp"
+#include "cohort/optim/schedule.hpp"
 
 namespace cohort::train {
 
@@ -30,7 +31,15 @@ struct TrainConfig {
   std::size_t micro_batch = 0;  // leaf size M; 0: ceil(batch / cores of this machine)
   std::size_t epochs = 5;
   std::size_t steps = 0;  // stop after this many optimizer steps; 0: run all epochs
-  optim::SgdConfig sgd{};
+  optim::OptimizerConfig optimizer{};
+  optim::ScheduleConfig schedule{};
+  // Clip the mean gradient to this global L2 norm (torch.nn.utils.clip_grad_norm_); 0: off.
+  float clip_norm = 0;
+  // A non-finite loss or gradient: stop the run (naming step and tensor), or skip the step
+  // (nothing applied, the schedule does not advance) and count it; max_skips skipped steps in a
+  // row stop the run.
+  enum class OnNonFinite { kStop, kSkip } on_nonfinite = OnNonFinite::kStop;
+  std::size_t max_skips = 10;
   std::uint64_t seed = 1;
   std::string reducer = "tree";  // reduce::Strategy name
   std::size_t tree_arity = 0;    // 0: one flat root over all leaves (up to 64)
@@ -48,6 +57,10 @@ struct TrainConfig {
   // Test hook, called on the replica's thread before each leaf's forward/backward; may throw to
   // simulate a failing worker. Not for production use.
   std::function<void(std::uint64_t step, std::size_t leaf)> leaf_hook;
+  // Test hook, called on the replica's thread with each leaf's gradient (n floats) after
+  // backward, before it is contributed; may change it (to inject a non-finite value).
+  std::function<void(std::uint64_t step, std::size_t leaf, float* grad, std::size_t n)>
+      gradient_hook;
 };
 
 // Throws InputError (naming the flag, expected and found value) for a config that cannot run on
@@ -67,17 +80,24 @@ struct TimeBreakdown {
   double reduce = 0;           // reducer work: contribute calls (combines, the fused root) and
                                // root chunks other threads took
   double reduce_critical = 0;  // the completing contribute call: the root's sum + optimizer
-  double optimizer = 0;        // the SGD sweep alone, summed over chunks
+  double optimizer = 0;        // the optimizer sweep alone, summed over chunks
   double idle = 0;             // workers x step - (compute + data + reduce): waiting, scheduling
 };
 
 struct StepEvent {
-  std::uint64_t step;  // 1-based optimizer step count
+  std::uint64_t step;  // 1-based training step count (batches consumed)
   std::size_t epoch;   // 0-based
   std::size_t step_in_epoch, steps_per_epoch;
-  double loss;          // mean over the batch
+  double loss;          // mean over the batch (non-finite when skipped)
   std::size_t samples;  // rows in this step
   double elapsed;       // training seconds so far (steps only)
+  double lr;            // the learning rate this step used (or would have used, when skipped)
+  double grad_norm;     // L2 norm of the mean gradient before clipping; NaN when not computed
+                        // (it is with --clip-norm or --on-nonfinite skip)
+  bool skipped;         // --on-nonfinite skip: nothing was applied
+  std::string skip_reason;  // why, naming the leaf or tensor
+  std::uint64_t skipped_total;
+  std::uint64_t total_steps;  // the run's planned steps
 };
 
 struct EpochResult {
@@ -91,7 +111,9 @@ struct EpochResult {
 };
 
 struct Summary {
-  std::uint64_t steps = 0;
+  std::uint64_t steps = 0;    // training steps (batches)
+  std::uint64_t updates = 0;  // optimizer updates applied (steps minus skipped)
+  std::uint64_t skipped = 0;
   double epochs = 0;  // fractional when --steps stops mid-epoch
   std::size_t workers = 0, batch = 0, micro_batch = 0, parameters = 0;
   double samples_per_second = 0;
@@ -124,8 +146,8 @@ class Trainer {
   // A snapshot to save; call between steps (before or after run, or from an Observer).
   checkpoint::Checkpoint checkpoint(std::string config_json) const;
   // Continues from `c`: refuses (InputError naming `name` and the field) a checkpoint of another
-  // model, seed, batch, micro-batch, partial-batch rule or training set, since the run would not
-  // be the one the checkpoint started.
+  // model, seed, batch, micro-batch, partial-batch rule, training set or optimizer, since the
+  // run would not be the one the checkpoint started.
   void restore(const checkpoint::Checkpoint& c, const std::string& name);
   std::uint64_t steps_done() const;
   // Mean loss and accuracy of the current weights on the test set.
