@@ -111,7 +111,7 @@ void check_increasing(const Place& at, const char* name, std::uint64_t previous,
             std::to_string(value), "two runs written to one file?");
 }
 
-// ---- scales ----
+// ---- scales and coordinates ----
 
 // The part of a panel where data is drawn, in SVG pixels (y grows downwards).
 struct Frame {

@@ -367,7 +367,8 @@ void expect_scale(const Scale& s, double lo, double hi, double step, int decimal
   EXPECT_NEAR(t.back(), hi, 1e-12 * std::max(1.0, std::abs(hi)));
 }
 
-// The rule: about five steps over the data, step in {1, 2, 5} x 10^k, ends on multiples of it.
+// The rule: the smallest {1, 2, 5} x 10^k >= range / 5 (whole numbers: >= 1), ends rounded out to
+// multiples of it.
 TEST(PlotNiceScale, StepsAreOneTwoOrFiveTimesAPowerOfTen) {
   expect_scale(nice_scale(0, 0.87, false), 0, 1.0, 0.2, 1, 6);  // 0, 0.2, ..., 1.0
   expect_scale(nice_scale(0, 0.8, false), 0, 0.8, 0.2, 1, 5);   // 0.8 / 0.2 is not exactly 4

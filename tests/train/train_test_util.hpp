@@ -16,9 +16,13 @@ inline const data::Splits& fixture() {
 
 class Recorder : public Observer {
  public:
-  void on_step(const StepEvent& e) override { losses.push_back(e.loss); }
+  void on_step(const StepEvent& e) override {
+    losses.push_back(e.loss);
+    steps.push_back(e);
+  }
   void on_epoch(const EpochResult& r) override { epochs.push_back(r); }
   std::vector<double> losses;
+  std::vector<StepEvent> steps;
   std::vector<EpochResult> epochs;
 };
 

@@ -60,9 +60,10 @@ struct PlotOptions {
 // below the minimum sizes. Precondition: every value is finite (as read_metrics returns them).
 std::string render_svg(const std::vector<Series>& series, const PlotOptions& options = {});
 
-// An axis: [lo, hi] covers the data and both ends are multiples of `step`, which is 1, 2 or 5
-// times a power of ten, chosen so the data's range spans about five steps. Ticks are drawn at
-// lo, lo + step, ..., hi and labelled with `decimals` digits after the point.
+// An axis. `step` is the smallest 1, 2 or 5 times a power of ten that is at least a fifth of the
+// data's range (so the data spans two to five steps); [lo, hi] is the data's range rounded out
+// to multiples of `step`. Ticks are drawn at lo, lo + step, ..., hi and labelled with `decimals`
+// digits after the point (enough to show `step`).
 struct Scale {
   double lo = 0, hi = 1, step = 0.2;
   int decimals = 1;
