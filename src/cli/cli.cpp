@@ -281,6 +281,43 @@ void print_summary(std::ostream& out, const train::Summary& s) {
   row("root, critical path (wall)", t.reduce_critical, t.step);
 }
 
+// The trainer's spans as a Chrome trace (JSON object format: "X" complete events, one thread per
+// track, named by "M" metadata events), which Perfetto and chrome://tracing open.
+void write_trace(const std::string& path, const train::Trainer& trainer, const json& config) {
+  json events = json::array();
+  const auto tracks = trainer.trace_tracks();
+  for (std::size_t t = 0; t < tracks.size(); ++t) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", t},
+                      {"args", {{"name", tracks[t]}}}});
+    events.push_back({{"name", "thread_sort_index"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", t},
+                      {"args", {{"sort_index", t}}}});
+  }
+  for (const train::TraceSpan& s : trainer.trace()) {
+    json args{{"step", s.step}};
+    if (s.index_name) args[s.index_name] = s.index;
+    events.push_back({{"name", s.name},
+                      {"ph", "X"},
+                      {"pid", 1},
+                      {"tid", s.track},
+                      {"ts", s.begin_us},
+                      {"dur", std::max(0.0, s.end_us - s.begin_us)},
+                      {"args", std::move(args)}});
+  }
+  json trace{{"traceEvents", std::move(events)},
+             {"displayTimeUnit", "ms"},
+             {"otherData",
+              {{"tool", "cohort 0.1.0"},
+               {"truncated", trainer.trace_truncated()},
+               {"config", config}}}};
+  write_atomically(path, trace.dump() + "\n");
+}
+
 // The effective configuration (defaults resolved), as printed at the start and stored in the
 // summary and the checkpoint.
 json config_json(const train::TrainConfig& c, const std::string& data_dir) {
@@ -319,13 +356,15 @@ json config_json(const train::TrainConfig& c, const std::string& data_dir) {
           {"blocked_layouts", c.blocked_layouts}};
 }
 
-int train_command(const train::TrainConfig& config, const std::string& data_dir,
+int train_command(train::TrainConfig config, const std::string& data_dir,
                   const std::string& summary_path, const std::string& metrics_path,
-                  const CheckpointOptions& ck, std::size_t log_every, bool quiet,
-                  std::ostream& out) {
+                  const std::string& trace_path, const CheckpointOptions& ck,
+                  std::size_t log_every, bool quiet, std::ostream& out) {
   StopSignals signals;  // before any thread exists, so every thread inherits the blocked mask
   check_output_path("--summary", summary_path);
   check_output_path("--metrics", metrics_path);
+  check_output_path("--trace", trace_path);
+  config.trace = !trace_path.empty();
   check_output_path("--save", ck.save);
   if (ck.keep == 0) throw InputError("--keep: expected at least 1, found 0");
   if (ck.save_every != 0 && ck.save.empty())
@@ -364,7 +403,14 @@ int train_command(const train::TrainConfig& config, const std::string& data_dir,
   };
   Progress progress(out, quiet, &out == &std::cout && ::isatty(STDOUT_FILENO), log_every,
                     metrics ? &*metrics : nullptr, epochs_planned, every_step);
-  train::Summary s = trainer.run(progress);
+  train::Summary s;
+  try {
+    s = trainer.run(progress);
+  } catch (...) {
+    if (!trace_path.empty()) write_trace(trace_path, trainer, effective_json);  // up to the fault
+    throw;
+  }
+  if (!trace_path.empty()) write_trace(trace_path, trainer, effective_json);
   if (!ck.save.empty()) save();  // the final weights (also after Ctrl-C: a whole step's)
   if (s.stopped) {
     out << "\nstopped by a signal after step " << s.steps
@@ -553,6 +599,9 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
                         "continue from this checkpoint (bit for bit the uninterrupted run)");
   train_cmd->add_option("--summary", summary_path, "write a JSON summary to this file");
   train_cmd->add_option("--metrics", metrics_path, "write JSON Lines metrics to this file");
+  std::string trace_path;
+  train_cmd->add_option("--trace", trace_path,
+                        "write a Chrome trace of every step (open in ui.perfetto.dev)");
   train_cmd->add_option("--log-every", log_every, "steps between progress lines / step metrics")
       ->capture_default_str();
   train_cmd->add_flag("--quiet", quiet, "no progress and no summary table");
@@ -594,7 +643,8 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
     config.on_nonfinite = on_nonfinite == "skip" ? train::TrainConfig::OnNonFinite::kSkip
                                                  : train::TrainConfig::OnNonFinite::kStop;
     if (train_cmd->parsed())
-      return train_command(config, data_dir, summary_path, metrics_path, ck, log_every, quiet, out);
+      return train_command(config, data_dir, summary_path, metrics_path, trace_path, ck, log_every,
+                           quiet, out);
     if (eval_cmd->parsed())
       return eval_command(eval_checkpoint, eval_data, eval_summary, eval_workers, out);
     return kExitBadInput;

@@ -68,6 +68,7 @@ struct Net::Impl {
   dnnl::stream stream{engine};
   std::map<std::pair<std::int64_t, bool>, std::unique_ptr<Plan>> plans;  // (N, training)
   PhaseTimes times;
+  Clock::time_point backward_begin;  // of the last forward_backward
   StreamKey key;  // the current step's dropout streams
   bool blocked_layouts;
 
@@ -489,7 +490,9 @@ double Net::forward_backward(const float* params, const float* x, const std::int
   auto t0 = Clock::now();
   double loss =
       softmax_cross_entropy(p.logits, labels, N, impl_->model->num_classes(), p.diff_logits);
-  impl_->times.loss += std::chrono::duration<double>(Clock::now() - t0).count();
+  const auto t1 = Clock::now();
+  impl_->times.loss += std::chrono::duration<double>(t1 - t0).count();
+  impl_->backward_begin = t1;
   impl_->run(p.backward);
   return loss;
 }
@@ -502,6 +505,9 @@ const float* Net::forward(const float* params, const float* x, std::int64_t N) {
 }
 
 const PhaseTimes& Net::times() const { return impl_->times; }
+std::chrono::steady_clock::time_point Net::backward_begin() const {
+  return impl_->backward_begin;
+}
 void Net::reset_times() { impl_->times = {}; }
 
 }  // namespace cohort::nn

@@ -296,7 +296,7 @@ void draw_loss_panel(std::string& svg, const std::vector<Series>& series, const 
   if (!has_values(steps)) return draw_empty(svg, plot, "no step or epoch results");
   const Axes a{plot, nice_scale(steps.first, steps.second, true),
                nice_scale(losses.first, losses.second, false)};
-  draw_axes(svg, a, "optimizer step", "loss");
+  draw_axes(svg, a, "training step", "loss");
   for (std::size_t i = 0; i < series.size(); ++i) {
     const Series& s = series[i];
     if (!s.steps.empty()) {

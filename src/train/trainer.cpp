@@ -175,6 +175,20 @@ struct Trainer::Impl {
   std::uint64_t updates_done = 0;  // optimizer updates applied to `weights`
   std::uint64_t skipped_total = 0, skipped_in_a_row = 0;
   std::uint64_t total_steps = 0;  // of the current run(): the schedule's horizon
+  // Tracing (config.trace). Spans go to a buffer per arena slot (slots are unique among running
+  // threads, so no locks); a slot also remembers which replica its thread ran in which step, so
+  // root chunks land on that replica's track. Per track, the end of its latest span this step,
+  // for the "wait" span (each track is written only by the thread that ran its replica).
+  struct SlotTrace {
+    std::vector<TraceSpan> spans;
+    std::uint64_t step = 0;
+    std::uint32_t replica = 0;
+  };
+  static constexpr std::size_t kMaxTraceSpans = std::size_t{1} << 21;
+  const Clock::time_point trace_origin = Clock::now();
+  std::vector<SlotTrace> trace_slots;  // arena slots, then one for the controller outside it
+  std::vector<Clock::time_point> track_last_end;
+  std::atomic<bool> trace_full{false};
   // The step's graph, built once inside the arena: start -> {prepare(t+1), replica 0..W-1 (t)}.
   std::unique_ptr<flow::graph> graph;
   std::unique_ptr<flow::broadcast_node<flow::continue_msg>> start;
@@ -214,6 +228,10 @@ struct Trainer::Impl {
     for (std::size_t w = 0; w < config.workers; ++w)
       replicas.push_back(
           std::make_unique<Replica>(model, config.eval_batch, config.blocked_layouts));
+    if (config.trace) {
+      trace_slots.resize(config.workers + 1);
+      track_last_end.resize(config.workers + 1);
+    }
     arena.execute([&] { build_graph(); });  // the graph belongs to the arena it is built in
   }
 
@@ -254,6 +272,42 @@ struct Trainer::Impl {
     return *slot;
   }
 
+  std::uint32_t helper_track() const { return static_cast<std::uint32_t>(config.workers); }
+  std::uint32_t controller_track() const { return helper_track() + 1; }
+
+  // The calling thread's trace buffer: its arena slot's, or the controller's outside the arena.
+  SlotTrace& slot_trace() {
+    const int slot = oneapi::tbb::this_task_arena::current_thread_index();
+    const bool in_arena = slot >= 0 && static_cast<std::size_t>(slot) + 1 < trace_slots.size();
+    return trace_slots[in_arena ? static_cast<std::size_t>(slot) : trace_slots.size() - 1];
+  }
+
+  // Records [begin, end) on `track` (a replica's, or the controller's); `index_name` ("leaf",
+  // "chunk" or null) says what `index` counts.
+  void span(const char* name, std::uint32_t track, const char* index_name, std::size_t index,
+            Clock::time_point begin, Clock::time_point end) {
+    if (!config.trace) return;
+    SlotTrace& t = slot_trace();
+    if (t.spans.size() >= kMaxTraceSpans / trace_slots.size()) {
+      trace_full.store(true, std::memory_order_relaxed);  // read after the run
+      return;
+    }
+    auto us = [&](Clock::time_point x) {
+      return std::chrono::duration<double, std::micro>(x - trace_origin).count();
+    };
+    t.spans.push_back({name, track, plan.number, index_name, index, us(begin), us(end)});
+    if (track < config.workers) track_last_end[track] = end;  // replica tracks only
+  }
+
+  // A root chunk's span, on the track of the replica this thread ran in this step (the helpers'
+  // track if it ran none).
+  void root_span(const char* name, std::size_t chunk_index, Clock::time_point begin) {
+    if (!config.trace) return;
+    const SlotTrace& t = slot_trace();
+    const std::uint32_t track = t.step == plan.number ? t.replica : helper_track();
+    span(name, track, "chunk", chunk_index, begin, Clock::now());
+  }
+
   void assemble(std::span<const std::uint32_t> ids, int slot, std::size_t first_row) {
     data::assemble_batch(data.train, ids, staging[slot].x.data() + first_row * features,
                          staging[slot].y.data() + first_row);
@@ -276,6 +330,12 @@ struct Trainer::Impl {
   void run_replica(std::size_t w) {
     if (w >= plan.workers) return;
     Replica& r = *replicas[w];
+    const auto track = static_cast<std::uint32_t>(w);
+    if (config.trace) {
+      SlotTrace& t = slot_trace();
+      t.step = plan.number;
+      t.replica = track;
+    }
     const std::size_t M = config.micro_batch, rows = plan.ids.size();
     while (true) {
       // relaxed: the counter only hands out distinct indices; the leaf's data (staging, plan)
@@ -287,13 +347,19 @@ struct Trainer::Impl {
         auto t0 = Clock::now();
         assemble(plan.ids.subspan(first, n), plan.slot, first);
         r.data_seconds += seconds_since(t0);
+        span("data", track, "leaf", leaf, t0, Clock::now());
       }
+      const auto t_compute = Clock::now();
       if (config.leaf_hook) config.leaf_hook(plan.number, leaf);
       float* grad = leaf_grads[leaf].data();
       leaf_loss[leaf] = r.net.forward_backward(
           weights.data(), staging[plan.slot].x.data() + first * features,
           staging[plan.slot].y.data() + first, static_cast<std::int64_t>(n), grad,
           nn::StreamKey{config.seed, plan.number, leaf});  // dropout: never keyed by worker
+      if (config.trace) {
+        span("forward", track, "leaf", leaf, t_compute, r.net.backward_begin());
+        span("backward", track, "leaf", leaf, r.net.backward_begin(), Clock::now());
+      }
       if (config.gradient_hook)
         config.gradient_hook(plan.number, leaf, grad, model.layout().total());
       // A non-finite loss must never reach the weights. Stopping: fail the step before
@@ -307,6 +373,7 @@ struct Trainer::Impl {
       auto t1 = Clock::now();
       const bool completed = plan.reducer->contribute(w, leaf, grad);
       const double dt = seconds_since(t1);
+      span("combine", track, "leaf", leaf, t1, Clock::now());
       r.reduce_seconds += dt;
       if (completed) {
         plan.root_seconds = dt;
@@ -377,6 +444,7 @@ struct Trainer::Impl {
         }
         optimizer.apply(scalars, weights.data() + b, g, off(s0, b), off(s1, b), count);
       }
+      root_span("sum+optimizer", begin / chunk, t0);
       chunk_seconds[begin / chunk] = seconds_since(t0);
       chunk_thread[begin / chunk] = std::this_thread::get_id();
     };
@@ -395,6 +463,7 @@ struct Trainer::Impl {
       const std::size_t bad = optim::first_non_finite(g, end - begin);
       if (bad != end - begin) chunk_bad[begin / chunk] = begin + bad;
       chunk_sumsq[begin / chunk] = optim::sum_squares(g, end - begin);
+      root_span("sum", begin / chunk, t0);
       chunk_seconds[begin / chunk] = seconds_since(t0);
       chunk_thread[begin / chunk] = std::this_thread::get_id();
     };
@@ -467,9 +536,11 @@ struct Trainer::Impl {
     auto t0 = Clock::now();
     arena.execute([&] {
       oneapi::tbb::parallel_for(std::size_t{0}, chunks, [&](std::size_t c) {
+        const auto tc = Clock::now();
         const std::size_t begin = c * chunk, end = std::min(n, begin + chunk);
         optimizer.apply(clipped, weights.data() + begin, g + begin, off(s0, begin), off(s1, begin),
                         end - begin);
+        root_span("optimizer", c, tc);
       });
     });
     const double apply_seconds = seconds_since(t0);
@@ -500,6 +571,15 @@ struct Trainer::Impl {
     }
     time.step += wall;
     time.idle += std::max(0.0, static_cast<double>(config.workers) * wall - busy);
+  }
+
+  // The step's "wait" spans (each replica track, from its last span to the step's end) and the
+  // step itself on the controller's track.
+  void trace_step_end(Clock::time_point step_begin) {
+    const auto now = Clock::now();
+    for (std::uint32_t track = 0; track < plan.workers; ++track)
+      if (track_last_end[track] > step_begin) span("wait", track, nullptr, 0, track_last_end[track], now);
+    span("step", controller_track(), nullptr, 0, step_begin, now);
   }
 
   // Mean loss and accuracy over a whole split, in chunks spread over the replicas; per-chunk
@@ -577,6 +657,7 @@ struct Trainer::Impl {
         auto t0 = Clock::now();
         const StepOutcome o = step();
         double dt = seconds_since(t0);
+        if (config.trace) trace_step_end(t0);
         account(dt);
         plan.slot = config.prefetch ? 1 - plan.slot : plan.slot;
         ++step_number;
@@ -606,7 +687,9 @@ struct Trainer::Impl {
       }
       first_b = 0;
       if (epoch_samples == 0) break;
+      const auto t_eval = Clock::now();
       auto [test_loss, test_accuracy] = evaluate(data.test);
+      span("evaluate", controller_track(), nullptr, 0, t_eval, Clock::now());
       s.train_loss = epoch_loss_samples ? epoch_loss / static_cast<double>(epoch_loss_samples)
                                         : std::numeric_limits<double>::quiet_NaN();
       s.test_loss = test_loss;
@@ -700,6 +783,28 @@ void Trainer::restore(const checkpoint::Checkpoint& c, const std::string& name) 
 }
 
 std::uint64_t Trainer::steps_done() const { return impl_->steps_done; }
+
+std::vector<TraceSpan> Trainer::trace() const {
+  std::vector<TraceSpan> all;
+  for (const auto& slot : impl_->trace_slots)
+    all.insert(all.end(), slot.spans.begin(), slot.spans.end());
+  // By track, then start; an enclosing span (longer) before the spans it contains.
+  std::sort(all.begin(), all.end(), [](const TraceSpan& a, const TraceSpan& b) {
+    return std::tie(a.track, a.begin_us, b.end_us) < std::tie(b.track, b.begin_us, a.end_us);
+  });
+  return all;
+}
+
+std::vector<std::string> Trainer::trace_tracks() const {
+  std::vector<std::string> names;
+  for (std::size_t w = 0; w < impl_->config.workers; ++w)
+    names.push_back("replica " + std::to_string(w));
+  names.push_back("root helpers");
+  names.push_back("controller");
+  return names;
+}
+
+bool Trainer::trace_truncated() const { return impl_->trace_full.load(std::memory_order_relaxed); }
 std::pair<double, double> Trainer::evaluate_test() { return impl_->evaluate(impl_->data.test); }
 
 Trainer::Trainer(TrainConfig config, const data::Splits& data)

@@ -8,8 +8,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <regex>
 #include <set>
+#include <sstream>
 
 #include "cohort/core/error.hpp"
 
@@ -37,40 +37,57 @@ std::string panel(const std::string& svg, const std::string& id) {
   return svg.substr(begin, svg.find("</g>", begin) - begin);
 }
 
+// Every start tag in `svg` that begins with `start` (e.g. `<circle class="train-loss"`), up to
+// its '>', in document order.
+std::vector<std::string> elements(const std::string& svg, const std::string& start) {
+  std::vector<std::string> found;
+  for (auto at = svg.find(start); at != std::string::npos; at = svg.find(start, at + 1))
+    found.push_back(svg.substr(at, svg.find('>', at) - at));
+  return found;
+}
+
+// The text of attribute `name` in a start tag.
+std::string attribute(const std::string& element, const std::string& name) {
+  const std::string key = " " + name + "=\"";
+  const auto begin = element.find(key);
+  EXPECT_NE(begin, std::string::npos) << name << " in " << element;
+  if (begin == std::string::npos) return "";
+  const auto value = begin + key.size();
+  return element.substr(value, element.find('"', value) - value);
+}
+
+double number(const std::string& element, const std::string& name) {
+  return std::stod(attribute(element, name));
+}
+
 Box plot_area(const std::string& panel_svg) {
-  static const std::regex rect(
-      R"re(<rect class="plot-area" x="([-\d.]+)" y="([-\d.]+)" width="([-\d.]+)" height="([-\d.]+)")re");
-  std::smatch m;
-  EXPECT_TRUE(std::regex_search(panel_svg, m, rect));
-  return {std::stod(m[1]), std::stod(m[2]), std::stod(m[3]), std::stod(m[4])};
+  const auto rects = elements(panel_svg, "<rect class=\"plot-area\"");
+  EXPECT_EQ(rects.size(), 1u);
+  const std::string& r = rects.at(0);
+  return {number(r, "x"), number(r, "y"), number(r, "width"), number(r, "height")};
 }
 
 // The points of every <polyline class="kind">, in document order.
 std::vector<std::vector<Point>> polylines(const std::string& panel_svg, const std::string& kind) {
-  const std::regex element("<polyline class=\"" + kind + "\"[^>]* points=\"([^\"]*)\"");
-  const std::regex pair(R"(([-\d.]+),([-\d.]+))");
   std::vector<std::vector<Point>> lines;
-  for (std::sregex_iterator it(panel_svg.begin(), panel_svg.end(), element), end; it != end; ++it) {
-    const std::string points = (*it)[1];
+  for (const std::string& element : elements(panel_svg, "<polyline class=\"" + kind + "\"")) {
+    std::istringstream points(attribute(element, "points"));
     lines.emplace_back();
-    for (std::sregex_iterator p(points.begin(), points.end(), pair); p != end; ++p)
-      lines.back().push_back({std::stod((*p)[1]), std::stod((*p)[2])});
+    Point p;
+    char comma;
+    while (points >> p.x >> comma >> p.y) lines.back().push_back(p);
   }
   return lines;
 }
 
 // Centres of every <circle class="kind"> or <rect class="kind"> marker.
 std::vector<Point> markers(const std::string& panel_svg, const std::string& kind) {
-  const std::regex circle("<circle class=\"" + kind + R"re(" cx="([-\d.]+)" cy="([-\d.]+)")re");
-  const std::regex square(
-      "<rect class=\"" + kind +
-      R"re(" x="([-\d.]+)" y="([-\d.]+)" width="([-\d.]+)" height="([-\d.]+)")re");
   std::vector<Point> centres;
-  for (std::sregex_iterator it(panel_svg.begin(), panel_svg.end(), circle), end; it != end; ++it)
-    centres.push_back({std::stod((*it)[1]), std::stod((*it)[2])});
-  for (std::sregex_iterator it(panel_svg.begin(), panel_svg.end(), square), end; it != end; ++it)
-    centres.push_back({std::stod((*it)[1]) + std::stod((*it)[3]) / 2,
-                       std::stod((*it)[2]) + std::stod((*it)[4]) / 2});
+  for (const std::string& c : elements(panel_svg, "<circle class=\"" + kind + "\""))
+    centres.push_back({number(c, "cx"), number(c, "cy")});
+  for (const std::string& r : elements(panel_svg, "<rect class=\"" + kind + "\""))
+    centres.push_back(
+        {number(r, "x") + number(r, "width") / 2, number(r, "y") + number(r, "height") / 2});
   return centres;
 }
 
@@ -338,10 +355,9 @@ TEST_F(PlotRenderSvg, SeveralSeriesHaveDistinctColoursAndLegendRows) {
     for (StepPoint& p : runs.back().steps) p.loss *= 1 + r;
   }
   const std::string svg = render_svg(runs);
-  const std::regex stroke(R"re(<polyline class="step-loss"[^>]* stroke="(#[0-9a-f]{6})")re");
   std::set<std::string> colours;
-  for (std::sregex_iterator it(svg.begin(), svg.end(), stroke), end; it != end; ++it)
-    colours.insert((*it)[1]);
+  for (const std::string& line : elements(svg, "<polyline class=\"step-loss\""))
+    colours.insert(attribute(line, "stroke"));
   EXPECT_EQ(colours.size(), 3u);
   for (int r = 0; r < 3; ++r)
     EXPECT_EQ(count(svg, "class=\"series-label\">run" + std::to_string(r) + ".jsonl<"), 1u) << r;

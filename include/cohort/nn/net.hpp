@@ -10,6 +10,7 @@
 // primitive; parallelism comes from replicas, not from inside a primitive.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -49,6 +50,8 @@ class Net {
   const float* forward(const float* params, const float* x, std::int64_t N);
 
   const PhaseTimes& times() const;
+  // When the last forward_backward finished the loss and began backward (for traces).
+  std::chrono::steady_clock::time_point backward_begin() const;
   void reset_times();
 
  private:

@@ -1,6 +1,6 @@
 // Training curves: reads the JSON Lines files `cohort train --metrics` writes and draws them as
 // one self-contained SVG (no scripts, no external fonts) with two panels side by side: loss
-// against optimizer step, test accuracy against epoch. Several files are several runs to compare.
+// against training step, test accuracy against epoch. Several files are several runs to compare.
 // Not a plotting library: the layout, scales and colours are fixed; the caller picks the size.
 //
 // Needs neither oneDNN nor oneTBB, so it is built in every configuration.
@@ -15,14 +15,14 @@ namespace cohort::report {
 
 // A "step" line: the mean training loss over the log interval that ends at `step`.
 struct StepPoint {
-  std::uint64_t step = 0;  // optimizer steps done
+  std::uint64_t step = 0;  // training steps (batches) done
   double loss = 0;         // finite
 };
 
 // An "epoch" line: the results after the epoch that ends at `step`.
 struct EpochPoint {
   std::uint64_t epoch = 0;   // 1-based
-  std::uint64_t step = 0;    // optimizer steps done when the epoch ended
+  std::uint64_t step = 0;    // training steps (batches) done when the epoch ended
   double train_loss = 0;     // finite
   double test_loss = 0;      // finite
   double test_accuracy = 0;  // in [0, 1]

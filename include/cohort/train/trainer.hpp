@@ -54,6 +54,8 @@ struct TrainConfig {
   bool prefetch = false;
   // Let oneDNN choose blocked layouts for convolution and pooling (false: plain nchw, to measure).
   bool blocked_layouts = true;
+  // Record a span per leaf phase and root chunk for Trainer::trace() (--trace).
+  bool trace = false;
   // Test hook, called on the replica's thread before each leaf's forward/backward; may throw to
   // simulate a failing worker. Not for production use.
   std::function<void(std::uint64_t step, std::size_t leaf)> leaf_hook;
@@ -124,6 +126,19 @@ struct Summary {
   TimeBreakdown time;
 };
 
+// One timed span of a trace: what ran (data, forward, backward, combine, sum+optimizer, sum,
+// optimizer, wait, step, evaluate), on which track (Trainer::trace_tracks), for which step and
+// which leaf or root chunk (index_name "leaf" or "chunk", or null), in microseconds since the
+// trainer was built.
+struct TraceSpan {
+  const char* name;
+  std::uint32_t track;
+  std::uint64_t step;
+  const char* index_name;
+  std::size_t index;
+  double begin_us, end_us;
+};
+
 // Called on the thread that runs Trainer::run, between steps (the weights are then those after
 // a whole step, so an observer may take a checkpoint).
 class Observer {
@@ -155,6 +170,12 @@ class Trainer {
   const TrainConfig& config() const;  // with workers and micro_batch resolved
   const nn::Model& model() const;
   const float* weights() const;  // the master weights, model().layout().total() floats
+  // With TrainConfig::trace: every span so far, by track then start (spans on one track nest or
+  // are disjoint); the tracks' names (replica 0 .. W-1, then the root's helpers, then the
+  // controller); and whether recording stopped at its cap (2^21 spans).
+  std::vector<TraceSpan> trace() const;
+  std::vector<std::string> trace_tracks() const;
+  bool trace_truncated() const;
 
  private:
   struct Impl;
