@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "cohort/core/error.hpp"
+#include "cohort/report/plot.hpp"
 #include "cohort/train/trainer.hpp"
 #include "job_config.hpp"
 
@@ -165,13 +166,15 @@ class Progress final : public train::Observer {
              << e.skipped_total << " skipped so far)" << (tty_ ? kClearToEnd : "") << "\n";
       return;
     }
-    window_loss_ += e.loss;
-    ++window_steps_;
+    // Two windows: the metrics line's loss is the mean since the previous metrics line, the
+    // printed one's since the previous printed line (on a TTY those come at their own pace).
+    metrics_window_.add(e.loss);
+    print_window_.add(e.loss);
     if (metrics_ && log_every_ && e.step % log_every_ == 0) {
       json line{{"kind", "step"},
                 {"step", e.step},
                 {"epoch", e.epoch},
-                {"loss", window_loss_ / double(window_steps_)},
+                {"loss", metrics_window_.take()},
                 {"lr", e.lr}};
       if (std::isfinite(e.grad_norm)) line["grad_norm"] = e.grad_norm;
       line["elapsed_s"] = e.elapsed;
@@ -181,7 +184,7 @@ class Progress final : public train::Observer {
     const bool line_due =
         tty_ ? (e.elapsed - last_print_ > 0.2 || e.step_in_epoch == e.steps_per_epoch)
              : (log_every_ && e.step % log_every_ == 0);
-    if (!quiet_ && line_due && window_steps_ > 0) {
+    if (!quiet_ && line_due && print_window_.steps > 0) {
       const double rate_now =
           double(e.samples) * double(e.step - last_step_) / (e.elapsed - last_print_);
       // ETA from this run's mean step time (training steps only; evaluation adds to it).
@@ -191,7 +194,7 @@ class Progress final : public train::Observer {
       if (tty_) line << bar(double(e.step) / double(e.total_steps)) << " ";
       line << "epoch " << e.epoch + 1 << "/" << epochs_planned_ << "  step " << e.step_in_epoch
            << "/" << e.steps_per_epoch << "  loss " << std::fixed << std::setprecision(4)
-           << window_loss_ / double(window_steps_) << "  " << rate(rate_now) << " samples/s"
+           << print_window_.take() << "  " << rate(rate_now) << " samples/s"
            << "  ETA " << clock_text(eta);
       if (tty_)
         out_ << "\r" << line.str() << kClearToEnd << std::flush;
@@ -199,8 +202,6 @@ class Progress final : public train::Observer {
         out_ << line.str() << "\n";
       last_print_ = e.elapsed;
       last_step_ = e.step;
-      window_loss_ = 0;
-      window_steps_ = 0;
     }
   }
 
@@ -247,8 +248,23 @@ class Progress final : public train::Observer {
   std::ofstream* metrics_;
   std::size_t epochs_planned_;
   std::function<void(std::uint64_t)> every_step_;
-  double last_print_ = 0, window_loss_ = 0;
-  std::uint64_t last_step_ = 0, window_steps_ = 0, first_step_ = 0;
+  struct LossWindow {
+    double sum = 0;
+    std::uint64_t steps = 0;
+    void add(double loss) {
+      sum += loss;
+      ++steps;
+    }
+    double take() {  // the mean so far; starts a new window
+      const double mean = sum / double(steps);
+      sum = 0;
+      steps = 0;
+      return mean;
+    }
+  };
+  LossWindow metrics_window_, print_window_;
+  double last_print_ = 0;
+  std::uint64_t last_step_ = 0, first_step_ = 0;
 };
 
 void print_summary(std::ostream& out, const train::Summary& s) {
@@ -474,6 +490,25 @@ int eval_command(const std::string& checkpoint, const std::string& data_dir,
   return kExitOk;
 }
 
+// `cohort plot a.jsonl [b.jsonl ...] -o curves.svg`: every file is read and checked before the
+// SVG is written (atomically). Runs whose files share a name are labelled by their folder too.
+int plot_command(const std::vector<std::string>& files, const std::string& out_path,
+                 const std::string& title, int width, std::ostream& out) {
+  check_output_path("--output", out_path);
+  if (width < 600) throw InputError("--width: expected at least 600 (pixels), found " +
+                                    std::to_string(width));
+  std::vector<report::Series> runs;
+  for (const std::string& f : files) runs.push_back(report::read_metrics(f));
+  for (std::size_t i = 0; i < runs.size(); ++i)
+    for (std::size_t j = 0; j < runs.size(); ++j)
+      if (i != j && runs[i].label == fs::path(files[j]).filename().string())
+        runs[i].label = fs::path(files[i]).lexically_normal().string();
+  write_atomically(out_path, report::render_svg(runs, {.width = width, .title = title}));
+  out << "cohort plot: " << runs.size() << (runs.size() == 1 ? " run" : " runs") << " -> "
+      << out_path << "\n";
+  return kExitOk;
+}
+
 }  // namespace
 
 // `cohort train --config FILE ...`: the file's keys become flags placed before the command
@@ -615,6 +650,17 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   eval_cmd->add_option("--summary", eval_summary, "write a JSON summary to this file");
   eval_cmd->add_option("--workers", eval_workers, "worker replicas (0: one per core)");
 
+  std::vector<std::string> plot_files;
+  std::string plot_output, plot_title;
+  int plot_width = 1000;
+  CLI::App* plot_cmd =
+      app.add_subcommand("plot", "draw loss and accuracy curves of --metrics files as an SVG");
+  plot_cmd->add_option("metrics", plot_files, "JSON Lines files written by train --metrics")
+      ->required();
+  plot_cmd->add_option("-o,--output", plot_output, "the SVG file to write")->required();
+  plot_cmd->add_option("--title", plot_title, "a title above the curves");
+  plot_cmd->add_option("--width", plot_width, "image width in pixels")->capture_default_str();
+
   try {
     std::vector<const char*> view;
     for (const auto& a : args) view.push_back(a.c_str());
@@ -647,6 +693,7 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
                            quiet, out);
     if (eval_cmd->parsed())
       return eval_command(eval_checkpoint, eval_data, eval_summary, eval_workers, out);
+    if (plot_cmd->parsed()) return plot_command(plot_files, plot_output, plot_title, plot_width, out);
     return kExitBadInput;
   } catch (const InputError& e) {
     err << "cohort: error: " << e.what() << "\n";

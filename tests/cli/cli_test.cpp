@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -78,6 +79,23 @@ TEST_F(Cli, TrainWritesSummaryAndMetrics) {
   EXPECT_FALSE(fs::exists(summary + ".tmp"));
 }
 
+// A step line's loss is the mean over its own interval, printed or not: the two lines of the
+// first epoch (steps 1-4 and 5-8) average to the epoch's train loss.
+TEST_F(Cli, StepLinesAverageTheirIntervalEvenWhenQuiet) {
+  auto metrics = (dir_ / "m.jsonl").string();
+  ASSERT_EQ(cohort(quick({"--quiet", "--metrics", metrics, "--log-every", "4"})).code, 0);
+  std::ifstream m(metrics);
+  std::vector<double> step_loss;
+  double epoch1 = 0;
+  for (std::string line; std::getline(m, line);) {
+    auto l = nlohmann::json::parse(line);
+    if (l["kind"] == "step") step_loss.push_back(l["loss"].get<double>());
+    if (l["kind"] == "epoch" && l["epoch"] == 1) epoch1 = l["train_loss"].get<double>();
+  }
+  ASSERT_EQ(step_loss.size(), 3u);
+  EXPECT_NEAR((step_loss[0] + step_loss[1]) / 2, epoch1, 1e-9);
+}
+
 TEST_F(Cli, QuietPrintsNothing) {
   Result r = cohort(quick({"--quiet"}));
   EXPECT_EQ(r.code, 0);
@@ -101,6 +119,16 @@ TEST_F(Cli, BadInputExitsTwoNamingWhatIsWrong) {
       {quick({"--metrics", dir_.string()}), "a directory"},
       {quick({"--reducer", "fastest"}), "fastest"},
       {quick({"--micro-batch", "65"}), "--micro-batch"},
+      {quick({"--optimizer", "rmsprop"}), "--optimizer: expected sgd, adam or adamw"},
+      {quick({"--schedule", "linear"}), "--schedule: expected constant, step or cosine"},
+      {quick({"--schedule", "step"}), "--lr-step-every"},
+      {quick({"--schedule", "step", "--lr-step-every", "5", "--lr-gamma", "0"}), "--lr-gamma"},
+      {quick({"--schedule", "cosine", "--min-lr", "0.5"}), "--min-lr"},
+      {quick({"--optimizer", "adam", "--beta2", "1"}), "--beta2"},
+      {quick({"--clip-norm", "-1"}), "--clip-norm"},
+      {quick({"--on-nonfinite", "ignore"}), "--on-nonfinite: expected stop or skip"},
+      {quick({"--max-skips", "0"}), "--max-skips"},
+      {quick({"--trace", dir_.string()}), "--trace"},
       {{}, "subcommand"},
   };
   for (const auto& c : cases) {
@@ -226,6 +254,15 @@ TEST_F(Cli, BadConfigsAreRefusedWithFileLineAndKey) {
       {"[optimizer]\nnesterov = 1\n", 2, "optimizer.nesterov"},
       {"[checkpoint]\nkeep = 0\n", 2, "checkpoint.keep"},
       {"[checkpoint]\nresume = \"/nonexistent.ckpt\"\n", 2, "checkpoint.resume"},
+      {"[optimizer]\nkind = \"rmsprop\"\n", 2, "optimizer.kind"},
+      {"[optimizer]\nbeta2 = 1.0\n", 2, "optimizer.beta2"},
+      {"[optimizer]\nclip_norm = -1.0\n", 2, "optimizer.clip_norm"},
+      {"[schedule]\nkind = 3\n", 2, "schedule.kind"},
+      {"[schedule]\ngamma = 0.0\n", 2, "schedule.gamma"},
+      {"[schedule]\nstep_every = 0\n", 2, "schedule.step_every"},
+      {"[run]\non_nonfinite = \"ignore\"\n", 2, "run.on_nonfinite"},
+      {"[run]\nmax_skips = 0\n", 2, "run.max_skips"},
+      {"[output]\ntrace = \"/nonexistent/dir/t.json\"\n", 2, "output.trace"},
   };
   if (!root_ignores_modes)
     cases.push_back({"[output]\nmetrics = \"" + ro + "/m.jsonl\"\n", 2, "output.metrics"});
@@ -241,6 +278,108 @@ TEST_F(Cli, BadConfigsAreRefusedWithFileLineAndKey) {
     EXPECT_EQ(r.out, "") << "started before refusing: " << c.toml;
   }
   EXPECT_GE(n, 15);
+}
+
+TEST_F(Cli, OptimizerAndScheduleReachTheSummaryAndMetrics) {
+  auto summary = (dir_ / "s.json").string(), metrics = (dir_ / "m.jsonl").string();
+  Result r = cohort(quick({"--optimizer", "adamw", "--lr", "0.002", "--weight-decay", "0.01",
+                           "--schedule", "cosine", "--warmup-steps", "3", "--clip-norm", "5",
+                           "--summary", summary, "--metrics", metrics, "--log-every", "1"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"kind\":\"adamw\""), std::string::npos) << "effective config printed";
+  auto j = nlohmann::json::parse(std::ifstream(summary));
+  EXPECT_EQ(j["config"]["optimizer"]["kind"], "adamw");
+  EXPECT_EQ(j["config"]["schedule"]["kind"], "cosine");
+  EXPECT_EQ(j["config"]["schedule"]["warmup_steps"], 3);
+  EXPECT_EQ(j["updates"], 12);
+  EXPECT_EQ(j["skipped_steps"], 0);
+  std::ifstream m(metrics);
+  std::vector<double> lr;
+  for (std::string line; std::getline(m, line);) {
+    auto l = nlohmann::json::parse(line);
+    if (l["kind"] != "step") continue;
+    lr.push_back(l["lr"].get<double>());
+    EXPECT_GT(l["grad_norm"].get<double>(), 0);  // computed with clipping on
+  }
+  ASSERT_EQ(lr.size(), 12u);
+  EXPECT_NEAR(lr[0], 0.002 / 3, 1e-9);  // warmup
+  EXPECT_NEAR(lr[2], 0.002, 1e-9);
+  EXPECT_LT(lr[11], lr[3]);  // cosine decay
+}
+
+TEST_F(Cli, SkippedStepsAreReportedAndTooManyStopTheRun) {
+  auto metrics = (dir_ / "m.jsonl").string();
+  Result r = cohort(quick({"--lr", "1e12", "--momentum", "0", "--on-nonfinite", "skip",
+                           "--max-skips", "3", "--steps", "100", "--metrics", metrics,
+                           "--log-every", "1"}));
+  EXPECT_EQ(r.code, kExitInternal);
+  EXPECT_NE(r.err.find("3 steps in a row skipped"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("skipped: non-finite loss"), std::string::npos) << r.out;
+  std::ifstream m(metrics);
+  int skips = 0;
+  for (std::string line; std::getline(m, line);)
+    skips += nlohmann::json::parse(line)["kind"] == "skip";
+  EXPECT_EQ(skips, 2);  // the third stops the run before it is reported
+}
+
+TEST_F(Cli, TraceIsAChromeTraceWithATrackPerReplica) {
+  auto trace = (dir_ / "t.json").string();
+  Result r = cohort(quick({"--trace", trace, "--micro-batch", "16"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(std::ifstream(trace));
+  std::map<int, std::string> thread_names;
+  int forwards = 0, backwards = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name")
+      thread_names[e["tid"].get<int>()] = e["args"]["name"];
+    if (e["ph"] != "X") continue;
+    ASSERT_TRUE(e["ts"].is_number() && e["dur"].is_number() && e["dur"].get<double>() >= 0);
+    ASSERT_TRUE(e["args"]["step"].is_number());
+    forwards += e["name"] == "forward";
+    backwards += e["name"] == "backward";
+  }
+  EXPECT_EQ(thread_names[0], "replica 0");
+  EXPECT_EQ(thread_names[1], "replica 1");
+  EXPECT_EQ(thread_names[3], "controller");
+  EXPECT_EQ(forwards, 12 * 4);  // 12 steps of 4 leaves
+  EXPECT_EQ(backwards, 12 * 4);
+  EXPECT_EQ(j["otherData"]["truncated"], false);
+}
+
+TEST_F(Cli, PlainProgressLinesShowTheEta) {
+  Result r = cohort(quick({"--log-every", "4"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("step 4/8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ETA 0:00:"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, PlotDrawsTheMetricsOfOneOrMoreRuns) {
+  fs::create_directories(dir_ / "a");
+  fs::create_directories(dir_ / "b");
+  auto ma = (dir_ / "a/m.jsonl").string(), mb = (dir_ / "b/m.jsonl").string();
+  ASSERT_EQ(cohort(quick({"--quiet", "--metrics", ma, "--log-every", "2"})).code, 0);
+  ASSERT_EQ(cohort(quick({"--quiet", "--metrics", mb, "--log-every", "2", "--lr", "0.01"})).code,
+            0);
+  const auto svg = (dir_ / "curves.svg").string();
+  Result r = cohort({"plot", ma, mb, "-o", svg, "--title", "two runs"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream f(svg);
+  const std::string text((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_EQ(text.rfind("<svg", 0) == 0 || text.rfind("<?xml", 0) == 0, true) << text.substr(0, 80);
+  EXPECT_NE(text.find("two runs"), std::string::npos);
+  // Both files are called m.jsonl: the legend tells them apart by folder.
+  EXPECT_NE(text.find((dir_ / "a/m.jsonl").string()), std::string::npos);
+  EXPECT_NE(text.find((dir_ / "b/m.jsonl").string()), std::string::npos);
+  // Bad input: exit 2 naming the file and line, and nothing written.
+  const auto bad = (dir_ / "bad.jsonl").string();
+  std::ofstream(bad) << "{\"kind\":\"step\",\"step\":1,\"loss\":0.5}\nnot json\n";
+  const auto svg2 = (dir_ / "no.svg").string();
+  r = cohort({"plot", bad, "-o", svg2});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find(bad + ":2"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(svg2));
+  EXPECT_EQ(cohort({"plot", ma, "-o", (dir_ / "nowhere/x.svg").string()}).code, kExitBadInput);
+  EXPECT_EQ(cohort({"plot", (dir_ / "absent.jsonl").string(), "-o", svg2}).code, kExitBadInput);
 }
 
 TEST_F(Cli, ExampleConfigsParse) {
