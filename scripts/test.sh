@@ -2,8 +2,8 @@
 # The whole test suite, on a fresh Debian 12 machine: installs what is missing, builds the
 # release preset and runs every test, builds the ThreadSanitizer preset (clang) of the
 # dependency-free core (the reducers) and runs its tests, then runs every test again under
-# AddressSanitizer + UndefinedBehaviorSanitizer, and fuzzes the IDX and checkpoint readers for a
-# bounded time (COHORT_FUZZ_SECONDS each, default 30) after replaying their corpora.
+# AddressSanitizer + UndefinedBehaviorSanitizer, and fuzzes the IDX, checkpoint and job-config
+# readers for a bounded time (COHORT_FUZZ_SECONDS each, default 60) after replaying their corpora.
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,10 +27,10 @@ ASAN_OPTIONS="detect_leaks=1" ctest --preset asan -j "$jobs"
 
 echo "== libFuzzer: replay the corpora, then fuzz each reader for a bounded time"
 cmake --preset fuzz
-cmake --build --preset fuzz -j "$jobs" --target fuzz_idx fuzz_checkpoint
+cmake --build --preset fuzz -j "$jobs" --target fuzz_idx fuzz_checkpoint fuzz_config
 ctest --preset fuzz
-seconds=${COHORT_FUZZ_SECONDS:-30}
-for target in idx checkpoint; do
+seconds=${COHORT_FUZZ_SECONDS:-60}
+for target in idx checkpoint config; do
   work=$(mktemp -d)
   cp tests/fuzz/corpus/$target/* "$work"/
   build/fuzz/tests/fuzz/fuzz_$target -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \

@@ -22,10 +22,10 @@
 #include <sstream>
 #include <thread>
 
+#include "cohort/config/job_config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/report/plot.hpp"
 #include "cohort/train/trainer.hpp"
-#include "job_config.hpp"
 
 namespace cohort::cli {
 
@@ -521,7 +521,7 @@ std::vector<std::string> with_config_flags(int argc, const char* const* argv) {
     if (args[i] == "--config" && i + 1 < args.size()) path = args[i + 1];
     if (args[i].rfind("--config=", 0) == 0) path = args[i].substr(9);
     if (path.empty()) continue;
-    auto flags = job_config_flags(path);
+    auto flags = config::job_config_flags(path);
     args.insert(args.begin() + 2, flags.begin(), flags.end());
     break;
   }

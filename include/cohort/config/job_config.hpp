@@ -5,13 +5,18 @@
 
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
-namespace cohort::cli {
+namespace cohort::config {
 
 // Reads `path` and returns the equivalent flags ("--lr", "0.1", ...). Throws InputError naming
 // file:line:column and the key for a syntax error, a duplicate or unknown key, a wrong type or
 // an out-of-range value — before anything else runs.
 std::vector<std::string> job_config_flags(const std::filesystem::path& path);
 
-}  // namespace cohort::cli
+// The same for a config's text; `source` names it in messages (as the path does above).
+std::vector<std::string> job_config_flags_from_text(std::string_view text,
+                                                    const std::string& source);
+
+}  // namespace cohort::config

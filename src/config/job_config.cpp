@@ -1,5 +1,5 @@
 // Job config: a fixed schema of [section] key = value, each mapped to one `cohort train` flag.
-#include "job_config.hpp"
+#include "cohort/config/job_config.hpp"
 
 #include <toml++/toml.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 
 #include "cohort/core/error.hpp"
 
-namespace cohort::cli {
+namespace cohort::config {
 
 namespace {
 
@@ -100,8 +100,8 @@ std::string type_of(const toml::node& node) {
   return s.str();
 }
 
-std::string where(const std::filesystem::path& path, const toml::source_region& at) {
-  return path.string() + ":" + std::to_string(at.begin.line) + ":" +
+std::string where(const std::string& source, const toml::source_region& at) {
+  return source + ":" + std::to_string(at.begin.line) + ":" +
          std::to_string(at.begin.column);
 }
 
@@ -112,19 +112,8 @@ std::string range_text(const Key& k) {
   return s.str();
 }
 
-}  // namespace
-
-std::vector<std::string> job_config_flags(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw InputError(path.string() + ": --config: expected a TOML file, found " +
-                     (std::filesystem::exists(path, ec) ? "something else" : "nothing"));
-  toml::table root;
-  try {
-    root = toml::parse_file(path.string());
-  } catch (const toml::parse_error& e) {
-    throw InputError(where(path, e.source()) + ": " + std::string(e.description()));
-  }
+// The parsed document's keys, checked against the schema, as flags.
+std::vector<std::string> flags_of(const toml::table& root, const std::string& path) {
   std::vector<std::string> flags;
   for (const auto& [section, node] : root) {
     const auto* table = node.as_table();
@@ -132,7 +121,10 @@ std::vector<std::string> job_config_flags(const std::filesystem::path& path) {
       throw InputError(where(path, node.source()) + ": '" + std::string(section.str()) +
                        "': expected a [section] (data, model, run, optimizer, schedule, output, "
                        "checkpoint), found a value");
-    for (const auto& [name, value] : *table) {
+    for (const auto& entry : *table) {
+      // Not a structured binding: clang 14 (the fuzz preset) cannot capture one in a lambda.
+      const auto& name = entry.first;
+      const toml::node& value = entry.second;
       const std::string key = std::string(section.str()) + "." + std::string(name.str());
       auto it = schema().find(key);
       if (it == schema().end()) {
@@ -214,4 +206,27 @@ std::vector<std::string> job_config_flags(const std::filesystem::path& path) {
   return flags;
 }
 
-}  // namespace cohort::cli
+}  // namespace
+
+std::vector<std::string> job_config_flags(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw InputError(path.string() + ": --config: expected a TOML file, found " +
+                     (std::filesystem::exists(path, ec) ? "something else" : "nothing"));
+  try {
+    return flags_of(toml::parse_file(path.string()), path.string());
+  } catch (const toml::parse_error& e) {
+    throw InputError(where(path.string(), e.source()) + ": " + std::string(e.description()));
+  }
+}
+
+std::vector<std::string> job_config_flags_from_text(std::string_view text,
+                                                    const std::string& source) {
+  try {
+    return flags_of(toml::parse(text, source), source);
+  } catch (const toml::parse_error& e) {
+    throw InputError(where(source, e.source()) + ": " + std::string(e.description()));
+  }
+}
+
+}  // namespace cohort::config
