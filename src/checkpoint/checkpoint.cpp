@@ -169,14 +169,13 @@ Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::
            std::to_string(sections));
   std::vector<std::pair<const std::uint8_t*, std::uint64_t>> payload(sections);
   for (std::uint32_t i = 0; i < sections; ++i) {
-    const std::uint32_t expected = i == 0   ? kMeta
-                                   : i == 1 ? kParams
+    const std::uint32_t expected = i == 0         ? kMeta
+                                   : i == 1       ? kParams
                                    : version == 1 ? kMomentumV1
                                                   : state_tag(i - 2);
     const auto t = r.get<std::uint32_t>("section tag");
     if (t != expected)
-      r.fail("section " + std::to_string(i) + " tag", tag_text(expected),
-             "'" + tag_text(t) + "'");
+      r.fail("section " + std::to_string(i) + " tag", tag_text(expected), "'" + tag_text(t) + "'");
     const std::string tag_name = tag_text(t);
     const auto len = r.get<std::uint64_t>("section " + tag_name + " length");
     const std::uint8_t* p = r.take(len, "section " + tag_name + " payload");
@@ -235,8 +234,9 @@ Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::
     std::vector<float> s = floats(i);
     if (version == 1 && s.empty()) break;  // version 1: an empty MOMN meant no momentum
     if (s.size() != c.weights.size())
-      throw InputError(name + ": section " + tag_text(version == 1 ? kMomentumV1 : state_tag(i - 2)) +
-                       ": expected " + std::to_string(c.weights.size()) + " floats (as PARM), found " +
+      throw InputError(name + ": section " +
+                       tag_text(version == 1 ? kMomentumV1 : state_tag(i - 2)) + ": expected " +
+                       std::to_string(c.weights.size()) + " floats (as PARM), found " +
                        std::to_string(s.size()));
     c.state.push_back(std::move(s));
   }

@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -325,12 +325,11 @@ void write_trace(const std::string& path, const train::Trainer& trainer, const j
                       {"dur", std::max(0.0, s.end_us - s.begin_us)},
                       {"args", std::move(args)}});
   }
-  json trace{{"traceEvents", std::move(events)},
-             {"displayTimeUnit", "ms"},
-             {"otherData",
-              {{"tool", "cohort 0.1.0"},
-               {"truncated", trainer.trace_truncated()},
-               {"config", config}}}};
+  json trace{
+      {"traceEvents", std::move(events)},
+      {"displayTimeUnit", "ms"},
+      {"otherData",
+       {{"tool", "cohort 0.1.0"}, {"truncated", trainer.trace_truncated()}, {"config", config}}}};
   write_atomically(path, trace.dump() + "\n");
 }
 
@@ -353,29 +352,29 @@ json config_json(const train::TrainConfig& c, const std::string& data_dir) {
   if (sc.kind == optim::ScheduleKind::kStep)
     schedule.update(json{{"step_every", sc.step_every}, {"gamma", sc.gamma}});
   if (sc.kind == optim::ScheduleKind::kCosine) schedule["min_lr"] = sc.min_lr;
-  return {{"model", c.model},
-          {"data", data_dir},
-          {"batch", c.batch},
-          {"micro_batch", c.micro_batch},
-          {"workers", c.workers},
-          {"epochs", c.epochs},
-          {"steps", c.steps},
-          {"seed", c.seed},
-          {"optimizer", optimizer},
-          {"schedule", schedule},
-          {"on_nonfinite",
-           c.on_nonfinite == train::TrainConfig::OnNonFinite::kSkip ? "skip" : "stop"},
-          {"max_skips", c.max_skips},
-          {"reducer", c.reducer},
-          {"drop_last", c.drop_last},
-          {"prefetch", c.prefetch},
-          {"blocked_layouts", c.blocked_layouts}};
+  return {
+      {"model", c.model},
+      {"data", data_dir},
+      {"batch", c.batch},
+      {"micro_batch", c.micro_batch},
+      {"workers", c.workers},
+      {"epochs", c.epochs},
+      {"steps", c.steps},
+      {"seed", c.seed},
+      {"optimizer", optimizer},
+      {"schedule", schedule},
+      {"on_nonfinite", c.on_nonfinite == train::TrainConfig::OnNonFinite::kSkip ? "skip" : "stop"},
+      {"max_skips", c.max_skips},
+      {"reducer", c.reducer},
+      {"drop_last", c.drop_last},
+      {"prefetch", c.prefetch},
+      {"blocked_layouts", c.blocked_layouts}};
 }
 
 int train_command(train::TrainConfig config, const std::string& data_dir,
                   const std::string& summary_path, const std::string& metrics_path,
-                  const std::string& trace_path, const CheckpointOptions& ck,
-                  std::size_t log_every, bool quiet, std::ostream& out) {
+                  const std::string& trace_path, const CheckpointOptions& ck, std::size_t log_every,
+                  bool quiet, std::ostream& out) {
   StopSignals signals;  // before any thread exists, so every thread inherits the blocked mask
   check_output_path("--summary", summary_path);
   check_output_path("--metrics", metrics_path);
@@ -495,8 +494,8 @@ int eval_command(const std::string& checkpoint, const std::string& data_dir,
 int plot_command(const std::vector<std::string>& files, const std::string& out_path,
                  const std::string& title, int width, std::ostream& out) {
   check_output_path("--output", out_path);
-  if (width < 600) throw InputError("--width: expected at least 600 (pixels), found " +
-                                    std::to_string(width));
+  if (width < 600)
+    throw InputError("--width: expected at least 600 (pixels), found " + std::to_string(width));
   std::vector<report::Series> runs;
   for (const std::string& f : files) runs.push_back(report::read_metrics(f));
   for (std::size_t i = 0; i < runs.size(); ++i)
@@ -548,71 +547,49 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   CLI::App* train_cmd = app.add_subcommand("train", "train a model on an image dataset");
   // A flag given twice takes its last value, so a script's defaults can be overridden.
   train_cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  train_cmd->option_defaults()->always_capture_default();  // --help shows every default
   std::string config_path;
   train_cmd->add_option("--config", config_path,
                         "TOML job config (examples/); flags on the command line override it");
-  train_cmd->add_option("--data", data_dir, "folder with the four IDX files (raw or .gz)")
-      ->capture_default_str();
-  train_cmd
-      ->add_option("--model", config.model,
-                   "mlp:784-512-256-10, cnn, or a layer list such as "
-                   "conv(32,5)-relu-maxpool(2)-flatten-linear(10)")
-      ->capture_default_str();
-  train_cmd->add_option("--workers", config.workers, "worker replicas (0: one per core)")
-      ->capture_default_str();
-  train_cmd->add_option("--batch", config.batch, "global batch size")->capture_default_str();
-  train_cmd
-      ->add_option("--micro-batch", config.micro_batch,
-                   "rows per leaf of the reduction tree (0: batch / cores, rounded up)")
-      ->capture_default_str();
-  train_cmd->add_option("--epochs", config.epochs, "epochs over the training set")
-      ->capture_default_str();
-  train_cmd->add_option("--steps", config.steps, "stop after N optimizer steps (0: no limit)")
-      ->capture_default_str();
+  train_cmd->add_option("--data", data_dir, "folder with the four IDX files (raw or .gz)");
+  train_cmd->add_option("--model", config.model,
+                        "mlp:784-512-256-10, cnn, or a layer list such as "
+                        "conv(32,5)-relu-maxpool(2)-flatten-linear(10)");
+  train_cmd->add_option("--workers", config.workers, "worker replicas (0: one per core)");
+  train_cmd->add_option("--batch", config.batch, "global batch size");
+  train_cmd->add_option("--micro-batch", config.micro_batch,
+                        "rows per leaf of the reduction tree (0: batch / cores, rounded up)");
+  train_cmd->add_option("--epochs", config.epochs, "epochs over the training set");
+  train_cmd->add_option("--steps", config.steps, "stop after N optimizer steps (0: no limit)");
   std::string optimizer_name = "sgd", schedule_name = "constant", on_nonfinite = "stop";
   auto& opt = config.optimizer;
   auto& sched = config.schedule;
-  train_cmd->add_option("--optimizer", optimizer_name, "sgd | adam | adamw")
-      ->capture_default_str();
-  train_cmd->add_option("--lr", opt.lr, "base learning rate")->capture_default_str();
-  train_cmd->add_option("--momentum", opt.momentum, "SGD momentum")->capture_default_str();
+  train_cmd->add_option("--optimizer", optimizer_name, "sgd | adam | adamw");
+  train_cmd->add_option("--lr", opt.lr, "base learning rate");
+  train_cmd->add_option("--momentum", opt.momentum, "SGD momentum");
   train_cmd->add_flag("--nesterov", opt.nesterov, "SGD: Nesterov momentum");
-  train_cmd
-      ->add_option("--weight-decay", opt.weight_decay,
-                   "weight decay (SGD, Adam: L2 on the gradient; AdamW: decoupled)")
-      ->capture_default_str();
-  train_cmd->add_option("--beta1", opt.beta1, "Adam(W): first moment decay")->capture_default_str();
-  train_cmd->add_option("--beta2", opt.beta2, "Adam(W): second moment decay")
-      ->capture_default_str();
-  train_cmd->add_option("--eps", opt.eps, "Adam(W): denominator epsilon")->capture_default_str();
-  train_cmd->add_option("--schedule", schedule_name, "constant | step | cosine (after warmup)")
-      ->capture_default_str();
-  train_cmd->add_option("--warmup-steps", sched.warmup_steps, "linear warmup over N updates")
-      ->capture_default_str();
-  train_cmd->add_option("--lr-step-every", sched.step_every, "step schedule: updates per decay")
-      ->capture_default_str();
-  train_cmd->add_option("--lr-gamma", sched.gamma, "step schedule: decay factor")
-      ->capture_default_str();
-  train_cmd->add_option("--min-lr", sched.min_lr, "cosine schedule: final learning rate")
-      ->capture_default_str();
-  train_cmd
-      ->add_option("--lr-scale-batch", sched.scale_batch,
-                   "linear scaling rule: use lr * batch / N as the base rate (0: off)")
-      ->capture_default_str();
-  train_cmd->add_option("--clip-norm", config.clip_norm, "clip the gradient's global norm (0: off)")
-      ->capture_default_str();
-  train_cmd
-      ->add_option("--on-nonfinite", on_nonfinite,
-                   "stop | skip: a non-finite loss or gradient stops the run, or skips the step")
-      ->capture_default_str();
-  train_cmd->add_option("--max-skips", config.max_skips, "skipped steps in a row that stop the run")
-      ->capture_default_str();
-  train_cmd->add_option("--seed", config.seed, "seed of initialisation and shuffling")
-      ->capture_default_str();
-  train_cmd
-      ->add_option("--reducer", config.reducer,
-                   "tree | chunk_owner | parameter_server | atomic | mutex | serial")
-      ->capture_default_str();
+  train_cmd->add_option("--weight-decay", opt.weight_decay,
+                        "weight decay (SGD, Adam: L2 on the gradient; AdamW: decoupled)");
+  train_cmd->add_option("--beta1", opt.beta1, "Adam(W): first moment decay");
+  train_cmd->add_option("--beta2", opt.beta2, "Adam(W): second moment decay");
+  train_cmd->add_option("--eps", opt.eps, "Adam(W): denominator epsilon");
+  train_cmd->add_option("--schedule", schedule_name, "constant | step | cosine (after warmup)");
+  train_cmd->add_option("--warmup-steps", sched.warmup_steps, "linear warmup over N updates");
+  train_cmd->add_option("--lr-step-every", sched.step_every, "step schedule: updates per decay");
+  train_cmd->add_option("--lr-gamma", sched.gamma, "step schedule: decay factor");
+  train_cmd->add_option("--min-lr", sched.min_lr, "cosine schedule: final learning rate");
+  train_cmd->add_option("--lr-scale-batch", sched.scale_batch,
+                        "linear scaling rule: use lr * batch / N as the base rate (0: off)");
+  train_cmd->add_option("--clip-norm", config.clip_norm,
+                        "clip the gradient's global norm (0: off)");
+  train_cmd->add_option(
+      "--on-nonfinite", on_nonfinite,
+      "stop | skip: a non-finite loss or gradient stops the run, or skips the step");
+  train_cmd->add_option("--max-skips", config.max_skips,
+                        "skipped steps in a row that stop the run");
+  train_cmd->add_option("--seed", config.seed, "seed of initialisation and shuffling");
+  train_cmd->add_option("--reducer", config.reducer,
+                        "tree | chunk_owner | parameter_server | atomic | mutex | serial");
   bool keep_last = false, plain_layouts = false;
   train_cmd->add_flag("--plain-layouts", plain_layouts,
                       "plain nchw activations in convolutions and pooling instead of oneDNN's "
@@ -625,11 +602,9 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   CheckpointOptions ck;
   train_cmd->add_option("--save", ck.save,
                         "write a checkpoint here at the end (and every --save-every steps)");
-  train_cmd
-      ->add_option("--save-every", ck.save_every, "steps between checkpoints (0: only at the end)")
-      ->capture_default_str();
-  train_cmd->add_option("--keep", ck.keep, "checkpoints to keep: FILE, FILE.1, ... (newest first)")
-      ->capture_default_str();
+  train_cmd->add_option("--save-every", ck.save_every,
+                        "steps between checkpoints (0: only at the end)");
+  train_cmd->add_option("--keep", ck.keep, "checkpoints to keep: FILE, FILE.1, ... (newest first)");
   train_cmd->add_option("--resume", ck.resume,
                         "continue from this checkpoint (bit for bit the uninterrupted run)");
   train_cmd->add_option("--summary", summary_path, "write a JSON summary to this file");
@@ -637,8 +612,7 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   std::string trace_path;
   train_cmd->add_option("--trace", trace_path,
                         "write a Chrome trace of every step (open in ui.perfetto.dev)");
-  train_cmd->add_option("--log-every", log_every, "steps between progress lines / step metrics")
-      ->capture_default_str();
+  train_cmd->add_option("--log-every", log_every, "steps between progress lines / step metrics");
   train_cmd->add_flag("--quiet", quiet, "no progress and no summary table");
 
   std::string eval_checkpoint, eval_data = data::kDefaultDataDir, eval_summary;
@@ -693,7 +667,8 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
                            quiet, out);
     if (eval_cmd->parsed())
       return eval_command(eval_checkpoint, eval_data, eval_summary, eval_workers, out);
-    if (plot_cmd->parsed()) return plot_command(plot_files, plot_output, plot_title, plot_width, out);
+    if (plot_cmd->parsed())
+      return plot_command(plot_files, plot_output, plot_title, plot_width, out);
     return kExitBadInput;
   } catch (const InputError& e) {
     err << "cohort: error: " << e.what() << "\n";

@@ -20,10 +20,10 @@ enum class Type { kString, kChoice, kInteger, kFloat, kBool, kDir, kFileIn, kFil
 struct Key {
   const char* flag;
   Type type;
-  double min = 0;              // numbers: smallest allowed value
-  double max = 1e18;           // numbers: largest allowed value
-  bool min_exclusive = false;  // numbers: the value must be > min
-  bool max_exclusive = false;  // numbers: the value must be < max
+  double min = 0;                         // numbers: smallest allowed value
+  double max = 1e18;                      // numbers: largest allowed value
+  bool min_exclusive = false;             // numbers: the value must be > min
+  bool max_exclusive = false;             // numbers: the value must be < max
   std::vector<std::string> choices = {};  // kChoice: the allowed strings
 };
 
@@ -44,7 +44,8 @@ const std::map<std::string, Key>& schema() {
       {"run.prefetch", {"--prefetch", Type::kBool}},
       {"run.on_nonfinite", {"--on-nonfinite", Type::kChoice, 0, 0, false, false, {"stop", "skip"}}},
       {"run.max_skips", {"--max-skips", Type::kInteger, 1, 1e9}},
-      {"optimizer.kind", {"--optimizer", Type::kChoice, 0, 0, false, false, {"sgd", "adam", "adamw"}}},
+      {"optimizer.kind",
+       {"--optimizer", Type::kChoice, 0, 0, false, false, {"sgd", "adam", "adamw"}}},
       {"optimizer.lr", {"--lr", Type::kFloat, 0, 1e6, true}},
       {"optimizer.momentum", {"--momentum", Type::kFloat, 0, 1, false, true}},
       {"optimizer.weight_decay", {"--weight-decay", Type::kFloat, 0, 1e6}},
@@ -53,7 +54,8 @@ const std::map<std::string, Key>& schema() {
       {"optimizer.beta2", {"--beta2", Type::kFloat, 0, 1, false, true}},
       {"optimizer.eps", {"--eps", Type::kFloat, 0, 1, true}},
       {"optimizer.clip_norm", {"--clip-norm", Type::kFloat, 0, 1e9}},
-      {"schedule.kind", {"--schedule", Type::kChoice, 0, 0, false, false, {"constant", "step", "cosine"}}},
+      {"schedule.kind",
+       {"--schedule", Type::kChoice, 0, 0, false, false, {"constant", "step", "cosine"}}},
       {"schedule.warmup_steps", {"--warmup-steps", Type::kInteger, 0, 1e12}},
       {"schedule.step_every", {"--lr-step-every", Type::kInteger, 1, 1e15}},
       {"schedule.gamma", {"--lr-gamma", Type::kFloat, 0, 1, true}},
@@ -101,8 +103,7 @@ std::string type_of(const toml::node& node) {
 }
 
 std::string where(const std::string& source, const toml::source_region& at) {
-  return source + ":" + std::to_string(at.begin.line) + ":" +
-         std::to_string(at.begin.column);
+  return source + ":" + std::to_string(at.begin.line) + ":" + std::to_string(at.begin.column);
 }
 
 std::string range_text(const Key& k) {

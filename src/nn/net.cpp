@@ -69,7 +69,7 @@ struct Net::Impl {
   std::map<std::pair<std::int64_t, bool>, std::unique_ptr<Plan>> plans;  // (N, training)
   PhaseTimes times;
   Clock::time_point backward_begin;  // of the last forward_backward
-  StreamKey key;  // the current step's dropout streams
+  StreamKey key;                     // the current step's dropout streams
   bool blocked_layouts;
 
   Impl(const Model& m, bool blocked) : model(&m), blocked_layouts(blocked) {}
@@ -505,9 +505,7 @@ const float* Net::forward(const float* params, const float* x, std::int64_t N) {
 }
 
 const PhaseTimes& Net::times() const { return impl_->times; }
-std::chrono::steady_clock::time_point Net::backward_begin() const {
-  return impl_->backward_begin;
-}
+std::chrono::steady_clock::time_point Net::backward_begin() const { return impl_->backward_begin; }
 void Net::reset_times() { impl_->times = {}; }
 
 }  // namespace cohort::nn

@@ -61,14 +61,13 @@ float lr_at(const ScheduleConfig& c, float base_lr, std::uint64_t update,
     case ScheduleKind::kConstant:
       return base_lr;
     case ScheduleKind::kStep:
-      return static_cast<float>(
-          base * std::pow(static_cast<double>(c.gamma), static_cast<double>(update / c.step_every)));
+      return static_cast<float>(base * std::pow(static_cast<double>(c.gamma),
+                                                static_cast<double>(update / c.step_every)));
     case ScheduleKind::kCosine: {
       const double span = total_updates > c.warmup_steps
                               ? static_cast<double>(total_updates - c.warmup_steps)
                               : 1.0;
-      const double p =
-          std::clamp(static_cast<double>(update - c.warmup_steps) / span, 0.0, 1.0);
+      const double p = std::clamp(static_cast<double>(update - c.warmup_steps) / span, 0.0, 1.0);
       const double lo = c.min_lr;
       return static_cast<float>(lo + (base - lo) * 0.5 * (1.0 + std::cos(std::numbers::pi * p)));
     }

@@ -365,8 +365,7 @@ struct Trainer::Impl {
       // A non-finite loss must never reach the weights. Stopping: fail the step before
       // contributing, so the root (the only writer) never runs and the weights stay those of the
       // last step. Skipping: the two-phase root sees the loss and applies nothing.
-      if (!std::isfinite(leaf_loss[leaf]) &&
-          config.on_nonfinite == TrainConfig::OnNonFinite::kStop)
+      if (!std::isfinite(leaf_loss[leaf]) && config.on_nonfinite == TrainConfig::OnNonFinite::kStop)
         throw InternalError("non-finite loss (" + std::to_string(leaf_loss[leaf]) + ") in leaf " +
                             std::to_string(leaf) + "; the weights are those after step " +
                             std::to_string(plan.number - 1));
@@ -578,7 +577,8 @@ struct Trainer::Impl {
   void trace_step_end(Clock::time_point step_begin) {
     const auto now = Clock::now();
     for (std::uint32_t track = 0; track < plan.workers; ++track)
-      if (track_last_end[track] > step_begin) span("wait", track, nullptr, 0, track_last_end[track], now);
+      if (track_last_end[track] > step_begin)
+        span("wait", track, nullptr, 0, track_last_end[track], now);
     span("step", controller_track(), nullptr, 0, step_begin, now);
   }
 

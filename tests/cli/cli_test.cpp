@@ -218,8 +218,9 @@ TEST_F(Cli, ConfigFileWithFlagsOverridingIt) {
   ASSERT_EQ(cohort({"train", "--config", cfg.string(), "--lr", "0.1"}).code, 0);
   auto j = nlohmann::json::parse(std::ifstream(summary));
   EXPECT_EQ(j["steps"], 6);
-  EXPECT_NEAR(j["config"]["optimizer"]["lr"].get<double>(), 0.1, 1e-7);  // the flag wins over the file
-  EXPECT_EQ(j["config"]["optimizer"]["nesterov"], true);                 // the file's value stays
+  EXPECT_NEAR(j["config"]["optimizer"]["lr"].get<double>(), 0.1,
+              1e-7);                                      // the flag wins over the file
+  EXPECT_EQ(j["config"]["optimizer"]["nesterov"], true);  // the file's value stays
   EXPECT_EQ(j["config"]["model"], "mlp:784-32-10");
 }
 
@@ -309,9 +310,9 @@ TEST_F(Cli, OptimizerAndScheduleReachTheSummaryAndMetrics) {
 
 TEST_F(Cli, SkippedStepsAreReportedAndTooManyStopTheRun) {
   auto metrics = (dir_ / "m.jsonl").string();
-  Result r = cohort(quick({"--lr", "1e12", "--momentum", "0", "--on-nonfinite", "skip",
-                           "--max-skips", "3", "--steps", "100", "--metrics", metrics,
-                           "--log-every", "1"}));
+  Result r =
+      cohort(quick({"--lr", "1e12", "--momentum", "0", "--on-nonfinite", "skip", "--max-skips", "3",
+                    "--steps", "100", "--metrics", metrics, "--log-every", "1"}));
   EXPECT_EQ(r.code, kExitInternal);
   EXPECT_NE(r.err.find("3 steps in a row skipped"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("skipped: non-finite loss"), std::string::npos) << r.out;

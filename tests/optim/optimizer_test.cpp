@@ -13,7 +13,8 @@
 namespace cohort::optim {
 namespace {
 
-OptimizerConfig sgd_config(float lr, float momentum, float weight_decay = 0, bool nesterov = false) {
+OptimizerConfig sgd_config(float lr, float momentum, float weight_decay = 0,
+                           bool nesterov = false) {
   return {.kind = Kind::kSgd,
           .lr = lr,
           .momentum = momentum,
@@ -110,8 +111,12 @@ TEST(Adam, MatchesFloat64ReferenceOverSeveralSteps) {
   std::normal_distribution<float> normal;
   const std::size_t n = 1000;
   for (Kind kind : {Kind::kAdam, Kind::kAdamW}) {
-    OptimizerConfig c{.kind = kind, .lr = 0.01f, .weight_decay = 0.05f, .beta1 = 0.8f,
-                      .beta2 = 0.99f, .eps = 1e-6f};
+    OptimizerConfig c{.kind = kind,
+                      .lr = 0.01f,
+                      .weight_decay = 0.05f,
+                      .beta1 = 0.8f,
+                      .beta2 = 0.99f,
+                      .eps = 1e-6f};
     Optimizer opt(c);
     std::vector<float> w(n), m(n, 0), v(n, 0);
     for (auto& x : w) x = normal(rng);
@@ -174,8 +179,7 @@ TEST(Optimizer, RefusesBadConfigNamingTheFlag) {
       Optimizer opt(c.config);
       ADD_FAILURE() << "accepted a bad " << c.flag;
     } catch (const InputError& e) {
-      EXPECT_EQ(std::string(e.what()).rfind(std::string(c.flag) + ": expected", 0), 0u)
-          << e.what();
+      EXPECT_EQ(std::string(e.what()).rfind(std::string(c.flag) + ": expected", 0), 0u) << e.what();
     }
   }
   // Adam ignores the momentum fields, SGD the Adam ones.

@@ -53,8 +53,7 @@ const Variant kVariants[] = {
        c.schedule = {.kind = optim::ScheduleKind::kCosine, .warmup_steps = 3, .min_lr = 1e-4f};
      }},
     {"sgd_clip", [](TrainConfig& c) { c.clip_norm = 0.5f; }},
-    {"sgd_skip_mode",
-     [](TrainConfig& c) { c.on_nonfinite = TrainConfig::OnNonFinite::kSkip; }},
+    {"sgd_skip_mode", [](TrainConfig& c) { c.on_nonfinite = TrainConfig::OnNonFinite::kSkip; }},
 };
 
 class Optimizers : public ::testing::TestWithParam<Variant> {};
@@ -129,8 +128,7 @@ TEST(Schedule, EachStepUsesTheScheduledRateAndASkipDoesNotAdvanceIt) {
   const float expected[] = {0.02f, 0.04f, 0.04f, 0.06f, 0.08f, 0.08f};
   for (int i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(r.steps[i].lr, expected[i]) << "step " << i + 1;
   EXPECT_TRUE(r.steps[1].skipped);
-  EXPECT_NE(r.steps[1].skip_reason.find("non-finite gradient in fc1.weight[5]"),
-            std::string::npos)
+  EXPECT_NE(r.steps[1].skip_reason.find("non-finite gradient in fc1.weight[5]"), std::string::npos)
       << r.steps[1].skip_reason;
   EXPECT_EQ(s.skipped, 1u);
   EXPECT_EQ(s.updates, 5u);

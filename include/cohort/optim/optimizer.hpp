@@ -20,9 +20,9 @@ const char* to_string(Kind kind);
 
 struct OptimizerConfig {
   Kind kind = Kind::kSgd;
-  float lr = 0.05f;  // the base learning rate; the schedule scales it per step
-  float momentum = 0.9f;  // SGD only
-  bool nesterov = false;  // SGD only
+  float lr = 0.05f;           // the base learning rate; the schedule scales it per step
+  float momentum = 0.9f;      // SGD only
+  bool nesterov = false;      // SGD only
   float weight_decay = 0.0f;  // SGD, Adam: L2 added to the gradient; AdamW: decoupled
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // Adam, AdamW
 };
@@ -33,9 +33,9 @@ void validate(const OptimizerConfig& config);
 
 // What one step needs besides the config, computed once per step (not per chunk).
 struct StepScalars {
-  float lr = 0;          // this step's learning rate
-  float grad_scale = 1;  // turns the summed gradient into the one to apply (1/B, times a clip)
-  float step_size = 0;   // Adam: lr / (1 - beta1^t)
+  float lr = 0;              // this step's learning rate
+  float grad_scale = 1;      // turns the summed gradient into the one to apply (1/B, times a clip)
+  float step_size = 0;       // Adam: lr / (1 - beta1^t)
   float inv_sqrt_bias2 = 1;  // Adam: 1 / sqrt(1 - beta2^t)
 };
 
@@ -53,9 +53,10 @@ class Optimizer {
   // One update of `count` elements; w, g, s0 and s1 point at the first element of the range.
   // g is the summed gradient (g * grad_scale is the one applied). s0/s1 are the state arrays
   // state_buffers() asks for (null otherwise). g must not alias w or the state.
-  //   SGD:   d = grad_scale*g + wd*w;  s0 = momentum*s0 + d;  w -= lr*(nesterov ? d+momentum*s0 : s0)
-  //   Adam:  d = grad_scale*g (+ wd*w);  s0 = b1*s0 + (1-b1)*d;  s1 = b2*s1 + (1-b2)*d*d;
-  //          AdamW first scales w by (1 - lr*wd);  w -= step_size * s0 / (sqrt(s1)*inv_sqrt_bias2 + eps)
+  //   SGD:   d = grad_scale*g + wd*w;  s0 = momentum*s0 + d;  w -= lr*(nesterov ? d+momentum*s0 :
+  //   s0) Adam:  d = grad_scale*g (+ wd*w);  s0 = b1*s0 + (1-b1)*d;  s1 = b2*s1 + (1-b2)*d*d;
+  //          AdamW first scales w by (1 - lr*wd);  w -= step_size * s0 / (sqrt(s1)*inv_sqrt_bias2 +
+  //          eps)
   void apply(const StepScalars& step, float* w, const float* g, float* s0, float* s1,
              std::size_t count) const;
 

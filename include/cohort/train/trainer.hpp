@@ -90,13 +90,13 @@ struct StepEvent {
   std::uint64_t step;  // 1-based training step count (batches consumed)
   std::size_t epoch;   // 0-based
   std::size_t step_in_epoch, steps_per_epoch;
-  double loss;          // mean over the batch (non-finite when skipped)
-  std::size_t samples;  // rows in this step
-  double elapsed;       // training seconds so far (steps only)
-  double lr;            // the learning rate this step used (or would have used, when skipped)
-  double grad_norm;     // L2 norm of the mean gradient before clipping; NaN when not computed
-                        // (it is with --clip-norm or --on-nonfinite skip)
-  bool skipped;         // --on-nonfinite skip: nothing was applied
+  double loss;              // mean over the batch (non-finite when skipped)
+  std::size_t samples;      // rows in this step
+  double elapsed;           // training seconds so far (steps only)
+  double lr;                // the learning rate this step used (or would have used, when skipped)
+  double grad_norm;         // L2 norm of the mean gradient before clipping; NaN when not computed
+                            // (it is with --clip-norm or --on-nonfinite skip)
+  bool skipped;             // --on-nonfinite skip: nothing was applied
   std::string skip_reason;  // why, naming the leaf or tensor
   std::uint64_t skipped_total;
   std::uint64_t total_steps;  // the run's planned steps
