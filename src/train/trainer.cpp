@@ -283,10 +283,10 @@ struct Trainer::Impl {
   }
 
   // Records [begin, end) on `track` (a replica's, or the controller's); `index_name` ("leaf",
-  // "chunk" or null) says what `index` counts.
+  // "chunk" or null) says what `index` counts. Callers check config.trace first, so an untraced
+  // step reads no extra clocks.
   void span(const char* name, std::uint32_t track, const char* index_name, std::size_t index,
             Clock::time_point begin, Clock::time_point end) {
-    if (!config.trace) return;
     SlotTrace& t = slot_trace();
     if (t.spans.size() >= kMaxTraceSpans / trace_slots.size()) {
       trace_full.store(true, std::memory_order_relaxed);  // read after the run
@@ -347,9 +347,9 @@ struct Trainer::Impl {
         auto t0 = Clock::now();
         assemble(plan.ids.subspan(first, n), plan.slot, first);
         r.data_seconds += seconds_since(t0);
-        span("data", track, "leaf", leaf, t0, Clock::now());
+        if (config.trace) span("data", track, "leaf", leaf, t0, Clock::now());
       }
-      const auto t_compute = Clock::now();
+      const auto t_compute = config.trace ? Clock::now() : Clock::time_point{};
       if (config.leaf_hook) config.leaf_hook(plan.number, leaf);
       float* grad = leaf_grads[leaf].data();
       leaf_loss[leaf] = r.net.forward_backward(
@@ -372,7 +372,7 @@ struct Trainer::Impl {
       auto t1 = Clock::now();
       const bool completed = plan.reducer->contribute(w, leaf, grad);
       const double dt = seconds_since(t1);
-      span("combine", track, "leaf", leaf, t1, Clock::now());
+      if (config.trace) span("combine", track, "leaf", leaf, t1, Clock::now());
       r.reduce_seconds += dt;
       if (completed) {
         plan.root_seconds = dt;
@@ -689,7 +689,7 @@ struct Trainer::Impl {
       if (epoch_samples == 0) break;
       const auto t_eval = Clock::now();
       auto [test_loss, test_accuracy] = evaluate(data.test);
-      span("evaluate", controller_track(), nullptr, 0, t_eval, Clock::now());
+      if (config.trace) span("evaluate", controller_track(), nullptr, 0, t_eval, Clock::now());
       s.train_loss = epoch_loss_samples ? epoch_loss / static_cast<double>(epoch_loss_samples)
                                         : std::numeric_limits<double>::quiet_NaN();
       s.test_loss = test_loss;
