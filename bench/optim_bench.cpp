@@ -1,0 +1,98 @@
+// The training step's root kernel on its own, at the default MLP's size (535,818 parameters,
+// two leaves): add the leaves block by block, check the block for non-finite values, apply the
+// optimizer; against a baseline that moves the same bytes (reads four arrays, writes two) with
+// no arithmetic. Their ratio says how close the root is to the memory floor; the absolute time
+// against the step's says whether "root <= 3% of the step" (issue #4) is reachable at all.
+// One thread; `cold` sweeps 64 MiB through the caches between iterations (untimed), as the
+// step's compute and other tenants do.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "cohort/optim/gradient.hpp"
+#include "cohort/optim/optimizer.hpp"
+#include "cohort/reduce/kernels.hpp"
+#include "cohort/tensor/buffer.hpp"
+
+namespace {
+
+using cohort::AlignedBuffer;
+constexpr std::size_t kParams = 535818;  // mlp:784-512-256-10
+constexpr std::size_t kBlock = 1024;     // floats, as the trainer's root
+
+struct Arrays {
+  AlignedBuffer<float> w{kParams}, s0{kParams}, s1{kParams}, g0{kParams}, g1{kParams};
+  std::vector<char> sweep = std::vector<char>(std::size_t{64} << 20, 1);
+  Arrays() {
+    for (std::size_t i = 0; i < kParams; ++i) {
+      w[i] = 1.0f;
+      g0[i] = 0.5f;
+      g1[i] = 0.25f;
+    }
+  }
+  void evict() {
+    for (std::size_t i = 0; i < sweep.size(); i += 64) sweep[i] = static_cast<char>(sweep[i] + 1);
+    benchmark::ClobberMemory();
+  }
+};
+
+void root(benchmark::State& state, cohort::optim::Kind kind) {
+  const bool cold = state.range(0) != 0;
+  Arrays a;
+  cohort::optim::Optimizer opt({.kind = kind, .lr = 1e-6f});
+  const auto scalars = opt.scalars(1e-6f, 1.0f / 256, 1);
+  float* s1 = opt.state_buffers() > 1 ? a.s1.data() : nullptr;
+  for (auto _ : state) {
+    if (cold) {
+      state.PauseTiming();
+      a.evict();
+      state.ResumeTiming();
+    }
+    alignas(64) float block[kBlock];
+    for (std::size_t b = 0; b < kParams; b += kBlock) {
+      const std::size_t n = std::min(kBlock, kParams - b);
+      const float* at[2] = {a.g0.data() + b, a.g1.data() + b};
+      cohort::reduce::sum_sources(block, at, 2, n);
+      if (cohort::optim::first_non_finite(block, n) != n) state.SkipWithError("non-finite");
+      opt.apply(scalars, a.w.data() + b, block, a.s0.data() + b, s1 ? s1 + b : nullptr, n);
+    }
+    benchmark::DoNotOptimize(a.w.data());
+  }
+  const std::size_t arrays = 2 + 2 * (1 + opt.state_buffers());  // leaves + (w, state) r/w
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * arrays * kParams * 4));
+}
+
+// The same bytes as the SGD root with trivial arithmetic: w and s0 read and written, g0 and g1
+// read, one vectorised pass.
+void stream(benchmark::State& state) {
+  const bool cold = state.range(0) != 0;
+  Arrays a;
+  for (auto _ : state) {
+    if (cold) {
+      state.PauseTiming();
+      a.evict();
+      state.ResumeTiming();
+    }
+    float* __restrict w = a.w.data();
+    float* __restrict s = a.s0.data();
+    const float* __restrict g0 = a.g0.data();
+    const float* __restrict g1 = a.g1.data();
+    for (std::size_t i = 0; i < kParams; ++i) {
+      const float x = (w[i] + s[i]) + (g0[i] + g1[i]);
+      w[i] = x;
+      s[i] = x;
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 6 * kParams * 4));
+}
+
+BENCHMARK_CAPTURE(root, sgd_momentum, cohort::optim::Kind::kSgd)->Arg(0)->Arg(1);
+BENCHMARK_CAPTURE(root, adam, cohort::optim::Kind::kAdam)->Arg(0)->Arg(1);
+BENCHMARK(stream)->Arg(0)->Arg(1);
+
+}  // namespace
+
+BENCHMARK_MAIN();
