@@ -241,7 +241,9 @@ class PlanBuilder {
     s.src = cur;
     switch (l.kind) {
       case Kind::kLinear: {
-        memory::desc w_md({l.out.C, l.in.C}, Dt::f32, Tag::oi);  // (OC, IC): the flat array
+        // Logical (OC, IC), stored (IC, OC) in the flat array (Model: the forward is then a
+        // plain GEMM instead of one on a transposed matrix).
+        memory::desc w_md({l.out.C, l.in.C}, Dt::f32, Tag::io);
         memory::desc b_md({l.out.C}, Dt::f32, Tag::x);
         memory::desc dst_md({N_, l.out.C}, Dt::f32, Tag::nc);
         s.src = ensure(cur, memory::desc({N_, l.in.C}, Dt::f32, Tag::nc), p_.forward);
@@ -351,7 +353,7 @@ class PlanBuilder {
     switch (l.kind) {
       case Kind::kLinear: {
         auto fwd = dnnl::inner_product_forward::primitive_desc(s.fwd_pd.get());
-        memory::desc dw_md({l.out.C, l.in.C}, Dt::f32, Tag::oi), db_md({l.out.C}, Dt::f32, Tag::x);
+        memory::desc dw_md({l.out.C, l.in.C}, Dt::f32, Tag::io), db_md({l.out.C}, Dt::f32, Tag::x);
         dnnl::inner_product_backward_weights::primitive_desc wpd(
             {s.src.get_desc(), dw_md, db_md, s.dst.get_desc()}, attr_, eng_, fwd);
         memory dw = external(p_.grads, dw_md, l.weight), db = external(p_.grads, db_md, l.bias);

@@ -734,14 +734,19 @@ checkpoint::Checkpoint Trainer::checkpoint(std::string config_json) const {
   c.train_count = m.data.train.count;
   c.drop_last = m.config.drop_last;
   c.config_json = std::move(config_json);
-  c.weights.assign(m.weights.data(), m.weights.data() + m.weights.size());
+  // In canonical (PyTorch's) order, so a checkpoint does not depend on how this build stores
+  // linear weights.
+  c.weights.resize(m.weights.size());
+  m.model.to_canonical(m.weights.data(), c.weights.data());
   // Never save what cannot be trained on: an overflowing update shows up here at the latest.
   for (float w : c.weights)
     if (!std::isfinite(w))
       throw InternalError("step " + std::to_string(m.steps_done) +
                           ": the weights are not finite (the run diverged); not saving them");
-  for (std::size_t i = 0; i < m.optimizer.state_buffers(); ++i)
-    c.state.emplace_back(m.state[i].data(), m.state[i].data() + m.state[i].size());
+  for (std::size_t i = 0; i < m.optimizer.state_buffers(); ++i) {
+    c.state.emplace_back(m.state[i].size());
+    m.model.to_canonical(m.state[i].data(), c.state.back().data());
+  }
   return c;
 }
 
@@ -773,9 +778,9 @@ void Trainer::restore(const checkpoint::Checkpoint& c, const std::string& name) 
   if (c.state.size() != m.optimizer.state_buffers())
     mismatch("optimizer state", std::to_string(m.optimizer.state_buffers()) + " arrays",
              std::to_string(c.state.size()) + " (SGD keeps one only with --momentum > 0)");
-  std::copy(c.weights.begin(), c.weights.end(), m.weights.data());
+  m.model.from_canonical(c.weights.data(), m.weights.data());
   for (std::size_t i = 0; i < c.state.size(); ++i)
-    std::copy(c.state[i].begin(), c.state[i].end(), m.state[i].data());
+    m.model.from_canonical(c.state[i].data(), m.state[i].data());
   m.steps_done = c.step;
   m.updates_done = c.updates;
   m.skipped_total = c.skipped;

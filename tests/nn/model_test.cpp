@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "cohort/core/error.hpp"
+#include "cohort/core/rng.hpp"
 #include "cohort/nn/loss.hpp"
 
 namespace cohort::nn {
@@ -17,7 +19,7 @@ TEST(Model, DefaultMlpHasPyTorchsParameterCount) {
   ASSERT_EQ(m.layers().size(), 5u);
   EXPECT_EQ(m.layers()[1].kind, LayerSpec::Kind::kReLU);
   EXPECT_EQ(m.layers()[2].name, "fc2");
-  EXPECT_EQ(m.layout().at("fc2.weight").shape, Shape({{256, 512}}));
+  EXPECT_EQ(m.layout().at("fc2.weight").shape, Shape({{512, 256}}));  // stored (IC, OC)
   EXPECT_EQ(m.input_features(), 784);
   EXPECT_EQ(m.num_classes(), 10);
 }
@@ -31,7 +33,7 @@ TEST(Model, CnnPresetIsThePeersNetwork) {
   EXPECT_EQ(m.layers()[2].out, (SampleShape{32, 12, 12}));
   EXPECT_EQ(m.layers()[5].out, (SampleShape{64, 4, 4}));
   EXPECT_EQ(m.layout().at("conv2.weight").shape, Shape({{64, 32, 5, 5}}));
-  EXPECT_EQ(m.layout().at("fc1.weight").shape, Shape({{256, 1024}}));
+  EXPECT_EQ(m.layout().at("fc1.weight").shape, Shape({{1024, 256}}));
   // Training FLOPs per sample: forward, backward-weights, backward-data except conv1's (the
   // input needs no gradient): 3 x 8.0046 M - 0.9216 M = 23.09 M, issue 5's 23.1 MFLOP.
   EXPECT_NEAR(m.forward_flops_per_sample() * 3 - 2.0 * 24 * 24 * 32 * 25, 23.1e6, 0.02e6);
@@ -87,6 +89,29 @@ TEST(Model, InitIsSeededAndWithinPyTorchsBounds) {
     EXPECT_NEAR(sum_sq / double(l.in.C * l.out.C), bound * bound / 3.0, 0.05 * bound * bound / 3.0)
         << l.name;
   }
+}
+
+// Linear weights are stored (IC, OC); the canonical order is PyTorch's (OC, IC), and init draws
+// in that order: element (o, i) is the (o * IC + i)-th draw of the tensor's stream.
+TEST(Model, LinearWeightsAreStoredTransposedAndCanonicalIsPyTorchsOrder) {
+  const Model m = Model::parse("mlp:6-4-3", {1, 2, 3});
+  std::vector<float> stored(m.layout().total()), canonical(m.layout().total()),
+      back(m.layout().total());
+  m.init(stored.data(), 9);
+  m.to_canonical(stored.data(), canonical.data());
+  const auto& w = m.layout().at("fc1.weight");
+  const float bound = 1.0f / std::sqrt(6.0f);
+  Rng rng({9, 0x1417ull, 0});  // the init stream of tensor 0 (Model::init)
+  for (std::size_t o = 0; o < 4; ++o)
+    for (std::size_t i = 0; i < 6; ++i) {
+      const float drawn = rng.uniform(-bound, bound);
+      EXPECT_EQ(canonical[w.offset + o * 6 + i], drawn) << o << "," << i;
+      EXPECT_EQ(stored[w.offset + i * 4 + o], drawn) << o << "," << i;
+    }
+  const auto& b = m.layout().at("fc1.bias");
+  EXPECT_EQ(canonical[b.offset + 2], stored[b.offset + 2]);  // biases keep their order
+  m.from_canonical(canonical.data(), back.data());
+  EXPECT_EQ(back, stored);
 }
 
 TEST(Loss, MatchesFloat64AndIsStableForLargeLogits) {

@@ -42,7 +42,8 @@ inline NetResult net_forward_backward(const nn::Model& m, const std::vector<doub
         case K::kLinear:
           for (std::int64_t o = 0; o < OC; ++o) {
             double s = params[l.bias + o];
-            for (std::int64_t i = 0; i < IC; ++i) s += params[l.weight + o * IC + i] * src[i];
+            // Linear weights are stored (IC, OC): element (o, i) at i * OC + o.
+            for (std::int64_t i = 0; i < IC; ++i) s += params[l.weight + i * OC + o] * src[i];
             dst[o] = s;
           }
           break;
@@ -129,8 +130,8 @@ inline NetResult net_forward_backward(const nn::Model& m, const std::vector<doub
           for (std::int64_t o = 0; o < OC; ++o) {
             res.grad[l.bias + o] += dd[o];
             for (std::int64_t i = 0; i < IC; ++i) {
-              res.grad[l.weight + o * IC + i] += dd[o] * src[i];
-              ds[i] += dd[o] * params[l.weight + o * IC + i];
+              res.grad[l.weight + i * OC + o] += dd[o] * src[i];
+              ds[i] += dd[o] * params[l.weight + i * OC + o];
             }
           }
           break;

@@ -69,6 +69,23 @@ INSTANTIATE_TEST_SUITE_P(Models, Resume,
                                            "conv(4,5)-relu-maxpool(2)-flatten-dropout(0.3)-"
                                            "linear(10)"));
 
+// A checkpoint holds linear weights (and optimizer state) in PyTorch's (OC, IC) order, whatever
+// order the build stores them in.
+TEST(CheckpointOrder, LinearWeightsAreCanonical) {
+  TrainConfig c = resume_config("mlp:784-64-10", 1);
+  c.steps = 3;
+  Trainer t(c, fixture());
+  Recorder r;
+  t.run(r);
+  const Checkpoint ck = t.checkpoint("{}");
+  const auto& w = t.model().layout().at("fc1.weight");  // stored (784, 64)
+  for (std::size_t o : {0u, 17u, 63u})
+    for (std::size_t i : {300u, 406u, 434u}) {  // pixels inside the image: non-zero gradients
+      EXPECT_EQ(ck.weights[w.offset + o * 784 + i], t.weights()[w.offset + i * 64 + o]);
+      EXPECT_NE(ck.state.at(0)[w.offset + o * 784 + i], 0.0f);  // momentum moved too
+    }
+}
+
 TEST(ResumeDone, AFinishedRunStillReportsItsAccuracy) {
   TrainConfig c = resume_config("mlp:784-64-10", 1);
   Trainer a(c, fixture());

@@ -57,10 +57,20 @@ class Model {
 
   // PyTorch's nn.Linear / nn.Conv2d default: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))
   // with fan_in = IC * KH * KW, each tensor from a stream keyed by (seed, tensor index).
-  // params: layout().total() floats; padding is zeroed.
+  // params: layout().total() floats; padding is zeroed. The values are PyTorch's draw order,
+  // whatever the storage order.
   void init(float* params, std::uint64_t seed) const;
 
+  // The flat array in canonical order — PyTorch's: linear weights (OC, IC) — and back. The
+  // layout stores linear weights (IC, OC) (faster forward GEMM); checkpoints and anything meant
+  // to outlive this build use the canonical order. Both arrays hold layout().total() floats.
+  void to_canonical(const float* stored, float* canonical) const;
+  void from_canonical(const float* canonical, float* stored) const;
+
  private:
+  // Where element j of a linear weight in (OC, IC) order is stored, relative to l.weight.
+  static std::size_t transposed_index(const LayerSpec& l, std::size_t j);
+
   std::string spec_;
   std::vector<LayerSpec> layers_;
   ParamLayout layout_;
