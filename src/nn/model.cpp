@@ -138,7 +138,7 @@ Model Model::parse(const std::string& spec_in, SampleShape input) {
         // runs its forward as a plain GEMM (measured 113 against 86 GFLOP/s at 128 rows, see
         // docs/architecture.md). Checkpoints hold the canonical order (to_canonical).
         l.weight = m.layout_.add(l.name + ".weight", Shape{{cur.C, l.out.C}});
-        l.bias = m.layout_.add(l.name + ".bias", Shape{{l.out.C}});             // (OC)
+        l.bias = m.layout_.add(l.name + ".bias", Shape{{l.out.C}});  // (OC)
         break;
       case LayerSpec::Kind::kConv: {
         if (cur.H == 1 && cur.W == 1 && l.kernel > 1)
