@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -333,25 +334,34 @@ void write_trace(const std::string& path, const train::Trainer& trainer, const j
   write_atomically(path, trace.dump() + "\n");
 }
 
+// A float as the shortest decimal that reads back as it (0.05f prints as 0.05, not as the
+// double 0.05000000074505806).
+double shortest(float f) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, f).ptr;
+  return std::strtod(std::string(text, end).c_str(), nullptr);
+}
+
 // The effective configuration (defaults resolved), as printed at the start and stored in the
 // summary and the checkpoint.
 json config_json(const train::TrainConfig& c, const std::string& data_dir) {
   const auto& o = c.optimizer;
-  json optimizer{{"kind", optim::to_string(o.kind)}, {"lr", o.lr}};
+  json optimizer{{"kind", optim::to_string(o.kind)}, {"lr", shortest(o.lr)}};
   if (o.kind == optim::Kind::kSgd)
-    optimizer.update(json{{"momentum", o.momentum}, {"nesterov", o.nesterov}});
+    optimizer.update(json{{"momentum", shortest(o.momentum)}, {"nesterov", o.nesterov}});
   else
-    optimizer.update(json{{"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}});
-  optimizer["weight_decay"] = o.weight_decay;
-  optimizer["clip_norm"] = c.clip_norm;
+    optimizer.update(
+        json{{"beta1", shortest(o.beta1)}, {"beta2", shortest(o.beta2)}, {"eps", shortest(o.eps)}});
+  optimizer["weight_decay"] = shortest(o.weight_decay);
+  optimizer["clip_norm"] = shortest(c.clip_norm);
   const auto& sc = c.schedule;
   json schedule{{"kind", optim::to_string(sc.kind)},
                 {"warmup_steps", sc.warmup_steps},
                 {"scale_batch", sc.scale_batch},
-                {"base_lr", optim::scaled_base_lr(sc, o.lr, c.batch)}};
+                {"base_lr", shortest(optim::scaled_base_lr(sc, o.lr, c.batch))}};
   if (sc.kind == optim::ScheduleKind::kStep)
-    schedule.update(json{{"step_every", sc.step_every}, {"gamma", sc.gamma}});
-  if (sc.kind == optim::ScheduleKind::kCosine) schedule["min_lr"] = sc.min_lr;
+    schedule.update(json{{"step_every", sc.step_every}, {"gamma", shortest(sc.gamma)}});
+  if (sc.kind == optim::ScheduleKind::kCosine) schedule["min_lr"] = shortest(sc.min_lr);
   return {
       {"model", c.model},
       {"data", data_dir},

@@ -147,26 +147,38 @@ TEST_F(Cli, SameSeedSameDigest) {
 }
 
 TEST_F(Cli, SaveResumeAndEvalGiveTheUninterruptedRun) {
-  const auto full = (dir_ / "full.json").string(), resumed = (dir_ / "resumed.json").string();
-  const auto ckpt = (dir_ / "run.ckpt").string(), eval = (dir_ / "eval.json").string();
-  ASSERT_EQ(cohort(quick({"--quiet", "--summary", full})).code, 0);
-  auto half = quick({"--quiet", "--save", ckpt});
-  half[8] = "5";  // --steps 5 of 12
-  ASSERT_EQ(cohort(half).code, 0);
-  Result r = cohort(quick({"--resume", ckpt, "--summary", resumed, "--save", ckpt}));
-  ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("resumed from"), std::string::npos);
-  auto a = nlohmann::json::parse(std::ifstream(full));
-  auto b = nlohmann::json::parse(std::ifstream(resumed));
-  EXPECT_EQ(a["weights_digest"], b["weights_digest"]);
-  EXPECT_EQ(b["steps"], 12);
-  Result e =
-      cohort({"eval", "--checkpoint", ckpt, "--data", COHORT_FIXTURE_DIR, "--summary", eval});
-  ASSERT_EQ(e.code, 0) << e.err;
-  auto j = nlohmann::json::parse(std::ifstream(eval));
-  EXPECT_EQ(j["step"], 12);
-  EXPECT_EQ(j["weights_digest"], a["weights_digest"]);
-  EXPECT_EQ(j["test_accuracy"], a["test_accuracy"]);
+  // SGD with momentum, and AdamW (two state arrays in the checkpoint).
+  for (const std::vector<std::string>& optimizer :
+       {std::vector<std::string>{},
+        std::vector<std::string>{"--optimizer", "adamw", "--lr", "0.002"}}) {
+    const std::string tag = optimizer.empty() ? "sgd" : "adamw";
+    const auto full = (dir_ / (tag + "-full.json")).string();
+    const auto resumed = (dir_ / (tag + "-resumed.json")).string();
+    const auto ckpt = (dir_ / (tag + ".ckpt")).string(),
+               eval = (dir_ / (tag + "-eval.json")).string();
+    auto with = [&](std::vector<std::string> extra) {
+      extra.insert(extra.end(), optimizer.begin(), optimizer.end());
+      return quick(extra);
+    };
+    ASSERT_EQ(cohort(with({"--quiet", "--summary", full})).code, 0);
+    auto half = with({"--quiet", "--save", ckpt});
+    half[8] = "5";  // --steps 5 of 12
+    ASSERT_EQ(cohort(half).code, 0);
+    Result r = cohort(with({"--resume", ckpt, "--summary", resumed, "--save", ckpt}));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("resumed from"), std::string::npos);
+    auto a = nlohmann::json::parse(std::ifstream(full));
+    auto b = nlohmann::json::parse(std::ifstream(resumed));
+    EXPECT_EQ(a["weights_digest"], b["weights_digest"]) << tag;
+    EXPECT_EQ(b["steps"], 12);
+    Result e =
+        cohort({"eval", "--checkpoint", ckpt, "--data", COHORT_FIXTURE_DIR, "--summary", eval});
+    ASSERT_EQ(e.code, 0) << tag << ": " << e.err;
+    auto j = nlohmann::json::parse(std::ifstream(eval));
+    EXPECT_EQ(j["step"], 12);
+    EXPECT_EQ(j["weights_digest"], a["weights_digest"]) << tag;
+    EXPECT_EQ(j["test_accuracy"], a["test_accuracy"]) << tag;
+  }
 }
 
 TEST_F(Cli, BadCheckpointsExitTwoBeforeTraining) {
