@@ -152,16 +152,11 @@ class Progress final : public train::Observer {
       last_step_ = e.step - 1;
     }
     if (e.skipped) {
-      if (metrics_) {
-        *metrics_ << json{{"kind", "skip"},
-                          {"step", e.step},
-                          {"epoch", e.epoch},
-                          {"reason", e.skip_reason},
-                          {"skipped_total", e.skipped_total}}
-                         .dump()
-                  << "\n";
-        metrics_->flush();
-      }
+      write_metrics({{"kind", "skip"},
+                     {"step", e.step},
+                     {"epoch", e.epoch},
+                     {"reason", e.skip_reason},
+                     {"skipped_total", e.skipped_total}});
       if (!quiet_)
         out_ << (tty_ ? "\r" : "") << "step " << e.step << " skipped: " << e.skip_reason << " ("
              << e.skipped_total << " skipped so far)" << (tty_ ? kClearToEnd : "") << "\n";
@@ -179,8 +174,7 @@ class Progress final : public train::Observer {
                 {"lr", e.lr}};
       if (std::isfinite(e.grad_norm)) line["grad_norm"] = e.grad_norm;
       line["elapsed_s"] = e.elapsed;
-      *metrics_ << line.dump() << "\n";
-      metrics_->flush();
+      write_metrics(line);
     }
     const bool line_due =
         tty_ ? (e.elapsed - last_print_ > 0.2 || e.step_in_epoch == e.steps_per_epoch)
@@ -207,19 +201,14 @@ class Progress final : public train::Observer {
   }
 
   void on_epoch(const train::EpochResult& r) override {
-    if (metrics_) {
-      *metrics_ << json{{"kind", "epoch"},
-                        {"epoch", r.epoch + 1},
-                        {"step", r.steps},
-                        {"train_loss", r.train_loss},
-                        {"test_loss", r.test_loss},
-                        {"test_accuracy", r.test_accuracy},
-                        {"samples_per_second", r.samples_per_second},
-                        {"elapsed_s", r.elapsed}}
-                       .dump()
-                << "\n";
-      metrics_->flush();
-    }
+    write_metrics({{"kind", "epoch"},
+                   {"epoch", r.epoch + 1},
+                   {"step", r.steps},
+                   {"train_loss", r.train_loss},
+                   {"test_loss", r.test_loss},
+                   {"test_accuracy", r.test_accuracy},
+                   {"samples_per_second", r.samples_per_second},
+                   {"elapsed_s", r.elapsed}});
     if (quiet_) return;
     if (tty_) out_ << "\r";
     out_ << "epoch " << r.epoch + 1 << " done: train loss " << std::fixed << std::setprecision(4)
@@ -230,6 +219,12 @@ class Progress final : public train::Observer {
 
  private:
   static constexpr const char* kClearToEnd = "\x1b[K";  // erase the rest of a rewritten line
+  // One JSON Lines record, flushed so a crash or a reader mid-run sees whole lines only.
+  void write_metrics(const json& line) {
+    if (!metrics_) return;
+    *metrics_ << line.dump() << "\n";
+    metrics_->flush();
+  }
   static std::string bar(double fraction) {
     constexpr int kWidth = 24;
     const int done = static_cast<int>(std::clamp(fraction, 0.0, 1.0) * kWidth);
