@@ -11,8 +11,10 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <map>
+#include <tuple>
 #include <unordered_map>
 
 #include "cohort/core/error.hpp"
@@ -66,21 +68,23 @@ struct Net::Impl {
   const Model* model;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  std::map<std::pair<std::int64_t, bool>, std::unique_ptr<Plan>> plans;  // (N, training)
+  // (N, training, batch weight gradients of linear layers)
+  std::map<std::tuple<std::int64_t, bool, bool>, std::unique_ptr<Plan>> plans;
   PhaseTimes times;
   Clock::time_point backward_begin;  // of the last forward_backward
   StreamKey key;                     // the current step's dropout streams
+  std::span<const LinearRows> linear_rows;  // the current call's (batch weight gradients)
   bool blocked_layouts;
 
   Impl(const Model& m, bool blocked) : model(&m), blocked_layouts(blocked) {}
 
-  Plan& plan(std::int64_t N, bool training) {
-    auto& slot = plans[{N, training}];
-    if (!slot) slot = build(N, training);
+  Plan& plan(std::int64_t N, bool training, bool batch_linear) {
+    auto& slot = plans[{N, training, batch_linear}];
+    if (!slot) slot = build(N, training, batch_linear);
     return *slot;
   }
 
-  std::unique_ptr<Plan> build(std::int64_t N, bool training);
+  std::unique_ptr<Plan> build(std::int64_t N, bool training, bool batch_linear);
 
   void bind(Plan& p, const float* params, const float* x, float* grad) {
     p.x.set_data_handle(const_cast<float*>(x));
@@ -115,11 +119,15 @@ namespace {
 // Builds one plan; a helper object so the many small steps share their context.
 class PlanBuilder {
  public:
-  // `key` is read when the plan runs: the current step's dropout streams.
-  PlanBuilder(const Model& model, const dnnl::engine& engine, const StreamKey* key, Plan& plan,
-              std::int64_t N, bool training, bool blocked)
+  // `key` and `linear_rows` are read when the plan runs: the current step's dropout streams, and
+  // where linear layers' rows go (batch_linear: instead of their weight gradients).
+  PlanBuilder(const Model& model, const dnnl::engine& engine, const StreamKey* key,
+              const std::span<const LinearRows>* linear_rows, Plan& plan, std::int64_t N,
+              bool training, bool blocked, bool batch_linear)
       : model_(model),
         key_(key),
+        linear_rows_(linear_rows),
+        batch_linear_(batch_linear),
         p_(plan),
         N_(N),
         training_(training),
@@ -147,7 +155,9 @@ class PlanBuilder {
         ++i;
       }
     std::vector<Saved> saved;
+    std::size_t linear_ordinal = 0;
     for (std::size_t i : order) {
+      if (layers[i].kind == Kind::kLinear) linear_of_[&layers[i]] = linear_ordinal++;
       const LayerSpec& l = layers[i];
       where_ = l.name + " forward";
       saved.push_back(forward(l, i, cur));
@@ -345,6 +355,31 @@ class PlanBuilder {
                     }});
   }
 
+  memory backward_data_linear(const Saved& s, const memory& diff,
+                              const dnnl::inner_product_forward::primitive_desc& fwd) {
+    dnnl::inner_product_backward_data::primitive_desc dpd(
+        {s.src.get_desc(), s.weights.get_desc(), s.dst.get_desc()}, attr_, eng_, fwd);
+    memory diff_src = new_memory(s.src.get_desc());
+    add(p_.backward, dnnl::inner_product_backward_data(dpd), dpd.scratchpad_desc(),
+        {{DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_WEIGHTS, s.weights}, {DNNL_ARG_DIFF_SRC, diff_src}},
+        Phase::kMatmul);
+    return diff_src;
+  }
+
+  // Batch weight gradients: copies the linear layer's input rows (unless the caller holds them)
+  // and output-gradient rows to the call's LinearRows entry `ordinal`. The memory objects are
+  // read when the step runs, so a rebound input is seen.
+  void keep_rows(const Saved& s, const memory& diff, std::size_t ordinal) {
+    const std::span<const LinearRows>* rows = linear_rows_;
+    const std::size_t x_bytes = s.src.get_desc().get_size(), dy_bytes = diff.get_desc().get_size();
+    memory src = s.src, dd = diff;
+    p_.backward.push_back({{}, {}, Phase::kOther, {}, [=] {
+                             const LinearRows& r = (*rows)[ordinal];
+                             if (r.x) std::memcpy(r.x, src.get_data_handle(), x_bytes);
+                             std::memcpy(r.dy, dd.get_data_handle(), dy_bytes);
+                           }});
+  }
+
   // Appends the layer's backward steps; returns the gradient of its input (unset for the first
   // layer, whose input needs none).
   memory backward(const Saved& s, bool first, memory diff) {
@@ -353,6 +388,11 @@ class PlanBuilder {
     switch (l.kind) {
       case Kind::kLinear: {
         auto fwd = dnnl::inner_product_forward::primitive_desc(s.fwd_pd.get());
+        if (batch_linear_) {
+          keep_rows(s, diff, linear_of_.at(&l));
+          if (first) return {};
+          return backward_data_linear(s, diff, fwd);
+        }
         memory::desc dw_md({l.out.C, l.in.C}, Dt::f32, Tag::io), db_md({l.out.C}, Dt::f32, Tag::x);
         dnnl::inner_product_backward_weights::primitive_desc wpd(
             {s.src.get_desc(), dw_md, db_md, s.dst.get_desc()}, attr_, eng_, fwd);
@@ -364,15 +404,7 @@ class PlanBuilder {
              {DNNL_ARG_DIFF_BIAS, db}},
             Phase::kMatmul);
         if (first) return {};
-        dnnl::inner_product_backward_data::primitive_desc dpd(
-            {s.src.get_desc(), s.weights.get_desc(), s.dst.get_desc()}, attr_, eng_, fwd);
-        memory diff_src = new_memory(s.src.get_desc());
-        add(p_.backward, dnnl::inner_product_backward_data(dpd), dpd.scratchpad_desc(),
-            {{DNNL_ARG_DIFF_DST, diff},
-             {DNNL_ARG_WEIGHTS, s.weights},
-             {DNNL_ARG_DIFF_SRC, diff_src}},
-            Phase::kMatmul);
-        return diff_src;
+        return backward_data_linear(s, diff, fwd);
       }
       case Kind::kConv: {
         auto fwd = dnnl::convolution_forward::primitive_desc(s.fwd_pd.get());
@@ -452,6 +484,9 @@ class PlanBuilder {
 
   const Model& model_;
   const StreamKey* key_;
+  const std::span<const LinearRows>* linear_rows_;
+  const bool batch_linear_;
+  std::map<const LayerSpec*, std::size_t> linear_of_;  // linear layer -> its ordinal
   Plan& p_;
   const std::int64_t N_;
   const bool training_;
@@ -464,9 +499,10 @@ class PlanBuilder {
 
 }  // namespace
 
-std::unique_ptr<Plan> Net::Impl::build(std::int64_t N, bool training) {
+std::unique_ptr<Plan> Net::Impl::build(std::int64_t N, bool training, bool batch_linear) {
   auto p = std::make_unique<Plan>();
-  PlanBuilder builder(*model, engine, &key, *p, N, training, blocked_layouts);
+  PlanBuilder builder(*model, engine, &key, &linear_rows, *p, N, training, blocked_layouts,
+                      batch_linear);
   try {
     builder.build();
   } catch (const dnnl::error& e) {
@@ -484,9 +520,17 @@ Net::Net(Net&&) noexcept = default;
 Net& Net::operator=(Net&&) noexcept = default;
 
 double Net::forward_backward(const float* params, const float* x, const std::int32_t* labels,
-                             std::int64_t N, float* grad, const StreamKey& key) {
-  Plan& p = impl_->plan(N, /*training=*/true);
+                             std::int64_t N, float* grad, const StreamKey& key,
+                             std::span<const LinearRows> linear_rows) {
+  const bool batch_linear = !linear_rows.empty();
+  if (batch_linear) {
+    std::size_t linear = 0;
+    for (const auto& l : impl_->model->layers()) linear += l.kind == Kind::kLinear;
+    COHORT_CHECK(linear_rows.size() == linear, "one LinearRows per linear layer");
+  }
+  Plan& p = impl_->plan(N, /*training=*/true, batch_linear);
   impl_->key = key;
+  impl_->linear_rows = linear_rows;
   impl_->bind(p, params, x, grad);
   impl_->run(p.forward);
   auto t0 = Clock::now();
@@ -500,7 +544,7 @@ double Net::forward_backward(const float* params, const float* x, const std::int
 }
 
 const float* Net::forward(const float* params, const float* x, std::int64_t N) {
-  Plan& p = impl_->plan(N, /*training=*/false);
+  Plan& p = impl_->plan(N, /*training=*/false, /*batch_linear=*/false);
   impl_->bind(p, params, x, nullptr);
   impl_->run(p.forward);
   return p.logits;

@@ -14,12 +14,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <thread>
 #include <tuple>
 
 #include "cohort/core/error.hpp"
+#include "cohort/nn/batch_grad.hpp"
 #include "cohort/nn/loss.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/optim/gradient.hpp"
@@ -69,6 +71,7 @@ struct Replica {
   std::vector<std::int32_t> y;  // (eval rows)
   double data_seconds = 0;
   double reduce_seconds = 0;
+  std::vector<nn::LinearRows> linear_rows;  // batch weight gradients: this leaf's rows
   Replica(const nn::Model& model, std::size_t rows, bool blocked_layouts)
       : net(model, blocked_layouts),
         x(rows * static_cast<std::size_t>(model.input_features())),
@@ -162,12 +165,31 @@ struct Trainer::Impl {
   // two-phase root the chunk's sum of squares. Added in chunk order, so W does not matter.
   std::vector<std::size_t> chunk_bad;
   std::vector<double> chunk_sumsq;
+  // Batch weight gradients (config.weight_grads == kBatch): per linear layer, the batch's input
+  // rows x (B, IC; empty when the layer reads the staged batch itself) and output-gradient rows
+  // dy (B, OC), written by the replicas at their leaves' rows; the ranges of the flat array they
+  // produce, in array order; per arena slot a chunk-sized gradient buffer plus room for the
+  // partial rows at a chunk's ends; per chunk the root's GEMM seconds.
+  struct BatchLinear {
+    std::int64_t in = 0, out = 0;
+    bool reads_input = false;
+    AlignedBuffer<float> x, dy;
+  };
+  struct BatchRange {
+    std::size_t begin = 0, end = 0, linear = 0;
+    bool bias = false;
+  };
+  std::vector<BatchLinear> batch_linear;
+  std::vector<BatchRange> batch_ranges;
+  std::vector<AlignedBuffer<float>> root_scratch;
+  std::vector<double> chunk_gemm_seconds;
   oneapi::tbb::task_arena arena;
   OmpSingleThread omp_pin{arena};
   TbbExecutor executor;
   std::map<std::size_t, std::unique_ptr<reduce::Reducer>> reducers;  // by leaf count
   optim::Optimizer optimizer;
   const bool two_phase;  // clip or skip: check the whole summed gradient before applying
+  const bool batch_grads;  // config.weight_grads == kBatch
   float base_lr;         // --lr after the linear scaling rule
   TimeBreakdown time;
   StepPlan plan;
@@ -203,6 +225,7 @@ struct Trainer::Impl {
         arena(static_cast<int>(resolve_workers(config.workers))),
         optimizer(config.optimizer),
         two_phase(config.clip_norm > 0 || config.on_nonfinite == TrainConfig::OnNonFinite::kSkip),
+        batch_grads(config.weight_grads == TrainConfig::WeightGrads::kBatch),
         base_lr(optim::scaled_base_lr(config.schedule, config.optimizer.lr, config.batch)) {
     validate(config, model, data);
     config.workers = resolve_workers(config.workers);
@@ -232,12 +255,85 @@ struct Trainer::Impl {
       trace_slots.resize(config.workers + 1);
       track_last_end.resize(config.workers + 1);
     }
+    if (batch_grads) setup_batch_grads();
     arena.execute([&] { build_graph(); });  // the graph belongs to the arena it is built in
   }
 
   static std::size_t resolve_workers(std::size_t w) {
     return w != 0 ? w : std::max(1u, std::thread::hardware_concurrency());
   }
+  void setup_batch_grads() {
+    const auto& layers = model.layers();
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const nn::LayerSpec& l = layers[i];
+      if (l.kind != nn::LayerSpec::Kind::kLinear) continue;
+      BatchLinear b;
+      b.in = l.in.C;
+      b.out = l.out.C;
+      b.reads_input = i == 0;  // its input is the staged batch (a linear layer's is flat)
+      if (!b.reads_input) b.x = AlignedBuffer<float>(config.batch * static_cast<std::size_t>(b.in));
+      b.dy = AlignedBuffer<float>(config.batch * static_cast<std::size_t>(b.out));
+      const auto in = static_cast<std::size_t>(b.in), out = static_cast<std::size_t>(b.out);
+      batch_ranges.push_back({l.weight, l.weight + in * out, batch_linear.size(), false});
+      batch_ranges.push_back({l.bias, l.bias + out, batch_linear.size(), true});
+      batch_linear.push_back(std::move(b));
+    }
+    std::sort(batch_ranges.begin(), batch_ranges.end(),
+              [](const BatchRange& a, const BatchRange& b) { return a.begin < b.begin; });
+    for (auto& r : replicas) r->linear_rows.resize(batch_linear.size());
+  }
+
+  // Batch weight gradients: out[0, end - begin) = the batch's summed gradient of the flat range
+  // [begin, end). Linear weights and biases come from the kept rows (one GEMM with K = rows per
+  // overlapped weight; a chunk end inside a weight row computes the whole rows into `rows_tmp`
+  // and copies its part); everything else (convolutions, padding) is the leaves' sum, left to
+  // right, as in the leaf mode. Returns the seconds spent in GEMMs and column sums.
+  double batch_gradient(const float* const* sources, std::size_t k, std::size_t begin,
+                        std::size_t end, float* out, float* rows_tmp) const {
+    const auto rows = static_cast<std::int64_t>(plan.ids.size());
+    std::size_t pos = begin;
+    auto leaf_sum = [&](std::size_t a, std::size_t b) {
+      if (a >= b) return;
+      const float* at[reduce::kMaxArity];
+      for (std::size_t j = 0; j < k; ++j) at[j] = sources[j] + a;
+      reduce::sum_sources(out + (a - begin), at, k, b - a);
+    };
+    double gemm_seconds = 0;
+    for (const BatchRange& r : batch_ranges) {
+      if (r.end <= begin) continue;
+      if (r.begin >= end) break;
+      const std::size_t a = std::max(r.begin, begin), b = std::min(r.end, end);
+      leaf_sum(pos, a);
+      pos = b;
+      const BatchLinear& l = batch_linear[r.linear];
+      const auto t0 = Clock::now();
+      float* dst = out + (a - begin);
+      const auto lo = static_cast<std::int64_t>(a - r.begin), hi = static_cast<std::int64_t>(b - r.begin);
+      if (r.bias) {
+        nn::linear_bias_grad(l.dy.data(), rows, l.out, lo, hi, dst);
+      } else {
+        const float* x = l.reads_input ? staging[plan.slot].x.data() : l.x.data();
+        const std::int64_t r0 = lo / l.out, r1 = (hi + l.out - 1) / l.out;
+        const bool whole_rows = lo % l.out == 0 && hi % l.out == 0;
+        nn::linear_weight_grad(x, l.dy.data(), rows, l.in, l.out, r0, r1,
+                               whole_rows ? dst : rows_tmp);
+        if (!whole_rows)
+          std::memcpy(dst, rows_tmp + (lo - r0 * l.out), (b - a) * sizeof(float));
+      }
+      gemm_seconds += seconds_since(t0);
+    }
+    leaf_sum(pos, end);
+    return gemm_seconds;
+  }
+
+  // This thread's root scratch (batch weight gradients): its arena slot's.
+  float* root_buffer() {
+    const int slot = oneapi::tbb::this_task_arena::current_thread_index();
+    COHORT_CHECK(slot >= 0 && static_cast<std::size_t>(slot) < root_scratch.size(),
+                 "root chunk outside the trainer's arena");
+    return root_scratch[static_cast<std::size_t>(slot)].data();
+  }
+
   std::size_t leaves_for(std::size_t rows) const {
     return (rows + config.micro_batch - 1) / config.micro_batch;
   }
@@ -268,6 +364,16 @@ struct Trainer::Impl {
       chunk_thread.resize(chunk_seconds.size());
       chunk_bad.resize(chunk_seconds.size(), rc.n);
       chunk_sumsq.resize(chunk_seconds.size());
+      chunk_gemm_seconds.resize(chunk_seconds.size());
+      if (batch_grads) {
+        std::int64_t widest = 0;
+        for (const auto& l : batch_linear) widest = std::max(widest, l.out);
+        const std::size_t need = rc.chunk + 2 * static_cast<std::size_t>(widest);
+        if (root_scratch.empty() || root_scratch[0].size() < need) {
+          root_scratch.clear();
+          for (std::size_t i = 0; i < config.workers; ++i) root_scratch.emplace_back(need);
+        }
+      }
     }
     return *slot;
   }
@@ -352,10 +458,19 @@ struct Trainer::Impl {
       const auto t_compute = config.trace ? Clock::now() : Clock::time_point{};
       if (config.leaf_hook) config.leaf_hook(plan.number, leaf);
       float* grad = leaf_grads[leaf].data();
+      if (batch_grads)
+        for (std::size_t o = 0; o < batch_linear.size(); ++o) {
+          BatchLinear& l = batch_linear[o];
+          r.linear_rows[o] = {
+              l.reads_input ? nullptr : l.x.data() + first * static_cast<std::size_t>(l.in),
+              l.dy.data() + first * static_cast<std::size_t>(l.out)};
+        }
       leaf_loss[leaf] = r.net.forward_backward(
           weights.data(), staging[plan.slot].x.data() + first * features,
           staging[plan.slot].y.data() + first, static_cast<std::int64_t>(n), grad,
-          nn::StreamKey{config.seed, plan.number, leaf});  // dropout: never keyed by worker
+          nn::StreamKey{config.seed, plan.number, leaf},  // dropout: never keyed by worker
+          batch_grads ? std::span<const nn::LinearRows>(r.linear_rows)
+                      : std::span<const nn::LinearRows>());
       if (config.trace) {
         span("forward", track, "leaf", leaf, t_compute, r.net.backward_begin());
         span("backward", track, "leaf", leaf, r.net.backward_begin(), Clock::now());
@@ -424,15 +539,23 @@ struct Trainer::Impl {
     // checked for non-finite values, and the optimizer applies the mean from there. One read of
     // each leaf, one read-modify-write of the weights and each state array, no N-sized sum; a
     // single leaf is used as is. A non-finite block is not applied and fails the step.
+    // With batch weight gradients the chunk's whole gradient is first computed into this
+    // thread's chunk buffer (L2) and read from there.
     auto fused = [&](const float* const* sources, std::size_t k, std::size_t begin,
                      std::size_t end) {
       auto t0 = Clock::now();
       alignas(kCacheLine) float block[kRootBlock];
       const float* at[reduce::kMaxArity];
+      float* batch = nullptr;
+      if (batch_grads) {
+        batch = root_buffer();
+        chunk_gemm_seconds[begin / chunk] =
+            batch_gradient(sources, k, begin, end, batch, batch + chunk);
+      }
       for (std::size_t b = begin; b < end; b += kRootBlock) {
         const std::size_t count = std::min(kRootBlock, end - b);
-        const float* g = sources[0] + b;
-        if (k > 1) {
+        const float* g = batch ? batch + (b - begin) : sources[0] + b;
+        if (!batch && k > 1) {
           for (std::size_t j = 0; j < k; ++j) at[j] = sources[j] + b;
           reduce::sum_sources(block, at, k, count);
           g = block;
@@ -453,7 +576,11 @@ struct Trainer::Impl {
                       std::size_t end) {
       auto t0 = Clock::now();
       const float* g = sources[0] + begin;
-      if (k > 1) {
+      if (batch_grads) {
+        g = grad_sum.data() + begin;
+        chunk_gemm_seconds[begin / chunk] = batch_gradient(
+            sources, k, begin, end, grad_sum.data() + begin, root_buffer() + chunk);
+      } else if (k > 1) {
         const float* at[reduce::kMaxArity];
         for (std::size_t j = 0; j < k; ++j) at[j] = sources[j] + begin;
         reduce::sum_sources(grad_sum.data() + begin, at, k, end - begin);
@@ -492,13 +619,22 @@ struct Trainer::Impl {
     COHORT_CHECK(reducer.step_done(), "every leaf was contributed but the step is not complete");
     // Root chunks that other threads took (stolen from the completing contribute) are reduce
     // work of those threads, not idle time.
+    // Batch weight gradients: the root's GEMMs are compute (matmul), not reduction; the
+    // completing contribute's share leaves `reduce` here (its contribute call is added to it).
     for (std::size_t c = 0; c < chunks; ++c) {
-      time.optimizer += chunk_seconds[c];
+      const double gemm = chunk_gemm_seconds[c];
+      time.optimizer += chunk_seconds[c] - gemm;
+      time.weight_grad += gemm;
+      time.matmul += gemm;
+      time.compute += gemm;
       if (chunk_seconds[c] != 0 && chunk_thread[c] != plan.root_thread) {
-        time.reduce += chunk_seconds[c];
+        time.reduce += chunk_seconds[c] - gemm;
         helper_seconds += chunk_seconds[c];
+      } else {
+        time.reduce -= gemm;
       }
       chunk_seconds[c] = 0;
+      chunk_gemm_seconds[c] = 0;
     }
     time.reduce_critical += plan.root_seconds;
     for (std::size_t leaf = 0; leaf < plan.leaves; ++leaf) out.loss += leaf_loss[leaf];
@@ -531,7 +667,7 @@ struct Trainer::Impl {
       clip = std::min(1.0, static_cast<double>(config.clip_norm) / (out.grad_norm + 1e-6));
     const optim::StepScalars clipped =
         optimizer.scalars(out.lr, static_cast<float>(inv_rows * clip), updates_done + 1);
-    const float* g = plan.leaves == 1 ? leaf_grads[0].data() : grad_sum.data();
+    const float* g = plan.leaves == 1 && !batch_grads ? leaf_grads[0].data() : grad_sum.data();
     auto t0 = Clock::now();
     arena.execute([&] {
       oneapi::tbb::parallel_for(std::size_t{0}, chunks, [&](std::size_t c) {

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "cohort/nn/dropout.hpp"
 #include "cohort/nn/model.hpp"
@@ -26,6 +27,15 @@ struct PhaseTimes {
   double loss = 0;     // softmax cross-entropy
   double other = 0;    // pooling, dropout, reorders between layouts
   double total() const { return matmul + eltwise + loss + other; }
+};
+
+// Batch weight gradients (nn/batch_grad.hpp): where one leaf's rows of a linear layer go, instead
+// of the layer's weight and bias gradients. x: (N, IC), the layer's input rows; null when the
+// caller already holds them (the Net's own input of a first linear layer). dy: (N, OC), the
+// gradient of the summed loss with respect to the layer's output.
+struct LinearRows {
+  float* x = nullptr;
+  float* dy = nullptr;
 };
 
 class Net {
@@ -42,8 +52,12 @@ class Net {
   // labels (N). Overwrites grad (layout().total() floats; padding untouched) with the gradient
   // of the *summed* loss over the N rows, and returns that summed loss. `key` names the random
   // streams of dropout layers (ignored by models without dropout).
+  // With `linear_rows` (one entry per linear layer, in model order) the linear layers' weight and
+  // bias gradients are not computed: their ranges of grad are left untouched, and each linear
+  // layer's input and output-gradient rows are copied to its entry instead.
   double forward_backward(const float* params, const float* x, const std::int32_t* labels,
-                          std::int64_t N, float* grad, const StreamKey& key = {});
+                          std::int64_t N, float* grad, const StreamKey& key = {},
+                          std::span<const LinearRows> linear_rows = {});
 
   // Forward only, in inference mode (dropout is the identity); returns the logits
   // (N, num_classes), valid until the next call.

@@ -42,6 +42,13 @@ struct TrainConfig {
   std::size_t max_skips = 10;
   std::uint64_t seed = 1;
   std::string reducer = "tree";  // reduce::Strategy name
+  // Where linear layers' weight gradients are computed (docs/architecture.md, "Batch weight
+  // gradients"): per leaf, in the replica's backward pass, summed by the reducer's root (kLeaf);
+  // or over the whole batch at the root, one GEMM per chunk of the weights right before the
+  // optimizer reads it, from the batch's kept layer inputs and output gradients (kBatch).
+  // Either is bitwise reproducible for every worker count; they differ from each other in the
+  // order of the batch sum. Convolution gradients are per leaf in both.
+  enum class WeightGrads { kLeaf, kBatch } weight_grads = WeightGrads::kLeaf;
   std::size_t tree_arity = 0;    // 0: one flat root over all leaves (up to 64)
   std::size_t eval_batch = 500;  // rows per forward pass in evaluation
   // Skip each epoch's last, partial batch, as torch_peer.py does: every step then has the same
@@ -83,6 +90,8 @@ struct TimeBreakdown {
                                // root chunks other threads took
   double reduce_critical = 0;  // the completing contribute call: the root's sum + optimizer
   double optimizer = 0;        // the optimizer sweep alone, summed over chunks
+  double weight_grad = 0;      // batch weight gradients: the root's GEMMs, summed over chunks
+                               // (also counted in matmul and compute, not in reduce)
   double idle = 0;             // workers x step - (compute + data + reduce): waiting, scheduling
 };
 

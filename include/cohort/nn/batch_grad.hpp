@@ -1,0 +1,29 @@
+// Weight gradients of a linear layer over a whole batch, for a range of the flat parameter array.
+//
+// The default step computes each leaf's weight gradient inside the leaf's backward pass, writes
+// it to the leaf's gradient array, and the reducer's root reads every leaf back. With batch
+// weight gradients (train::WeightGrads::kBatch) the replicas instead keep each linear layer's
+// input rows X (B, IC) and output-gradient rows dY (B, OC) for the whole batch, and the root
+// computes dW = X^T dY per chunk of the weights, one GEMM with K = B, right before the optimizer
+// reads it: no leaf gradient is written or read for linear layers.
+//
+// Linear weights are stored (IC, OC) (see Model), so a contiguous range of the flat array is a
+// range of rows i of dW. Both functions are single-threaded and deterministic: for a given
+// shape the result does not depend on the thread, the buffers' addresses or anything else.
+#pragma once
+
+#include <cstdint>
+
+namespace cohort::nn {
+
+// dw (i1 - i0, OC), row-major, = sum over rows r of x[r, i0 .. i1)^T dy[r, :], where x is
+// (rows, IC) and dy (rows, OC), both row-major. Runs a single-threaded GEMM; the calling thread
+// must run OpenMP with one thread (as for Net).
+void linear_weight_grad(const float* x, const float* dy, std::int64_t rows, std::int64_t in,
+                        std::int64_t out, std::int64_t i0, std::int64_t i1, float* dw);
+
+// db[o - o0] = sum over rows r, in row order, of dy[r, o], for o in [o0, o1).
+void linear_bias_grad(const float* dy, std::int64_t rows, std::int64_t out, std::int64_t o0,
+                      std::int64_t o1, float* db);
+
+}  // namespace cohort::nn
