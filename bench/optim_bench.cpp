@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <thread>
 #include <vector>
 
 #include "cohort/optim/gradient.hpp"
@@ -65,6 +66,47 @@ void root(benchmark::State& state, cohort::optim::Kind kind) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * arrays * kParams * 4));
 }
 
+// The root with batch weight gradients (--weight-grads batch): the gradient is produced in a
+// cache-resident chunk buffer (here one L1 block, reused), so only the weights and the
+// optimizer's state stream: the floor of that root, whatever the GEMMs cost.
+// Argument: MiB swept between iterations as above; -1 instead has another thread read all of
+// the weights between iterations (untimed), as the other replica's forward pass does in training.
+void apply_only(benchmark::State& state, cohort::optim::Kind kind) {
+  const bool shared = state.range(0) < 0;
+  if (shared) state.SetLabel("weights read by another thread");
+  const bool cold = state.range(0) > 0;
+  Arrays a(static_cast<std::size_t>(std::max<std::int64_t>(0, state.range(0))));
+  cohort::optim::Optimizer opt({.kind = kind, .lr = 1e-6f});
+  const auto scalars = opt.scalars(1e-6f, 1.0f / 256, 1);
+  float* s1 = opt.state_buffers() > 1 ? a.s1.data() : nullptr;
+  alignas(64) float block[kBlock];
+  std::fill(block, block + kBlock, 0.5f);
+  for (auto _ : state) {
+    if (cold) {
+      state.PauseTiming();
+      a.evict();
+      state.ResumeTiming();
+    }
+    if (shared) {
+      state.PauseTiming();
+      float total = 0;
+      std::thread([&] {
+        for (std::size_t i = 0; i < kParams; i += 16) total += a.w[i];
+      }).join();
+      benchmark::DoNotOptimize(total);
+      state.ResumeTiming();
+    }
+    for (std::size_t b = 0; b < kParams; b += kBlock) {
+      const std::size_t n = std::min(kBlock, kParams - b);
+      if (cohort::optim::first_non_finite(block, n) != n) state.SkipWithError("non-finite");
+      opt.apply(scalars, a.w.data() + b, block, a.s0.data() + b, s1 ? s1 + b : nullptr, n);
+    }
+    benchmark::DoNotOptimize(a.w.data());
+  }
+  const std::size_t arrays = 2 * (1 + opt.state_buffers());  // (w, state) read and written
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * arrays * kParams * 4));
+}
+
 // The same bytes as the SGD root with trivial arithmetic: w and s0 read and written, g0 and g1
 // read, one vectorised pass.
 void stream(benchmark::State& state) {
@@ -92,6 +134,11 @@ void stream(benchmark::State& state) {
 
 BENCHMARK_CAPTURE(root, sgd_momentum, cohort::optim::Kind::kSgd)->Arg(0)->Arg(8)->Arg(16)->Arg(64);
 BENCHMARK_CAPTURE(root, adam, cohort::optim::Kind::kAdam)->Arg(0)->Arg(64);
+BENCHMARK_CAPTURE(apply_only, sgd_momentum, cohort::optim::Kind::kSgd)
+    ->Arg(0)
+    ->Arg(8)
+    ->Arg(64)
+    ->Arg(-1);
 BENCHMARK(stream)->Arg(0)->Arg(8)->Arg(16)->Arg(64);
 
 }  // namespace

@@ -64,12 +64,30 @@ void write_atomically(const std::string& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
+const char* weight_grads_name(train::TrainConfig::WeightGrads w) {
+  using W = train::TrainConfig::WeightGrads;
+  return w == W::kBatch ? "batch" : w == W::kLeaf ? "leaf" : "auto";
+}
+train::TrainConfig::WeightGrads parse_weight_grads(const std::string& name) {
+  using W = train::TrainConfig::WeightGrads;
+  for (W w : {W::kAuto, W::kLeaf, W::kBatch})
+    if (name == weight_grads_name(w)) return w;
+  throw InputError("--weight-grads: expected auto, leaf or batch, found '" + name + "'");
+}
+
 json to_json(const train::TimeBreakdown& t) {
-  return {
-      {"step", t.step},           {"compute", t.compute}, {"matmul", t.matmul},
-      {"eltwise", t.eltwise},     {"loss", t.loss},       {"other", t.other},
-      {"data", t.data},           {"reduce", t.reduce},   {"reduce_critical", t.reduce_critical},
-      {"optimizer", t.optimizer}, {"idle", t.idle}};
+  return {{"step", t.step},
+          {"compute", t.compute},
+          {"matmul", t.matmul},
+          {"eltwise", t.eltwise},
+          {"loss", t.loss},
+          {"other", t.other},
+          {"data", t.data},
+          {"reduce", t.reduce},
+          {"reduce_critical", t.reduce_critical},
+          {"optimizer", t.optimizer},
+          {"weight_grad", t.weight_grad},
+          {"idle", t.idle}};
 }
 
 std::string rate(double samples_per_second) {
@@ -283,6 +301,7 @@ void print_summary(std::ostream& out, const train::Summary& s) {
   };
   row("compute", t.compute, capacity);
   row("  matmul, conv (oneDNN)", t.matmul, capacity);
+  if (t.weight_grad > 0) row("    of which root weight GEMMs", t.weight_grad, capacity);
   row("  relu (oneDNN)", t.eltwise, capacity);
   row("  softmax cross-entropy", t.loss, capacity);
   row("  pool, dropout, reorders", t.other, capacity);
@@ -371,7 +390,7 @@ json config_json(const train::TrainConfig& c, const std::string& data_dir) {
       {"on_nonfinite", c.on_nonfinite == train::TrainConfig::OnNonFinite::kSkip ? "skip" : "stop"},
       {"max_skips", c.max_skips},
       {"reducer", c.reducer},
-      {"weight_grads", c.weight_grads == train::TrainConfig::WeightGrads::kBatch ? "batch" : "leaf"},
+      {"weight_grads", weight_grads_name(c.weight_grads)},
       {"drop_last", c.drop_last},
       {"prefetch", c.prefetch},
       {"blocked_layouts", c.blocked_layouts}};
@@ -576,8 +595,7 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   train_cmd->add_option("--epochs", config.epochs, "epochs over the training set");
   train_cmd->add_option("--steps", config.steps, "stop after N optimizer steps (0: no limit)");
   std::string optimizer_name = "sgd", schedule_name = "cosine", on_nonfinite = "stop";
-  std::string weight_grads =
-      config.weight_grads == train::TrainConfig::WeightGrads::kBatch ? "batch" : "leaf";
+  std::string weight_grads = weight_grads_name(config.weight_grads);
   auto& opt = config.optimizer;
   auto& sched = config.schedule;
   train_cmd->add_option("--optimizer", optimizer_name, "sgd | adam | adamw");
@@ -607,8 +625,9 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   train_cmd->add_option("--reducer", config.reducer,
                         "tree | chunk_owner | parameter_server | atomic | mutex | serial");
   train_cmd->add_option("--weight-grads", weight_grads,
-                        "leaf | batch: linear layers' weight gradients per leaf, summed by the "
-                        "reducer, or over the whole batch at the root, right before the optimizer");
+                        "auto | leaf | batch: linear layers' weight gradients per leaf, summed by "
+                        "the reducer, or over the whole batch at the root, right before the "
+                        "optimizer (auto: batch when a leaf has at most 64 rows)");
   bool keep_last = false, plain_layouts = false;
   train_cmd->add_flag("--plain-layouts", plain_layouts,
                       "plain nchw activations in convolutions and pooling instead of oneDNN's "
@@ -681,10 +700,7 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
       throw InputError("--on-nonfinite: expected stop or skip, found '" + on_nonfinite + "'");
     config.on_nonfinite = on_nonfinite == "skip" ? train::TrainConfig::OnNonFinite::kSkip
                                                  : train::TrainConfig::OnNonFinite::kStop;
-    if (weight_grads != "leaf" && weight_grads != "batch")
-      throw InputError("--weight-grads: expected leaf or batch, found '" + weight_grads + "'");
-    config.weight_grads = weight_grads == "batch" ? train::TrainConfig::WeightGrads::kBatch
-                                                  : train::TrainConfig::WeightGrads::kLeaf;
+    config.weight_grads = parse_weight_grads(weight_grads);
     if (train_cmd->parsed())
       return train_command(config, data_dir, summary_path, metrics_path, trace_path, ck, log_every,
                            quiet, out);

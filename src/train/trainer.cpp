@@ -188,9 +188,9 @@ struct Trainer::Impl {
   TbbExecutor executor;
   std::map<std::size_t, std::unique_ptr<reduce::Reducer>> reducers;  // by leaf count
   optim::Optimizer optimizer;
-  const bool two_phase;  // clip or skip: check the whole summed gradient before applying
-  const bool batch_grads;  // config.weight_grads == kBatch
-  float base_lr;         // --lr after the linear scaling rule
+  const bool two_phase;      // clip or skip: check the whole summed gradient before applying
+  bool batch_grads = false;  // config.weight_grads (resolved) == kBatch
+  float base_lr;             // --lr after the linear scaling rule
   TimeBreakdown time;
   StepPlan plan;
   std::uint64_t steps_done = 0;    // training steps done (batches consumed)
@@ -225,7 +225,6 @@ struct Trainer::Impl {
         arena(static_cast<int>(resolve_workers(config.workers))),
         optimizer(config.optimizer),
         two_phase(config.clip_norm > 0 || config.on_nonfinite == TrainConfig::OnNonFinite::kSkip),
-        batch_grads(config.weight_grads == TrainConfig::WeightGrads::kBatch),
         base_lr(optim::scaled_base_lr(config.schedule, config.optimizer.lr, config.batch)) {
     validate(config, model, data);
     config.workers = resolve_workers(config.workers);
@@ -235,6 +234,11 @@ struct Trainer::Impl {
       const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
       config.micro_batch = (config.batch + cores - 1) / cores;
     }
+    if (config.weight_grads == TrainConfig::WeightGrads::kAuto)
+      config.weight_grads = config.micro_batch <= TrainConfig::kBatchGradsMaxRows
+                                ? TrainConfig::WeightGrads::kBatch
+                                : TrainConfig::WeightGrads::kLeaf;
+    batch_grads = config.weight_grads == TrainConfig::WeightGrads::kBatch;
     omp_set_num_threads(1);  // this thread also runs replica work inside the arena
     weights = AlignedBuffer<float>(model.layout().total());
     model.init(weights.data(), config.seed);
@@ -308,7 +312,8 @@ struct Trainer::Impl {
       const BatchLinear& l = batch_linear[r.linear];
       const auto t0 = Clock::now();
       float* dst = out + (a - begin);
-      const auto lo = static_cast<std::int64_t>(a - r.begin), hi = static_cast<std::int64_t>(b - r.begin);
+      const auto lo = static_cast<std::int64_t>(a - r.begin),
+                 hi = static_cast<std::int64_t>(b - r.begin);
       if (r.bias) {
         nn::linear_bias_grad(l.dy.data(), rows, l.out, lo, hi, dst);
       } else {
@@ -317,8 +322,7 @@ struct Trainer::Impl {
         const bool whole_rows = lo % l.out == 0 && hi % l.out == 0;
         nn::linear_weight_grad(x, l.dy.data(), rows, l.in, l.out, r0, r1,
                                whole_rows ? dst : rows_tmp);
-        if (!whole_rows)
-          std::memcpy(dst, rows_tmp + (lo - r0 * l.out), (b - a) * sizeof(float));
+        if (!whole_rows) std::memcpy(dst, rows_tmp + (lo - r0 * l.out), (b - a) * sizeof(float));
       }
       gemm_seconds += seconds_since(t0);
     }
@@ -368,7 +372,8 @@ struct Trainer::Impl {
       if (batch_grads) {
         std::int64_t widest = 0;
         for (const auto& l : batch_linear) widest = std::max(widest, l.out);
-        const std::size_t need = rc.chunk + 2 * static_cast<std::size_t>(widest);
+        // A chunk's gradient, then the whole rows around a chunk end inside a weight row.
+        const std::size_t need = 2 * rc.chunk + 2 * static_cast<std::size_t>(widest);
         if (root_scratch.empty() || root_scratch[0].size() < need) {
           root_scratch.clear();
           for (std::size_t i = 0; i < config.workers; ++i) root_scratch.emplace_back(need);
@@ -578,8 +583,8 @@ struct Trainer::Impl {
       const float* g = sources[0] + begin;
       if (batch_grads) {
         g = grad_sum.data() + begin;
-        chunk_gemm_seconds[begin / chunk] = batch_gradient(
-            sources, k, begin, end, grad_sum.data() + begin, root_buffer() + chunk);
+        chunk_gemm_seconds[begin / chunk] =
+            batch_gradient(sources, k, begin, end, grad_sum.data() + begin, root_buffer() + chunk);
       } else if (k > 1) {
         const float* at[reduce::kMaxArity];
         for (std::size_t j = 0; j < k; ++j) at[j] = sources[j] + begin;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cohort/core/rng.hpp"
+#include "cohort/nn/batch_grad.hpp"
 #include "cohort/tensor/buffer.hpp"
 #include "net_reference.hpp"
 
@@ -86,6 +87,55 @@ TEST_P(NetVsReference, LogitsLossAndEveryGradientMatch) {
   }
 
   expect_gradients_match(m, grad, ref.grad, "");
+}
+
+// Batch weight gradients: the Net keeps each linear layer's input and output-gradient rows and
+// leaves the layer's gradient ranges untouched; linear_weight_grad / linear_bias_grad over those
+// rows (split into row ranges that do not divide the layer evenly, as root chunks may) give the
+// reference gradient; every other tensor's gradient is the Net's as before.
+TEST_P(NetVsReference, BatchWeightGradientsFromTheKeptRowsMatch) {
+  const auto [spec, N, input] = GetParam();
+  std::printf("seed %llu, model %s, N %lld\n", static_cast<unsigned long long>(kSeed), spec,
+              static_cast<long long>(N));
+  Model m = Model::parse(spec, input);
+  Inputs in = make_inputs(m, N, kSeed);
+  const StreamKey key{kSeed, 3, 1};
+  auto ref =
+      reference::net_forward_backward(m, to_double(in.params), to_double(in.x), in.labels, N, key);
+
+  std::vector<const LayerSpec*> linear;
+  for (const auto& l : m.layers())
+    if (l.kind == LayerSpec::Kind::kLinear) linear.push_back(&l);
+  std::vector<AlignedBuffer<float>> xs, dys;
+  std::vector<LinearRows> rows;
+  for (const LayerSpec* l : linear) {
+    const bool first = l == &m.layers().front();
+    xs.emplace_back(first ? 0 : static_cast<std::size_t>(N * l->in.C));
+    dys.emplace_back(static_cast<std::size_t>(N * l->out.C));
+    rows.push_back({first ? nullptr : xs.back().data(), dys.back().data()});
+  }
+  Net net(m);
+  AlignedBuffer<float> grad(m.layout().total());
+  constexpr float kSentinel = 12345.0f;
+  for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = kSentinel;
+  const double loss = net.forward_backward(in.params.data(), in.x.data(), in.labels.data(), N,
+                                           grad.data(), key, rows);
+  EXPECT_NEAR(loss, ref.loss, 1e-5 * std::max(1.0, std::abs(ref.loss)));
+  for (std::size_t k = 0; k < linear.size(); ++k) {
+    const LayerSpec& l = *linear[k];
+    const std::int64_t IC = l.in.C, OC = l.out.C;
+    for (std::int64_t i = 0; i < IC * OC; ++i)
+      ASSERT_EQ(grad[l.weight + static_cast<std::size_t>(i)], kSentinel) << l.name << " " << i;
+    const float* x = rows[k].x ? rows[k].x : in.x.data();
+    // Row ranges of 1, 2, 3, ... rows, so range ends fall anywhere.
+    for (std::int64_t i0 = 0, len = 1; i0 < IC; i0 += len, ++len) {
+      const std::int64_t i1 = std::min(IC, i0 + len);
+      linear_weight_grad(x, rows[k].dy, N, IC, OC, i0, i1, grad.data() + l.weight + i0 * OC);
+    }
+    for (std::int64_t o0 = 0; o0 < OC; o0 += 3)
+      linear_bias_grad(rows[k].dy, N, OC, o0, std::min(OC, o0 + 3), grad.data() + l.bias + o0);
+  }
+  expect_gradients_match(m, grad, ref.grad, "(batch weight gradients)");
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -27,6 +27,7 @@ TrainConfig base_config() {
   c.workers = 1;
   c.seed = 11;
   c.steps = 12;
+  c.weight_grads = TrainConfig::WeightGrads::kLeaf;
   return c;
 }
 
@@ -34,7 +35,10 @@ std::vector<float> weights_of(const Trainer& t) {
   return {t.weights(), t.weights() + t.model().layout().total()};
 }
 
-// Puts a NaN into leaf `leaf`'s gradient (element 5 of fc1.weight) at step `step`.
+// Puts a NaN into leaf `leaf`'s gradient (element 5 of the first tensor: fc1.weight in
+// base_config) at step `step`. With batch weight gradients a leaf's array holds no linear layer's
+// gradient, so base_config computes them per leaf; the batch-mode tests below poison a
+// convolution's gradient instead.
 void poison(TrainConfig& c, std::uint64_t step, std::size_t leaf) {
   c.gradient_hook = [step, leaf](std::uint64_t s, std::size_t l, float* grad, std::size_t) {
     if (s == step && l == leaf) grad[5] = std::numeric_limits<float>::quiet_NaN();
@@ -54,6 +58,16 @@ const Variant kVariants[] = {
      }},
     {"sgd_clip", [](TrainConfig& c) { c.clip_norm = 0.5f; }},
     {"sgd_skip_mode", [](TrainConfig& c) { c.on_nonfinite = TrainConfig::OnNonFinite::kSkip; }},
+    {"adam_batch_weight_grads",
+     [](TrainConfig& c) {
+       c.optimizer = {.kind = optim::Kind::kAdam, .lr = 1e-3f};
+       c.weight_grads = TrainConfig::WeightGrads::kBatch;
+     }},
+    {"sgd_clip_batch_weight_grads",
+     [](TrainConfig& c) {
+       c.clip_norm = 0.5f;
+       c.weight_grads = TrainConfig::WeightGrads::kBatch;
+     }},
 };
 
 class Optimizers : public ::testing::TestWithParam<Variant> {};
@@ -88,31 +102,33 @@ INSTANTIATE_TEST_SUITE_P(Train, Optimizers, ::testing::ValuesIn(kVariants),
 // Plain SGD (no momentum, no decay) with a clip far below the gradient's norm moves the weights
 // by exactly lr * clip in L2 norm; with a clip far above, by lr * the reported gradient norm.
 TEST(Clipping, BoundsTheUpdateToLrTimesTheClip) {
-  for (float clip : {1e-3f, 1e6f}) {
-    TrainConfig c = base_config();
-    c.optimizer = {.kind = optim::Kind::kSgd, .lr = 0.1f, .momentum = 0.0f};
-    c.clip_norm = clip;
-    c.steps = 1;
-    c.workers = 2;
-    Trainer t(c, fixture());
-    const std::vector<float> before = weights_of(t);
-    Recorder r;
-    t.run(r);
-    const std::vector<float> after = weights_of(t);
-    double moved = 0;
-    for (std::size_t i = 0; i < before.size(); ++i)
-      moved += (double(after[i]) - before[i]) * (double(after[i]) - before[i]);
-    moved = std::sqrt(moved);
-    ASSERT_EQ(r.steps.size(), 1u);
-    const double norm = r.steps[0].grad_norm;
-    ASSERT_TRUE(std::isfinite(norm));
-    if (clip < 1) {
-      EXPECT_GT(norm, 100 * clip);
-      EXPECT_NEAR(moved, 0.1 * clip, 0.1 * clip * 1e-3) << "norm " << norm;
-    } else {
-      EXPECT_NEAR(moved, 0.1 * norm, 0.1 * norm * 1e-3);
+  for (auto mode : {TrainConfig::WeightGrads::kLeaf, TrainConfig::WeightGrads::kBatch})
+    for (float clip : {1e-3f, 1e6f}) {
+      TrainConfig c = base_config();
+      c.weight_grads = mode;
+      c.optimizer = {.kind = optim::Kind::kSgd, .lr = 0.1f, .momentum = 0.0f};
+      c.clip_norm = clip;
+      c.steps = 1;
+      c.workers = 2;
+      Trainer t(c, fixture());
+      const std::vector<float> before = weights_of(t);
+      Recorder r;
+      t.run(r);
+      const std::vector<float> after = weights_of(t);
+      double moved = 0;
+      for (std::size_t i = 0; i < before.size(); ++i)
+        moved += (double(after[i]) - before[i]) * (double(after[i]) - before[i]);
+      moved = std::sqrt(moved);
+      ASSERT_EQ(r.steps.size(), 1u);
+      const double norm = r.steps[0].grad_norm;
+      ASSERT_TRUE(std::isfinite(norm));
+      if (clip < 1) {
+        EXPECT_GT(norm, 100 * clip);
+        EXPECT_NEAR(moved, 0.1 * clip, 0.1 * clip * 1e-3) << "norm " << norm;
+      } else {
+        EXPECT_NEAR(moved, 0.1 * norm, 0.1 * norm * 1e-3);
+      }
     }
-  }
 }
 
 TEST(Schedule, EachStepUsesTheScheduledRateAndASkipDoesNotAdvanceIt) {
@@ -215,6 +231,49 @@ TEST(NonFinite, FusedRootStopsAndWritesNoNonFiniteWeight) {
         << e.what();
   }
   for (float w : weights_of(t)) ASSERT_TRUE(std::isfinite(w));
+}
+
+// Batch weight gradients: the root computes linear layers' gradients itself and sums the rest
+// (here a convolution's) from the leaves; a non-finite element of either kind is caught there.
+TrainConfig batch_cnn_config() {
+  TrainConfig c = base_config();
+  c.model = "conv(4,5)-relu-maxpool(2)-flatten-linear(10)";
+  c.workers = 2;
+  c.weight_grads = TrainConfig::WeightGrads::kBatch;
+  return c;
+}
+
+TEST(NonFinite, BatchWeightGradsStopOnAConvolutionGradient) {
+  TrainConfig c = batch_cnn_config();
+  poison(c, 2, 1);
+  Trainer t(c, fixture());
+  ASSERT_EQ(t.config().weight_grads, TrainConfig::WeightGrads::kBatch);
+  Recorder r;
+  try {
+    t.run(r);
+    FAIL() << "a non-finite gradient did not stop the run";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("step 2: non-finite gradient in conv1.weight[5]"),
+              std::string::npos)
+        << e.what();
+  }
+  for (float w : weights_of(t)) ASSERT_TRUE(std::isfinite(w));
+}
+
+TEST(NonFinite, BatchWeightGradsSkipAndMatchTheCleanRunOtherwise) {
+  // Skip mode (the two-phase root) with batch weight gradients: the poisoned step applies
+  // nothing, so stopping a clean run before it gives the same weights.
+  TrainConfig c = batch_cnn_config();
+  c.on_nonfinite = TrainConfig::OnNonFinite::kSkip;
+  c.steps = 3;
+  TrainConfig clean = c;
+  clean.steps = 2;
+  poison(c, 3, 0);
+  Trainer t(c, fixture()), u(clean, fixture());
+  Recorder r, q;
+  EXPECT_EQ(t.run(r).skipped, 1u);
+  u.run(q);
+  EXPECT_EQ(weights_of(t), weights_of(u));
 }
 
 TEST(NonFinite, TooManySkipsInARowStopTheRun) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <map>
 #include <thread>
 
 #include "cohort/core/error.hpp"
@@ -65,18 +66,27 @@ TEST(Trainer, SameSeedSameDigestOtherSeedOtherDigest) {
 
 class WorkerCount : public ::testing::TestWithParam<std::size_t> {};
 
+constexpr TrainConfig::WeightGrads kModes[] = {TrainConfig::WeightGrads::kLeaf,
+                                               TrainConfig::WeightGrads::kBatch};
+const char* name(TrainConfig::WeightGrads m) {
+  return m == TrainConfig::WeightGrads::kBatch ? "batch" : "leaf";
+}
+
 TEST_P(WorkerCount, WeightsAndLossesEqualTheOneWorkerRunBitForBit) {
-  TrainConfig c = small_config();
-  c.batch = 40;  // 512 = 12 * 40 + 32: the last batch of an epoch is partial (4 leaves)
-  c.drop_last = false;
-  Recorder one, many;
-  Summary reference = Trainer(c, fixture()).run(one);
-  c.workers = GetParam();
-  Summary s = Trainer(c, fixture()).run(many);
-  EXPECT_EQ(s.workers, GetParam());
-  EXPECT_EQ(s.weights_digest, reference.weights_digest);
-  EXPECT_EQ(many.losses, one.losses);
-  EXPECT_EQ(s.test_accuracy, reference.test_accuracy);
+  for (auto mode : kModes) {
+    TrainConfig c = small_config();
+    c.batch = 40;  // 512 = 12 * 40 + 32: the last batch of an epoch is partial (4 leaves)
+    c.drop_last = false;
+    c.weight_grads = mode;
+    Recorder one, many;
+    Summary reference = Trainer(c, fixture()).run(one);
+    c.workers = GetParam();
+    Summary s = Trainer(c, fixture()).run(many);
+    EXPECT_EQ(s.workers, GetParam());
+    EXPECT_EQ(s.weights_digest, reference.weights_digest) << name(mode);
+    EXPECT_EQ(many.losses, one.losses) << name(mode);
+    EXPECT_EQ(s.test_accuracy, reference.test_accuracy) << name(mode);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, WorkerCount, ::testing::Values(2, 3, 4, 5, 8));
@@ -92,6 +102,34 @@ TEST(Trainer, MicroBatchChangesTheSumOrderButNotTheMath) {
   Trainer b(c, fixture());
   b.run(r2);
   for (std::size_t i = 0; i < r1.losses.size(); ++i) EXPECT_NEAR(r1.losses[i], r2.losses[i], 1e-4);
+}
+
+// The two places to compute linear layers' weight gradients sum the batch in different orders:
+// the runs agree to rounding, not bit for bit; and kAuto picks by rows per leaf.
+TEST(Trainer, LeafAndBatchWeightGradientsAgreeToRounding) {
+  TrainConfig c = small_config();
+  c.steps = 5;
+  c.weight_grads = TrainConfig::WeightGrads::kLeaf;
+  Recorder leaf, batch;
+  const Summary a = Trainer(c, fixture()).run(leaf);
+  c.weight_grads = TrainConfig::WeightGrads::kBatch;
+  const Summary b = Trainer(c, fixture()).run(batch);
+  ASSERT_EQ(leaf.losses.size(), 5u);
+  for (std::size_t i = 0; i < leaf.losses.size(); ++i)
+    EXPECT_NEAR(leaf.losses[i], batch.losses[i], 1e-4) << "step " << i + 1;
+  EXPECT_NE(a.weights_digest, b.weights_digest);  // a different order, as documented
+}
+
+TEST(Trainer, AutoWeightGradientsFollowTheRowsPerLeaf) {
+  TrainConfig c = small_config();
+  c.weight_grads = TrainConfig::WeightGrads::kAuto;
+  c.batch = 128;
+  c.micro_batch = TrainConfig::kBatchGradsMaxRows;
+  EXPECT_EQ(Trainer(c, fixture()).config().weight_grads, TrainConfig::WeightGrads::kBatch);
+  c.micro_batch = TrainConfig::kBatchGradsMaxRows + 1;
+  EXPECT_EQ(Trainer(c, fixture()).config().weight_grads, TrainConfig::WeightGrads::kLeaf);
+  c.weight_grads = TrainConfig::WeightGrads::kBatch;  // an explicit choice stays
+  EXPECT_EQ(Trainer(c, fixture()).config().weight_grads, TrainConfig::WeightGrads::kBatch);
 }
 
 TEST(Trainer, BadConfigsAreRefusedBeforeWork) {
@@ -130,9 +168,11 @@ TEST(Trainer, BadConfigsAreRefusedBeforeWork) {
   EXPECT_NE(message_of(c).find("lr"), std::string::npos);
 }
 
-TrainConfig engine_config(std::size_t workers) {
+TrainConfig engine_config(std::size_t workers,
+                          TrainConfig::WeightGrads mode = TrainConfig::WeightGrads::kAuto) {
   TrainConfig c;  // the default MLP, batch 256, lr 0.05, momentum 0.9
   c.micro_batch = 32;
+  c.weight_grads = mode;
   c.steps = 50;
   c.workers = workers;
   c.seed = 4;
@@ -142,15 +182,22 @@ TrainConfig engine_config(std::size_t workers) {
 class EngineWorkers : public ::testing::TestWithParam<std::size_t> {};
 
 TEST_P(EngineWorkers, DefaultMlpDigestAndLossesEqualOneWorker) {
-  // Batch 256 in 8 leaves of 32, 50 steps: every worker count gives the 1-worker run's bits.
-  static Recorder one_losses;
-  static const Summary one = Trainer(engine_config(1), fixture()).run(one_losses);
-  std::printf("seed %llu, workers %zu\n", 4ull, GetParam());
-  Recorder rec;
-  Summary s = Trainer(engine_config(GetParam()), fixture()).run(rec);
-  EXPECT_EQ(s.steps, 50u);
-  EXPECT_EQ(s.weights_digest, one.weights_digest);
-  EXPECT_EQ(rec.losses, one_losses.losses);
+  // Batch 256 in 8 leaves of 32, 50 steps: every worker count gives the 1-worker run's bits,
+  // with weight gradients per leaf and over the batch.
+  static std::map<TrainConfig::WeightGrads, std::pair<Summary, Recorder>> one;
+  for (auto mode : kModes) {
+    if (!one.count(mode)) {
+      Recorder r;
+      Summary s = Trainer(engine_config(1, mode), fixture()).run(r);
+      one[mode] = {s, r};
+    }
+    std::printf("seed %llu, workers %zu, weight gradients %s\n", 4ull, GetParam(), name(mode));
+    Recorder rec;
+    Summary s = Trainer(engine_config(GetParam(), mode), fixture()).run(rec);
+    EXPECT_EQ(s.steps, 50u);
+    EXPECT_EQ(s.weights_digest, one[mode].first.weights_digest) << name(mode);
+    EXPECT_EQ(rec.losses, one[mode].second.losses) << name(mode);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, EngineWorkers, ::testing::Values(1, 2, 3, 4, 8));
@@ -253,11 +300,15 @@ TEST_P(CnnWorkers, DropoutCnnDigestEqualsOneWorker) {
   const char* model =
       "conv(8,5)-dropout(0.2)-relu-maxpool(2)-flatten-dropout(0.5)-linear(32)-relu-linear(10)";
   std::printf("seed 9, workers %zu, model %s\n", GetParam(), model);
-  Recorder one, many;
-  Summary reference = Trainer(cnn_config(1, model), fixture()).run(one);
-  Summary s = Trainer(cnn_config(GetParam(), model), fixture()).run(many);
-  EXPECT_EQ(s.weights_digest, reference.weights_digest);
-  EXPECT_EQ(many.losses, one.losses);
+  for (auto mode : kModes) {
+    TrainConfig c1 = cnn_config(1, model), cw = cnn_config(GetParam(), model);
+    c1.weight_grads = cw.weight_grads = mode;
+    Recorder one, many;
+    Summary reference = Trainer(c1, fixture()).run(one);
+    Summary s = Trainer(cw, fixture()).run(many);
+    EXPECT_EQ(s.weights_digest, reference.weights_digest) << name(mode);
+    EXPECT_EQ(many.losses, one.losses) << name(mode);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, CnnWorkers, ::testing::Values(2, 3, 4));
