@@ -12,11 +12,12 @@ namespace cohort::nn {
 
 void linear_weight_grad(const float* x, const float* dy, std::int64_t rows, std::int64_t in,
                         std::int64_t out, std::int64_t i0, std::int64_t i1, float* dw) {
-  COHORT_CHECK(0 <= i0 && i0 < i1 && i1 <= in && rows > 0 && out > 0, "bad linear_weight_grad range");
+  COHORT_CHECK(0 <= i0 && i0 < i1 && i1 <= in && rows > 0 && out > 0,
+               "bad linear_weight_grad range");
   // Row-major C (M = i1 - i0, N = out) = A^T B with A = x[:, i0 .. i1) (K = rows by M, lda = in)
   // and B = dy (K by N, ldb = out).
-  const dnnl_status_t s = dnnl_sgemm('T', 'N', i1 - i0, out, rows, 1.0f, x + i0, in, dy, out,
-                                     0.0f, dw, out);
+  const dnnl_status_t s =
+      dnnl_sgemm('T', 'N', i1 - i0, out, rows, 1.0f, x + i0, in, dy, out, 0.0f, dw, out);
   if (s != dnnl_success)
     throw InternalError("oneDNN: sgemm for a weight gradient (" + std::to_string(i1 - i0) + "x" +
                         std::to_string(out) + ", K " + std::to_string(rows) + "): status " +

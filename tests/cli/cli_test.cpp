@@ -127,6 +127,7 @@ TEST_F(Cli, BadInputExitsTwoNamingWhatIsWrong) {
       {quick({"--optimizer", "adam", "--beta2", "1"}), "--beta2"},
       {quick({"--clip-norm", "-1"}), "--clip-norm"},
       {quick({"--on-nonfinite", "ignore"}), "--on-nonfinite: expected stop or skip"},
+      {quick({"--weight-grads", "gemm"}), "--weight-grads: expected auto, leaf or batch"},
       {quick({"--max-skips", "0"}), "--max-skips"},
       {quick({"--trace", dir_.string()}), "--trace"},
       {{}, "subcommand"},
@@ -274,6 +275,7 @@ TEST_F(Cli, BadConfigsAreRefusedWithFileLineAndKey) {
       {"[schedule]\ngamma = 0.0\n", 2, "schedule.gamma"},
       {"[schedule]\nstep_every = 0\n", 2, "schedule.step_every"},
       {"[run]\non_nonfinite = \"ignore\"\n", 2, "run.on_nonfinite"},
+      {"[run]\nweight_grads = \"gemm\"\n", 2, "run.weight_grads"},
       {"[run]\nmax_skips = 0\n", 2, "run.max_skips"},
       {"[output]\ntrace = \"/nonexistent/dir/t.json\"\n", 2, "output.trace"},
   };
