@@ -71,8 +71,8 @@ struct Net::Impl {
   // (N, training, batch weight gradients of linear layers)
   std::map<std::tuple<std::int64_t, bool, bool>, std::unique_ptr<Plan>> plans;
   PhaseTimes times;
-  Clock::time_point backward_begin;  // of the last forward_backward
-  StreamKey key;                     // the current step's dropout streams
+  Clock::time_point backward_begin;         // of the last forward_backward
+  StreamKey key;                            // the current step's dropout streams
   std::span<const LinearRows> linear_rows;  // the current call's (batch weight gradients)
   bool blocked_layouts;
 

@@ -59,21 +59,23 @@ void expect_gradients_match(const Model& m, const AlignedBuffer<float>& grad,
   }
 }
 
+// The case's model, random inputs and the float64 reference's results (printed seed).
 class NetVsReference : public ::testing::TestWithParam<Case> {
  protected:
-  void SetUp() override { omp_set_num_threads(1); }
+  void SetUp() override {
+    omp_set_num_threads(1);
+    std::printf("seed %llu, model %s, N %lld\n", static_cast<unsigned long long>(kSeed),
+                GetParam().spec, static_cast<long long>(GetParam().N));
+  }
+  const std::int64_t N = GetParam().N;
+  const Model m = Model::parse(GetParam().spec, GetParam().input);
+  Inputs in = make_inputs(m, N, kSeed);
+  const StreamKey key{kSeed, 3, 1};  // dropout streams of step 3, leaf 1
+  const reference::NetResult ref =
+      reference::net_forward_backward(m, to_double(in.params), to_double(in.x), in.labels, N, key);
 };
 
 TEST_P(NetVsReference, LogitsLossAndEveryGradientMatch) {
-  const auto [spec, N, input] = GetParam();
-  std::printf("seed %llu, model %s, N %lld\n", static_cast<unsigned long long>(kSeed), spec,
-              static_cast<long long>(N));
-  Model m = Model::parse(spec, input);
-  Inputs in = make_inputs(m, N, kSeed);
-  const StreamKey key{kSeed, 3, 1};  // dropout streams of step 3, leaf 1
-  auto ref =
-      reference::net_forward_backward(m, to_double(in.params), to_double(in.x), in.labels, N, key);
-
   Net net(m);
   AlignedBuffer<float> grad(m.layout().total());
   double loss =
@@ -94,15 +96,6 @@ TEST_P(NetVsReference, LogitsLossAndEveryGradientMatch) {
 // rows (split into row ranges that do not divide the layer evenly, as root chunks may) give the
 // reference gradient; every other tensor's gradient is the Net's as before.
 TEST_P(NetVsReference, BatchWeightGradientsFromTheKeptRowsMatch) {
-  const auto [spec, N, input] = GetParam();
-  std::printf("seed %llu, model %s, N %lld\n", static_cast<unsigned long long>(kSeed), spec,
-              static_cast<long long>(N));
-  Model m = Model::parse(spec, input);
-  Inputs in = make_inputs(m, N, kSeed);
-  const StreamKey key{kSeed, 3, 1};
-  auto ref =
-      reference::net_forward_backward(m, to_double(in.params), to_double(in.x), in.labels, N, key);
-
   std::vector<const LayerSpec*> linear;
   for (const auto& l : m.layers())
     if (l.kind == LayerSpec::Kind::kLinear) linear.push_back(&l);
