@@ -71,7 +71,9 @@ struct TrainConfig {
   // simulate a failing worker. Not for production use.
   std::function<void(std::uint64_t step, std::size_t leaf)> leaf_hook;
   // Test hook, called on the replica's thread with each leaf's gradient (n floats) after
-  // backward, before it is contributed; may change it (to inject a non-finite value).
+  // backward, before it is contributed; may change it (to inject a non-finite value). With batch
+  // weight gradients the linear layers' ranges of that array are not used (the root computes
+  // them from the batch's rows), so only other tensors' elements reach the weights.
   std::function<void(std::uint64_t step, std::size_t leaf, float* grad, std::size_t n)>
       gradient_hook;
 };
