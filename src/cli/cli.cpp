@@ -66,13 +66,13 @@ void write_atomically(const std::string& path, const std::string& text) {
 
 const char* weight_grads_name(train::TrainConfig::WeightGrads w) {
   using W = train::TrainConfig::WeightGrads;
-  return w == W::kBatch ? "batch" : w == W::kLeaf ? "leaf" : "auto";
+  return w == W::kBatch ? "batch" : "leaf";
 }
 train::TrainConfig::WeightGrads parse_weight_grads(const std::string& name) {
   using W = train::TrainConfig::WeightGrads;
-  for (W w : {W::kAuto, W::kLeaf, W::kBatch})
+  for (W w : {W::kLeaf, W::kBatch})
     if (name == weight_grads_name(w)) return w;
-  throw InputError("--weight-grads: expected auto, leaf or batch, found '" + name + "'");
+  throw InputError("--weight-grads: expected leaf or batch, found '" + name + "'");
 }
 
 json to_json(const train::TimeBreakdown& t) {
@@ -625,9 +625,8 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   train_cmd->add_option("--reducer", config.reducer,
                         "tree | chunk_owner | parameter_server | atomic | mutex | serial");
   train_cmd->add_option("--weight-grads", weight_grads,
-                        "auto | leaf | batch: linear layers' weight gradients per leaf, summed by "
-                        "the reducer, or over the whole batch at the root, right before the "
-                        "optimizer (auto: batch when a leaf has at most 64 rows)");
+                        "batch | leaf: linear layers' weight gradients over the whole batch at the "
+                        "root, right before the optimizer, or per leaf, summed by the reducer");
   bool keep_last = false, plain_layouts = false;
   train_cmd->add_flag("--plain-layouts", plain_layouts,
                       "plain nchw activations in convolutions and pooling instead of oneDNN's "

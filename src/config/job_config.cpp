@@ -41,7 +41,7 @@ const std::map<std::string, Key>& schema() {
       {"run.seed", {"--seed", Type::kInteger, 0, 9.2e18}},
       {"run.reducer", {"--reducer", Type::kString}},
       {"run.weight_grads",
-       {"--weight-grads", Type::kChoice, 0, 0, false, false, {"auto", "leaf", "batch"}}},
+       {"--weight-grads", Type::kChoice, 0, 0, false, false, {"batch", "leaf"}}},
       {"run.keep_last", {"--keep-last", Type::kBool}},
       {"run.prefetch", {"--prefetch", Type::kBool}},
       {"run.on_nonfinite", {"--on-nonfinite", Type::kChoice, 0, 0, false, false, {"stop", "skip"}}},

@@ -188,9 +188,9 @@ struct Trainer::Impl {
   TbbExecutor executor;
   std::map<std::size_t, std::unique_ptr<reduce::Reducer>> reducers;  // by leaf count
   optim::Optimizer optimizer;
-  const bool two_phase;      // clip or skip: check the whole summed gradient before applying
-  bool batch_grads = false;  // config.weight_grads (resolved) == kBatch
-  float base_lr;             // --lr after the linear scaling rule
+  const bool two_phase;    // clip or skip: check the whole summed gradient before applying
+  const bool batch_grads;  // config.weight_grads == kBatch
+  float base_lr;           // --lr after the linear scaling rule
   TimeBreakdown time;
   StepPlan plan;
   std::uint64_t steps_done = 0;    // training steps done (batches consumed)
@@ -225,6 +225,7 @@ struct Trainer::Impl {
         arena(static_cast<int>(resolve_workers(config.workers))),
         optimizer(config.optimizer),
         two_phase(config.clip_norm > 0 || config.on_nonfinite == TrainConfig::OnNonFinite::kSkip),
+        batch_grads(config.weight_grads == TrainConfig::WeightGrads::kBatch),
         base_lr(optim::scaled_base_lr(config.schedule, config.optimizer.lr, config.batch)) {
     validate(config, model, data);
     config.workers = resolve_workers(config.workers);
@@ -234,11 +235,6 @@ struct Trainer::Impl {
       const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
       config.micro_batch = (config.batch + cores - 1) / cores;
     }
-    if (config.weight_grads == TrainConfig::WeightGrads::kAuto)
-      config.weight_grads = config.micro_batch <= TrainConfig::kBatchGradsMaxRows
-                                ? TrainConfig::WeightGrads::kBatch
-                                : TrainConfig::WeightGrads::kLeaf;
-    batch_grads = config.weight_grads == TrainConfig::WeightGrads::kBatch;
     omp_set_num_threads(1);  // this thread also runs replica work inside the arena
     weights = AlignedBuffer<float>(model.layout().total());
     model.init(weights.data(), config.seed);

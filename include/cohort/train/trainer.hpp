@@ -47,12 +47,12 @@ struct TrainConfig {
   // or over the whole batch at the root, one GEMM per chunk of the weights right before the
   // optimizer reads it, from the batch's kept layer inputs and output gradients (kBatch).
   // Either is bitwise reproducible for every worker count; they differ from each other in the
-  // order of the batch sum. Convolution gradients are per leaf in both. kAuto (the default)
-  // resolves to kBatch when a leaf has at most kBatchGradsMaxRows rows, else kLeaf: writing and
-  // re-reading a whole gradient per leaf costs the same bytes whatever the leaf's rows, so it
-  // weighs most on small leaves (measured: docs/engine_results.md).
-  enum class WeightGrads { kAuto, kLeaf, kBatch } weight_grads = WeightGrads::kAuto;
-  static constexpr std::size_t kBatchGradsMaxRows = 64;
+  // order of the batch sum. Convolution gradients are per leaf in both. kBatch is the default:
+  // writing and re-reading a whole gradient per leaf costs the same bytes whatever the leaf's
+  // rows, so per-leaf gradients lose at small leaves and tie at large ones (measured:
+  // docs/engine_results.md); and a model of linear layers then gets the same weights for every
+  // micro-batch, too (tested).
+  enum class WeightGrads { kLeaf, kBatch } weight_grads = WeightGrads::kBatch;
   std::size_t tree_arity = 0;    // 0: one flat root over all leaves (up to 64)
   std::size_t eval_batch = 500;  // rows per forward pass in evaluation
   // Skip each epoch's last, partial batch, as torch_peer.py does: every step then has the same
