@@ -7,7 +7,7 @@ cohort's samples/s counts training steps only (its summary's `samples_per_second
 loading, no evaluation; the first step, which creates the oneDNN primitives, is included). The
 peer's figure is its `tput` median (20 warm-up steps excluded).
 
-Usage: bench/peer_compare.py [--reps 5] [--steps 300] [--cases mlp256,mlp32,scaling,micro,wgrads,prefetch,cnn,layouts]
+Usage: bench/peer_compare.py [--reps 5] [--steps 300] [--cases mlp256,mlp32,scaling,micro,wgrads,cnn,layouts]
 Needs: python3-torch and libopenblas0-openmp (see the peer's header), build/release/cohort.
 """
 import argparse
@@ -81,7 +81,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--cases", default="mlp256,mlp32,scaling,micro,wgrads,prefetch,cnn,layouts")
+    p.add_argument("--cases", default="mlp256,mlp32,scaling,micro,wgrads,cnn,layouts")
     a = p.parse_args()
     cases = a.cases.split(",")
     print(f"reps {a.reps}, steps {a.steps}, cohort {COHORT}")
@@ -133,13 +133,6 @@ def main():
                 a.reps, a.steps)
             print(f"\nratio batch / leaf at batch {batch}: "
                   f"**{med['--weight-grads batch'] / med['--weight-grads leaf']:.3f}**")
-    if "prefetch" in cases:
-        med, _ = side_by_side(
-            "Prefetch node vs assembly inside the replicas, 2 workers, batch 256",
-            [("prefetch node", lambda s: cohort(["--workers", "2", "--prefetch"], s)),
-             ("in replicas", lambda s: cohort(["--workers", "2"], s))],
-            a.reps, a.steps)
-        print(f"\nratio prefetch / in replicas: **{med['prefetch node'] / med['in replicas']:.3f}**")
     if "cnn" in cases:
         med, rates = side_by_side(
             "CNN (the cnn preset), batch 256: cohort 2 workers vs PyTorch 2 threads",

@@ -64,15 +64,11 @@ void write_atomically(const std::string& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
-const char* weight_grads_name(train::TrainConfig::WeightGrads w) {
-  using W = train::TrainConfig::WeightGrads;
-  return w == W::kBatch ? "batch" : "leaf";
+std::string weight_grads_name(train::TrainConfig::WeightGrads w) {
+  return std::string(name_of(train::TrainConfig::kWeightGradsNames, w));
 }
 train::TrainConfig::WeightGrads parse_weight_grads(const std::string& name) {
-  using W = train::TrainConfig::WeightGrads;
-  for (W w : {W::kLeaf, W::kBatch})
-    if (name == weight_grads_name(w)) return w;
-  throw InputError("--weight-grads: expected leaf or batch, found '" + name + "'");
+  return parse_name(train::TrainConfig::kWeightGradsNames, name, "--weight-grads");
 }
 
 json to_json(const train::TimeBreakdown& t) {
@@ -389,10 +385,9 @@ json config_json(const train::TrainConfig& c, const std::string& data_dir) {
       {"schedule", schedule},
       {"on_nonfinite", c.on_nonfinite == train::TrainConfig::OnNonFinite::kSkip ? "skip" : "stop"},
       {"max_skips", c.max_skips},
-      {"reducer", c.reducer},
+      {"reducer", reduce::to_string(c.reducer)},
       {"weight_grads", weight_grads_name(c.weight_grads)},
       {"drop_last", c.drop_last},
-      {"prefetch", c.prefetch},
       {"blocked_layouts", c.blocked_layouts}};
 }
 
@@ -622,7 +617,8 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   train_cmd->add_option("--max-skips", config.max_skips,
                         "skipped steps in a row that stop the run");
   train_cmd->add_option("--seed", config.seed, "seed of initialisation and shuffling");
-  train_cmd->add_option("--reducer", config.reducer,
+  std::string reducer_name = "tree";
+  train_cmd->add_option("--reducer", reducer_name,
                         "tree | chunk_owner | parameter_server | atomic | mutex | serial");
   train_cmd->add_option("--weight-grads", weight_grads,
                         "batch | leaf: linear layers' weight gradients over the whole batch at the "
@@ -631,9 +627,6 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   train_cmd->add_flag("--plain-layouts", plain_layouts,
                       "plain nchw activations in convolutions and pooling instead of oneDNN's "
                       "blocked choice (for measuring)");
-  train_cmd->add_flag("--prefetch", config.prefetch,
-                      "assemble the next batch in a graph node beside the replicas (default: each "
-                      "replica assembles its own leaves)");
   train_cmd->add_flag("--keep-last", keep_last,
                       "also train on each epoch's last, partial batch (default: skip it)");
   CheckpointOptions ck;
@@ -700,6 +693,7 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
     config.on_nonfinite = on_nonfinite == "skip" ? train::TrainConfig::OnNonFinite::kSkip
                                                  : train::TrainConfig::OnNonFinite::kStop;
     config.weight_grads = parse_weight_grads(weight_grads);
+    config.reducer = reduce::parse_strategy(reducer_name);
     if (train_cmd->parsed())
       return train_command(config, data_dir, summary_path, metrics_path, trace_path, ck, log_every,
                            quiet, out);

@@ -43,7 +43,6 @@ const std::map<std::string, Key>& schema() {
       {"run.weight_grads",
        {"--weight-grads", Type::kChoice, 0, 0, false, false, {"batch", "leaf"}}},
       {"run.keep_last", {"--keep-last", Type::kBool}},
-      {"run.prefetch", {"--prefetch", Type::kBool}},
       {"run.on_nonfinite", {"--on-nonfinite", Type::kChoice, 0, 0, false, false, {"stop", "skip"}}},
       {"run.max_skips", {"--max-skips", Type::kInteger, 1, 1e9}},
       {"optimizer.kind",

@@ -19,22 +19,11 @@ void require(bool ok, const char* flag, const char* expected, float found) {
 }  // namespace
 
 Kind parse_kind(const std::string& name, const std::string& flag) {
-  if (name == "sgd") return Kind::kSgd;
-  if (name == "adam") return Kind::kAdam;
-  if (name == "adamw") return Kind::kAdamW;
-  throw InputError(flag + ": expected sgd, adam or adamw, found '" + name + "'");
+  return parse_name(kKindNames, name, flag);
 }
 
 const char* to_string(Kind kind) {
-  switch (kind) {
-    case Kind::kSgd:
-      return "sgd";
-    case Kind::kAdam:
-      return "adam";
-    case Kind::kAdamW:
-      return "adamw";
-  }
-  return "?";
+  return name_of(kKindNames, kind).data();
 }
 
 void validate(const OptimizerConfig& c) {

@@ -11,22 +11,11 @@
 namespace cohort::optim {
 
 ScheduleKind parse_schedule(const std::string& name, const std::string& flag) {
-  if (name == "constant") return ScheduleKind::kConstant;
-  if (name == "step") return ScheduleKind::kStep;
-  if (name == "cosine") return ScheduleKind::kCosine;
-  throw InputError(flag + ": expected constant, step or cosine, found '" + name + "'");
+  return parse_name(kScheduleNames, name, flag);
 }
 
 const char* to_string(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::kConstant:
-      return "constant";
-    case ScheduleKind::kStep:
-      return "step";
-    case ScheduleKind::kCosine:
-      return "cosine";
-  }
-  return "?";
+  return name_of(kScheduleNames, kind).data();
 }
 
 void validate(const ScheduleConfig& c, float base_lr) {

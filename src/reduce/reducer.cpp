@@ -10,32 +10,11 @@
 namespace cohort::reduce {
 
 std::string_view to_string(Strategy strategy) {
-  switch (strategy) {
-    case Strategy::kTree:
-      return "tree";
-    case Strategy::kChunkOwner:
-      return "chunk_owner";
-    case Strategy::kParameterServer:
-      return "parameter_server";
-    case Strategy::kAtomic:
-      return "atomic";
-    case Strategy::kMutex:
-      return "mutex";
-    case Strategy::kSerial:
-      return "serial";
-  }
-  return "?";
+  return name_of(kStrategyNames, strategy);
 }
 
-Strategy parse_strategy(std::string_view name) {
-  for (Strategy s : {Strategy::kTree, Strategy::kChunkOwner, Strategy::kParameterServer,
-                     Strategy::kAtomic, Strategy::kMutex, Strategy::kSerial}) {
-    if (name == to_string(s)) return s;
-  }
-  throw InputError(
-      "reduce strategy: expected one of tree, chunk_owner, parameter_server, atomic, "
-      "mutex, serial; found '" +
-      std::string(name) + "'");
+Strategy parse_strategy(std::string_view name, const std::string& what) {
+  return parse_name(kStrategyNames, name, what);
 }
 
 bool is_deterministic(Strategy strategy) {
@@ -63,20 +42,9 @@ Reducer::Reducer(Strategy strategy, const ReducerConfig& config, Executor& execu
     : strategy_(strategy),
       config_((validate(config), config)),
       shape_(config.leaves, config.arity),
-      executor_(executor) {
-  if (config_.own_leaf_buffers) {
-    leaf_buffers_.reserve(config_.leaves);
-    for (std::size_t i = 0; i < config_.leaves; ++i) leaf_buffers_.emplace_back(config_.n);
-  }
-}
+      executor_(executor) {}
 
 Reducer::~Reducer() = default;
-
-float* Reducer::leaf_buffer(std::size_t leaf) {
-  COHORT_CHECK(config_.own_leaf_buffers, "leaf_buffer: own_leaf_buffers is not set");
-  COHORT_CHECK(leaf < leaf_buffers_.size(), "leaf_buffer: leaf out of range");
-  return leaf_buffers_[leaf].data();
-}
 
 void Reducer::begin_step(Sink sink) {
   COHORT_CHECK(step_done(), "begin_step: the previous step is not complete (call reset())");

@@ -107,7 +107,6 @@ void validate(const TrainConfig& c, const nn::Model& model, const data::Splits& 
   if (static_cast<std::size_t>(model.num_classes()) != data.train.num_classes)
     bad("--model", "an output size of " + std::to_string(data.train.num_classes) + " (classes)",
         std::to_string(model.num_classes()) + " in '" + model.spec() + "'");
-  reduce::parse_strategy(c.reducer);
   optim::validate(c.optimizer);
   optim::validate(c.schedule, optim::scaled_base_lr(c.schedule, c.optimizer.lr, c.batch));
   if (!(std::isfinite(c.clip_norm) && c.clip_norm >= 0))
@@ -354,12 +353,10 @@ struct Trainer::Impl {
     if (!slot) {
       // Arity 0: one flat root over all leaves (the last arrival sums them in one chunk-parallel
       // pass; docs/reduce_results.md measured binary trees at 0.31 of it for 2 MiB gradients).
-      const std::size_t arity = config.tree_arity != 0
-                                    ? config.tree_arity
-                                    : std::clamp<std::size_t>(leaves, 2, reduce::kMaxArity);
+      const std::size_t arity = std::clamp<std::size_t>(leaves, 2, reduce::kMaxArity);
       reduce::ReducerConfig rc{
           .n = model.layout().total(), .leaves = leaves, .workers = config.workers, .arity = arity};
-      slot = reduce::make_reducer(reduce::parse_strategy(config.reducer), rc, executor);
+      slot = reduce::make_reducer(config.reducer, rc, executor);
       chunk_seconds.resize(std::max(chunk_seconds.size(), rc.n / rc.chunk + 1));
       chunk_thread.resize(chunk_seconds.size());
       chunk_bad.resize(chunk_seconds.size(), rc.n);
@@ -423,7 +420,7 @@ struct Trainer::Impl {
   // Graph node: assembles the next step's batch into the other staging buffer while this step's
   // replicas compute (prefetch on), so batch assembly leaves the replicas' path.
   void prepare_next() {
-    if (!config.prefetch || plan.next_ids.empty()) return;
+    if (!false || plan.next_ids.empty()) return;
     auto t0 = Clock::now();
     assemble(plan.next_ids, 1 - plan.slot, 0);
     prefetch_seconds += seconds_since(t0);
@@ -450,7 +447,7 @@ struct Trainer::Impl {
       const std::size_t leaf = plan.next_leaf.fetch_add(1, std::memory_order_relaxed);
       if (leaf >= plan.leaves) break;
       const std::size_t first = leaf * M, n = std::min(M, rows - first);
-      if (!config.prefetch) {
+      if (!false) {
         auto t0 = Clock::now();
         assemble(plan.ids.subspan(first, n), plan.slot, first);
         r.data_seconds += seconds_since(t0);
@@ -774,7 +771,7 @@ struct Trainer::Impl {
     std::size_t first_b = static_cast<std::size_t>(step_number % steps_per_epoch);
     std::vector<std::uint32_t> order = sampler.epoch_order(first_epoch), next_order;
     plan.slot = 0;
-    if (config.prefetch && step_number < total_steps) assemble(batch_of(order, first_b), 0, 0);
+    if (false && step_number < total_steps) assemble(batch_of(order, first_b), 0, 0);
     bool stopped = false;
     for (std::size_t epoch = first_epoch; step_number < total_steps && !stopped; ++epoch) {
       double epoch_loss = 0, epoch_seconds = 0;
@@ -796,7 +793,7 @@ struct Trainer::Impl {
         double dt = seconds_since(t0);
         if (config.trace) trace_step_end(t0);
         account(dt);
-        plan.slot = config.prefetch ? 1 - plan.slot : plan.slot;
+        plan.slot = false ? 1 - plan.slot : plan.slot;
         ++step_number;
         steps_done = step_number;
         epoch_seconds += dt;

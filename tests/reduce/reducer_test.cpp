@@ -229,21 +229,6 @@ TEST(Reducer, DoubleContributionIsCaught) {
   EXPECT_THROW(tree->contribute(0, 1, data.pointers[1]), InternalError);
 }
 
-TEST(Reducer, OwnLeafBuffers) {
-  InlineExecutor ex;
-  ReducerConfig config{
-      .n = 33, .leaves = 3, .workers = 1, .arity = 2, .chunk = 16, .own_leaf_buffers = true};
-  auto tree = make_reducer(Strategy::kTree, config, ex);
-  tree->begin_step(Sink::into(nullptr, 0.5f));
-  for (std::size_t leaf = 0; leaf < 3; ++leaf) {
-    float* g = tree->leaf_buffer(leaf);
-    for (std::size_t i = 0; i < 33; ++i) g[i] = static_cast<float>(leaf + i);
-    tree->contribute(0, leaf, g);
-  }
-  ASSERT_TRUE(tree->step_done());
-  for (std::size_t i = 0; i < 33; ++i) EXPECT_EQ(tree->sum()[i], (3.0f * i + 3.0f) * 0.5f);
-}
-
 TEST(Reducer, ValidationNamesTheField) {
   InlineExecutor ex;
   auto expect_field = [&](ReducerConfig c, const char* field) {

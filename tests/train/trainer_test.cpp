@@ -175,9 +175,6 @@ TEST(Trainer, BadConfigsAreRefusedBeforeWork) {
   c.workers = 5000;
   EXPECT_NE(message_of(c).find("--workers"), std::string::npos);
   c = small_config();
-  c.reducer = "magic";
-  EXPECT_NE(message_of(c).find("magic"), std::string::npos);
-  c = small_config();
   c.optimizer.lr = -1;
   EXPECT_NE(message_of(c).find("lr"), std::string::npos);
 }
@@ -281,18 +278,6 @@ TEST(Engine, BadInputInAReplicaStaysBadInput) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("step 2: a corrupt sample"), std::string::npos);
   }
-}
-
-TEST(Engine, WithPrefetchTheResultIsTheSame) {
-  TrainConfig c = engine_config(2);
-  c.steps = 10;
-  Recorder a, b;
-  c.prefetch = true;
-  Summary with = Trainer(c, fixture()).run(a);
-  c.prefetch = false;
-  Summary without = Trainer(c, fixture()).run(b);
-  EXPECT_EQ(with.weights_digest, without.weights_digest);
-  EXPECT_EQ(a.losses, b.losses);
 }
 
 TrainConfig cnn_config(std::size_t workers, const char* model) {

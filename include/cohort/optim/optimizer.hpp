@@ -10,11 +10,15 @@
 #include <cstdint>
 #include <string>
 
+#include "cohort/core/names.hpp"
+
 namespace cohort::optim {
 
 enum class Kind { kSgd, kAdam, kAdamW };
+inline constexpr Named<Kind> kKindNames[] = {
+    {Kind::kSgd, "sgd"}, {Kind::kAdam, "adam"}, {Kind::kAdamW, "adamw"}};
 
-// "sgd", "adam", "adamw" <-> Kind; parse throws InputError naming `flag`.
+// kKindNames <-> Kind; parse throws InputError naming `flag`.
 Kind parse_kind(const std::string& name, const std::string& flag = "--optimizer");
 const char* to_string(Kind kind);
 

@@ -7,11 +7,16 @@
 #include <cstdint>
 #include <string>
 
+#include "cohort/core/names.hpp"
+
 namespace cohort::optim {
 
 enum class ScheduleKind { kConstant, kStep, kCosine };
+inline constexpr Named<ScheduleKind> kScheduleNames[] = {{ScheduleKind::kConstant, "constant"},
+                                                         {ScheduleKind::kStep, "step"},
+                                                         {ScheduleKind::kCosine, "cosine"}};
 
-// "constant", "step", "cosine" <-> ScheduleKind; parse throws InputError naming `flag`.
+// kScheduleNames <-> ScheduleKind; parse throws InputError naming `flag`.
 ScheduleKind parse_schedule(const std::string& name, const std::string& flag = "--schedule");
 const char* to_string(ScheduleKind kind);
 

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cohort/core/names.hpp"
 #include "cohort/reduce/executor.hpp"
 #include "cohort/reduce/function_ref.hpp"
 #include "cohort/reduce/tree_shape.hpp"
@@ -28,10 +29,15 @@ enum class Strategy {
   kSerial,           // the last contribution evaluates the tree on its own thread: the oracle
 };
 
+inline constexpr Named<Strategy> kStrategyNames[] = {
+    {Strategy::kTree, "tree"},     {Strategy::kChunkOwner, "chunk_owner"},
+    {Strategy::kParameterServer, "parameter_server"}, {Strategy::kAtomic, "atomic"},
+    {Strategy::kMutex, "mutex"},   {Strategy::kSerial, "serial"},
+};
+
 std::string_view to_string(Strategy strategy);
-// Accepts the names to_string returns ("tree", "chunk_owner", "parameter_server", "atomic",
-// "mutex", "serial"); throws InputError naming the value otherwise.
-Strategy parse_strategy(std::string_view name);
+// Accepts the names of kStrategyNames; throws InputError naming `what` and the value otherwise.
+Strategy parse_strategy(std::string_view name, const std::string& what = "--reducer");
 // Tree, chunk-owner, parameter server and serial give bitwise the serial reference's result for any
 // W and arrival order. Atomic and mutex add leaves in arrival order: their result depends on it
 // (within the float64 tolerance of tests/reduce), so they are not deterministic.
@@ -43,7 +49,6 @@ struct ReducerConfig {
   std::size_t workers = 1;        // W >= 1: worker ids passed to contribute/finish are < W
   std::size_t arity = 2;          // tree arity, 2 .. kMaxArity (e.g. arity = L: one flat root)
   std::size_t chunk = 16384;      // floats per executor chunk (64 KiB); root callback granularity
-  bool own_leaf_buffers = false;  // allocate L leaf buffers reachable through leaf_buffer()
 };
 inline constexpr std::size_t kMaxArity = 64;
 
@@ -140,9 +145,6 @@ class Reducer {
   // The array the last step's result was written to (sink.result, or the reducer's own buffer).
   // Not written by the combining tree for a fused sink (its callback consumes the root's sources).
   const float* sum() const { return out_; }
-  // Reducer-owned storage for leaf `leaf` (N floats, 64-byte aligned) if own_leaf_buffers is set,
-  // so a worker can compute a gradient in place and contribute that pointer.
-  float* leaf_buffer(std::size_t leaf);
 
  protected:
   virtual void on_begin_step() {}
@@ -175,7 +177,6 @@ class Reducer {
 
  private:
   AlignedBuffer<float> own_result_;
-  std::vector<AlignedBuffer<float>> leaf_buffers_;
   // 32-bit, compared for equality only (wraps harmlessly); a 32-bit atomic is libstdc++'s futex
   // type, so notify_all with no sleeper is a load, not a locked add on a shared waiter pool.
   std::uint32_t started_steps_ = 0;  // controller only

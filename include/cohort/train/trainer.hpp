@@ -21,6 +21,7 @@
 #include "cohort/nn/model.hpp"
 #include "cohort/optim/optimizer.hpp"
 #include "cohort/optim/schedule.hpp"
+#include "cohort/reduce/reducer.hpp"
 
 namespace cohort::train {
 
@@ -38,10 +39,13 @@ struct TrainConfig {
   // A non-finite loss or gradient: stop the run (naming step and tensor), or skip the step
   // (nothing applied, the schedule does not advance) and count it; max_skips skipped steps in a
   // row stop the run.
-  enum class OnNonFinite { kStop, kSkip } on_nonfinite = OnNonFinite::kStop;
+  enum class OnNonFinite { kStop, kSkip };
+  static constexpr Named<OnNonFinite> kOnNonFiniteNames[] = {{OnNonFinite::kStop, "stop"},
+                                                             {OnNonFinite::kSkip, "skip"}};
+  OnNonFinite on_nonfinite = OnNonFinite::kStop;
   std::size_t max_skips = 10;
   std::uint64_t seed = 1;
-  std::string reducer = "tree";  // reduce::Strategy name
+  reduce::Strategy reducer = reduce::Strategy::kTree;
   // Where linear layers' weight gradients are computed (docs/architecture.md, "Batch weight
   // gradients"): per leaf, in the replica's backward pass, summed by the reducer's root (kLeaf);
   // or over the whole batch at the root, one GEMM per chunk of the weights right before the
@@ -52,17 +56,15 @@ struct TrainConfig {
   // rows, so per-leaf gradients lose at small leaves and tie at large ones (measured:
   // docs/engine_results.md); and a model of linear layers then gets the same weights for every
   // micro-batch, too (tested).
-  enum class WeightGrads { kLeaf, kBatch } weight_grads = WeightGrads::kBatch;
-  std::size_t tree_arity = 0;    // 0: one flat root over all leaves (up to 64)
+  enum class WeightGrads { kLeaf, kBatch };
+  static constexpr Named<WeightGrads> kWeightGradsNames[] = {{WeightGrads::kBatch, "batch"},
+                                                             {WeightGrads::kLeaf, "leaf"}};
+  WeightGrads weight_grads = WeightGrads::kBatch;
   std::size_t eval_batch = 500;  // rows per forward pass in evaluation
   // Skip each epoch's last, partial batch, as torch_peer.py does: every step then has the same
   // shape (one set of primitives, one leaf decomposition) and throughput and accuracy compare
   // with the peer under one protocol. The skipped samples differ per epoch (reshuffled).
   bool drop_last = true;
-  // Assemble step t+1's batch in a graph node that runs beside step t's replicas (true), or let
-  // each replica assemble its own leaves just before computing them (false, the default: on the
-  // 2-core development machine the prefetch node measured 0.966x, docs/engine_results.md).
-  bool prefetch = false;
   // Let oneDNN choose blocked layouts for convolution and pooling (false: plain nchw, to measure).
   bool blocked_layouts = true;
   // Record a span per leaf phase and root chunk for Trainer::trace() (--trace).
