@@ -22,9 +22,7 @@ Kind parse_kind(const std::string& name, const std::string& flag) {
   return parse_name(kKindNames, name, flag);
 }
 
-const char* to_string(Kind kind) {
-  return name_of(kKindNames, kind).data();
-}
+const char* to_string(Kind kind) { return name_of(kKindNames, kind).data(); }
 
 void validate(const OptimizerConfig& c) {
   require(std::isfinite(c.lr) && c.lr > 0, "--lr", "a finite value > 0", c.lr);

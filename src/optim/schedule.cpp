@@ -14,9 +14,7 @@ ScheduleKind parse_schedule(const std::string& name, const std::string& flag) {
   return parse_name(kScheduleNames, name, flag);
 }
 
-const char* to_string(ScheduleKind kind) {
-  return name_of(kScheduleNames, kind).data();
-}
+const char* to_string(ScheduleKind kind) { return name_of(kScheduleNames, kind).data(); }
 
 void validate(const ScheduleConfig& c, float base_lr) {
   auto bad = [](const char* flag, const char* expected, double found) {

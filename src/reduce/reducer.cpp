@@ -2,6 +2,7 @@
 #include "cohort/reduce/reducer.hpp"
 
 #include <string>
+#include <utility>
 
 #include "cohort/core/error.hpp"
 #include "strategies.hpp"
@@ -9,9 +10,7 @@
 
 namespace cohort::reduce {
 
-std::string_view to_string(Strategy strategy) {
-  return name_of(kStrategyNames, strategy);
-}
+std::string_view to_string(Strategy strategy) { return name_of(kStrategyNames, strategy); }
 
 Strategy parse_strategy(std::string_view name, const std::string& what) {
   return parse_name(kStrategyNames, name, what);
@@ -26,8 +25,8 @@ void validate(const ReducerConfig& config) {
     throw InputError(std::string("reducer config: ") + field + ": expected " + expected +
                      ", found " + std::to_string(found));
   };
-  if (config.leaves == 0 || config.leaves >= (std::size_t{1} << 31)) {
-    fail("leaves", "1 .. 2^31-1", config.leaves);
+  if (config.leaves == 0 || config.leaves >= (std::size_t{1} << 30)) {
+    fail("leaves", "1 .. 2^30-1", config.leaves);
   }
   if (config.workers == 0 || config.workers >= (std::size_t{1} << 31)) {
     fail("workers", "1 .. 2^31-1", config.workers);
@@ -73,10 +72,11 @@ bool Reducer::step_done() const {
   return completed_steps_.load(std::memory_order_acquire) == started_steps_;
 }
 
-void Reducer::wait_step() const {
-  // acquire: as in step_done.
+void Reducer::wait_step() {
+  // acquire: as in step_done; it also publishes root_error_.
   std::uint32_t done = completed_steps_.load(std::memory_order_acquire);
   while (done != started_steps_) done = detail::wait_while_equal(completed_steps_, done);
+  if (root_error_) std::rethrow_exception(std::exchange(root_error_, nullptr));
 }
 
 void Reducer::reset() {

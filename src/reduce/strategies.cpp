@@ -32,18 +32,29 @@ class Collecting : public Reducer {
   }
 
   void reset() override {
-    // relaxed: no contribution is in flight.
+    // relaxed: no contribution is in flight (this also clears kAborted).
     leaves_arrived_.store(0, std::memory_order_relaxed);
     Reducer::reset();
   }
 
+  // Sets kAborted in the arrival count, so that no waiter ever sees L, and wakes the waiters.
+  void abort_step() override {
+    // relaxed: the bit carries no data; waiters only stop waiting.
+    leaves_arrived_.fetch_or(kAborted, std::memory_order_relaxed);
+    leaves_arrived_.notify_all();
+  }
+
  protected:
-  // Returns true if this was the last of the L arrivals.
+  // In leaves_arrived_ beside the count (leaves < 2^30): the step was abandoned.
+  static constexpr std::uint32_t kAborted = std::uint32_t{1} << 30;
+
+  // Returns true if this was the last of the L arrivals (never after abort_step).
   bool arrive(std::size_t worker, std::size_t leaf, const float* grad) {
     check_contribution(worker, leaf);
     slots_[leaf].grad = grad;
     // acq_rel: see the class comment.
     const std::uint32_t before = leaves_arrived_.fetch_add(1, std::memory_order_acq_rel);
+    if ((before & kAborted) != 0) return false;
     COHORT_CHECK(before < config_.leaves, "more contributions than leaves in one step");
     return before + 1 == config_.leaves;
   }
@@ -86,17 +97,18 @@ class SerialReducer final : public Collecting {
   TreeEvaluator evaluator_;
 };
 
-// Chunk-owner reduce-scatter: worker w owns slice w of [0, N) (cache-line aligned). finish(w)
-// waits until all L leaves have arrived (the barrier), then evaluates the tree over its slice only:
-// reads L*N and writes N in total. Blocks, so all W workers must run concurrently.
+// Chunk-owner reduce-scatter: worker w owns a run of whole chunks of [0, N) (so its callbacks are
+// on the chunk grid, as the contract says). finish(w) waits until all L leaves have arrived (the
+// barrier), then evaluates the tree over its chunks only: reads L*N and writes N in total. Blocks,
+// so every leaf must come from a thread that is not waiting in finish; abort_step releases it.
 // Memory ordering: as Collecting; finished_workers_ counts slices with acq_rel so the last
 // finisher sees every slice's writes before it completes the step and re-arms both counters.
 class ChunkOwnerReducer final : public Collecting {
  public:
   ChunkOwnerReducer(const ReducerConfig& config, Executor& executor)
       : Collecting(Strategy::kChunkOwner, config, executor) {
-    const std::size_t per = (config_.n + config_.workers - 1) / config_.workers;
-    slice_ = (per + 15) / 16 * 16;  // whole cache lines, so slices never share a line
+    const std::size_t chunks = chunk_count();
+    slice_ = (chunks + config_.workers - 1) / config_.workers * config_.chunk;  // whole chunks
     evaluators_.reserve(config_.workers);
     for (std::size_t w = 0; w < config_.workers; ++w) evaluators_.emplace_back(shape_);
     worker_pointers_.assign(config_.workers * config_.leaves, nullptr);
@@ -111,7 +123,9 @@ class ChunkOwnerReducer final : public Collecting {
     COHORT_CHECK(worker < config_.workers, "finish: worker id out of range");
     // acquire: see every leaf pointer and gradient (the barrier).
     std::uint32_t arrived = leaves_arrived_.load(std::memory_order_acquire);
-    while (arrived != config_.leaves) arrived = wait_while_equal(leaves_arrived_, arrived);
+    while (arrived != config_.leaves && (arrived & kAborted) == 0)
+      arrived = wait_while_equal(leaves_arrived_, arrived);
+    if ((arrived & kAborted) != 0) return false;  // a leaf will never come: the step is abandoned
     const float** leaves = worker_pointers_.data() + worker * config_.leaves;
     for (std::size_t i = 0; i < config_.leaves; ++i) leaves[i] = slots_[i].grad;
     const std::size_t slice_begin = std::min(config_.n, worker * slice_);
@@ -137,13 +151,15 @@ class ChunkOwnerReducer final : public Collecting {
   }
 
  private:
-  std::size_t slice_ = 0;
+  std::size_t slice_ = 0;                      // floats per worker: a whole number of chunks
   std::vector<TreeEvaluator> evaluators_;      // one per worker (block scratch)
   std::vector<const float*> worker_pointers_;  // W rows of L pointers, one row per worker
   alignas(kCacheLine) std::atomic<std::uint32_t> finished_workers_{0};
 };
 
-// Parameter server: a dedicated thread waits for all L leaves, then evaluates the tree alone.
+// Parameter server: a dedicated thread waits for all L leaves, then evaluates the tree alone and
+// runs the sink's callbacks; an exception from them is kept for wait_step() (an exception must not
+// leave this thread: it would end the process). An aborted step is never evaluated.
 // Memory ordering: as Collecting; the server acquires leaves_arrived_ == L. Shutdown sets kStop in
 // the same word (release) so the sleeping server wakes.
 class ParameterServerReducer final : public Collecting {
@@ -175,7 +191,11 @@ class ParameterServerReducer final : public Collecting {
         arrived = wait_while_equal(leaves_arrived_, arrived);
       }
       if ((arrived & kStop) != 0) return;
-      evaluate_all(evaluator_);
+      try {
+        evaluate_all(evaluator_);
+      } catch (...) {
+        set_root_error(std::current_exception());  // published by complete_step's release
+      }
       // relaxed: re-arm; the next step's arrivals are ordered after complete_step's release.
       leaves_arrived_.store(0, std::memory_order_relaxed);
       complete_step();

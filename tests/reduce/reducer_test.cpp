@@ -4,7 +4,11 @@
 // sizes {0,1,15,16,17,63,64,65,4097, 2^20+3} (the big one with fewer combinations).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "cohort/core/error.hpp"
@@ -47,7 +51,13 @@ void check_step(ThreadTeam& team, Strategy strategy, std::size_t workers, std::s
   std::vector<int> coverage(n, 0);
   enum class Mode { kArray, kChunks, kFused };
   const Mode mode = static_cast<Mode>((seed >> 1) % 3);
+  // Every strategy calls back on the chunk grid (the trainer keeps per-chunk state by index).
+  auto on_grid = [&](std::size_t begin, std::size_t end) {
+    EXPECT_EQ(begin % chunk, 0u) << "chunk [" << begin << ", " << end << ")";
+    EXPECT_EQ(end, std::min(n, begin + chunk)) << "chunk [" << begin << ", " << end << ")";
+  };
   auto callback = [&](const float* sum, std::size_t begin, std::size_t end) {
+    on_grid(begin, end);
     for (std::size_t i = begin; i < end; ++i) {
       got[i] = sum[i];
       ++coverage[i];  // chunks are disjoint: distinct elements, no race
@@ -57,6 +67,7 @@ void check_step(ThreadTeam& team, Strategy strategy, std::size_t workers, std::s
   // trainer's optimizer does.
   auto fused = [&](const float* const* sources, std::size_t k, std::size_t begin, std::size_t end) {
     ASSERT_GE(k, 1u);
+    on_grid(begin, end);
     std::vector<const float*> at(k);
     for (std::size_t j = 0; j < k; ++j) at[j] = sources[j] + begin;
     sum_sources(got.data() + begin, at.data(), k, end - begin, scale);
@@ -215,6 +226,85 @@ TEST(Reducer, ResetAfterAbandonedStep) {
       EXPECT_TRUE(bitwise_equal(want.data(), got.data(), 100)) << to_string(strategy);
     }
     EXPECT_TRUE(within_float64(data.pointers, 100, got.data(), 1.0f)) << to_string(strategy);
+  }
+}
+
+// A worker that fails before contributing its leaves: abort_step releases every finish() that
+// waits for them (chunk-owner blocks there), nothing completes, and after reset() the next step
+// is exact. Two threads: worker 0 contributes half the leaves and waits in finish; worker 1 fails.
+TEST(Reducer, AbortReleasesWaitingWorkers) {
+  for (Strategy strategy : kAll) {
+    SCOPED_TRACE(std::string(to_string(strategy)));
+    ThreadTeam team(2);
+    ReducerConfig config{.n = 100, .leaves = 6, .workers = 2, .arity = 6, .chunk = 32};
+    auto reducer = make_reducer(strategy, config, team);
+    Leaves data(6, 100, 11);
+    AlignedBuffer<float> want(100), got(100);
+    reference_reduce(reducer->shape(), data.pointers, 100, want.data());
+    std::atomic<int> completions{0};
+    reducer->begin_step(Sink::into(got.data()));
+    team.run([&](std::size_t w) {
+      if (w == 0) {
+        for (std::size_t leaf : {0, 1, 2})
+          completions += reducer->contribute(0, leaf, data.pointers[leaf]);
+        completions += reducer->finish(0);  // chunk-owner: waits here until the abort
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        reducer->abort_step();  // worker 1 failed: leaves 3..5 never come
+      }
+    });
+    EXPECT_EQ(completions.load(), 0);
+    EXPECT_FALSE(reducer->step_done());
+    reducer->reset();
+    const auto plan = std::vector<std::vector<std::size_t>>{{0, 2, 4}, {5, 3, 1}};
+    run_step(team, *reducer, data.pointers, plan, Sink::into(got.data()));
+    ASSERT_TRUE(reducer->step_done());
+    EXPECT_TRUE(within_float64(data.pointers, 100, got.data(), 1.0f));
+    if (is_deterministic(strategy)) {
+      EXPECT_TRUE(bitwise_equal(want.data(), got.data(), 100));
+    }
+  }
+}
+
+// The root's callback throws: the exception surfaces once (from the contribute or finish call
+// that ran it, or from wait_step for the parameter server, whose thread must not die), and after
+// reset() the same reducer runs an exact step.
+TEST(Reducer, ThrowingRootSurfacesOnceAndResets) {
+  InlineExecutor ex;
+  for (Strategy strategy : kAll) {
+    SCOPED_TRACE(std::string(to_string(strategy)));
+    ReducerConfig config{.n = 100, .leaves = 4, .workers = 1, .arity = 4, .chunk = 32};
+    auto reducer = make_reducer(strategy, config, ex);
+    Leaves data(4, 100, 13);
+    AlignedBuffer<float> want(100), got(100);
+    reference_reduce(reducer->shape(), data.pointers, 100, want.data());
+    auto throwing = [](const float* const*, std::size_t, std::size_t begin, std::size_t) {
+      if (begin == 32) throw std::runtime_error("root failed");
+    };
+    int thrown = 0;
+    auto count = [&](auto&& call) {
+      try {
+        call();
+      } catch (const std::runtime_error& e) {
+        EXPECT_STREQ(e.what(), "root failed");
+        ++thrown;
+      }
+    };
+    reducer->begin_step(Sink::fused(throwing));
+    for (std::size_t leaf = 0; leaf < 4; ++leaf)
+      count([&] { reducer->contribute(0, leaf, data.pointers[leaf]); });
+    if (thrown == 0) count([&] { reducer->finish(0); });
+    if (thrown == 0) count([&] { reducer->wait_step(); });  // the step completed, or it threw
+    EXPECT_EQ(thrown, 1);
+    reducer->reset();
+    reducer->begin_step(Sink::into(got.data()));
+    for (std::size_t leaf = 0; leaf < 4; ++leaf) reducer->contribute(0, leaf, data.pointers[leaf]);
+    reducer->finish(0);
+    reducer->wait_step();
+    EXPECT_TRUE(within_float64(data.pointers, 100, got.data(), 1.0f));
+    if (is_deterministic(strategy)) {
+      EXPECT_TRUE(bitwise_equal(want.data(), got.data(), 100));
+    }
   }
 }
 

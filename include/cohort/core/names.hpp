@@ -18,7 +18,8 @@ struct Named {
   std::string_view name;
 };
 
-// The name of `value` in `table` ("?" if the table misses it, which a test of each table rules out).
+// The name of `value` in `table` ("?" if the table misses it, which a test of each table rules
+// out).
 template <class E>
 constexpr std::string_view name_of(std::span<const Named<E>> table, E value) {
   for (const Named<E>& n : table)

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -30,9 +31,12 @@ enum class Strategy {
 };
 
 inline constexpr Named<Strategy> kStrategyNames[] = {
-    {Strategy::kTree, "tree"},     {Strategy::kChunkOwner, "chunk_owner"},
-    {Strategy::kParameterServer, "parameter_server"}, {Strategy::kAtomic, "atomic"},
-    {Strategy::kMutex, "mutex"},   {Strategy::kSerial, "serial"},
+    {Strategy::kTree, "tree"},
+    {Strategy::kChunkOwner, "chunk_owner"},
+    {Strategy::kParameterServer, "parameter_server"},
+    {Strategy::kAtomic, "atomic"},
+    {Strategy::kMutex, "mutex"},
+    {Strategy::kSerial, "serial"},
 };
 
 std::string_view to_string(Strategy strategy);
@@ -44,11 +48,11 @@ Strategy parse_strategy(std::string_view name, const std::string& what = "--redu
 bool is_deterministic(Strategy strategy);
 
 struct ReducerConfig {
-  std::size_t n = 0;              // floats per leaf gradient (0 is allowed: nothing is summed)
-  std::size_t leaves = 1;         // L >= 1: leaves contributed per step
-  std::size_t workers = 1;        // W >= 1: worker ids passed to contribute/finish are < W
-  std::size_t arity = 2;          // tree arity, 2 .. kMaxArity (e.g. arity = L: one flat root)
-  std::size_t chunk = 16384;      // floats per executor chunk (64 KiB); root callback granularity
+  std::size_t n = 0;          // floats per leaf gradient (0 is allowed: nothing is summed)
+  std::size_t leaves = 1;     // L >= 1: leaves contributed per step
+  std::size_t workers = 1;    // W >= 1: worker ids passed to contribute/finish are < W
+  std::size_t arity = 2;      // tree arity, 2 .. kMaxArity (e.g. arity = L: one flat root)
+  std::size_t chunk = 16384;  // floats per executor chunk (64 KiB); root callback granularity
 };
 inline constexpr std::size_t kMaxArity = 64;
 
@@ -56,9 +60,11 @@ inline constexpr std::size_t kMaxArity = 64;
 void validate(const ReducerConfig& config);
 
 // The root callback: receives the whole-model sum array and a chunk [begin, end) of it that is
-// final (already scaled). Called exactly once per chunk; chunks are non-empty, disjoint and cover
-// [0, N) (no call when N == 0). Calls may run concurrently on several threads; each may only touch
-// its own [begin, end) of shared arrays (e.g. Sgd::apply(w, sum, v, begin, end, lr, 1)).
+// final (already scaled). Called exactly once per chunk of the grid [c * chunk, min(N, (c + 1) *
+// chunk)), c = 0 .. ceil(N / chunk) - 1, by every strategy (no call when N == 0), so a callee may
+// keep per-chunk state indexed by begin / chunk. Calls may run concurrently on several threads;
+// each may only touch its own [begin, end) of shared arrays (e.g. Sgd::apply(w, sum, v, begin, end,
+// lr, 1)).
 using ChunkCallback = FunctionRef<void(const float* sum, std::size_t begin, std::size_t end)>;
 
 // The fused root callback: the step's result on [begin, end) is the left-to-right sum
@@ -101,10 +107,16 @@ struct Sink {
 //   with contributions of a step. begin_step must happen-before every contribute/finish of its step
 //   (e.g. it is called before the step's tasks are spawned or released to the workers).
 // - contribute and finish: any thread, concurrently. finish(worker) of the chunk-owner strategy
-//   blocks until all L leaves have arrived, so it needs all W finishing workers running at once;
-//   every other strategy never blocks in contribute/finish (tree: no lock, no wait, no spin), so
-//   any number of threads >= 1 can drive any W.
-// - The sink's callback runs on whichever threads complete the step (and the executor's threads).
+//   blocks until all L leaves have arrived (so every leaf must be contributed by a thread that
+//   does not wait for that finish); every other strategy never blocks in contribute/finish (tree:
+//   no lock, no wait, no spin), so any number of threads >= 1 can drive any W.
+// - abort_step: any thread, once a contribution will never come (its worker failed): every
+//   finish() blocked or yet to come returns false, and the step never completes; the controller
+//   then calls reset() once no contribution or finish is in flight.
+// - The sink's callback runs on whichever threads complete the step (and the executor's threads);
+//   for the parameter server, on its own thread. An exception from the callback propagates out of
+//   the contribute/finish call that ran it, or, on the parameter server's thread, out of
+//   wait_step() on the controller (the step then counts as complete; call reset() before the next).
 //
 // Lifetime: a gradient passed to contribute must stay valid and unchanged until the step is
 // complete (leaves are read when their parent node combines, possibly much later). The executor,
@@ -134,7 +146,12 @@ class Reducer {
   virtual bool finish(std::size_t worker);
 
   bool step_done() const;
-  void wait_step() const;
+  // Waits for the step's completion; rethrows an exception the sink's callback raised on a
+  // strategy's own thread (parameter server).
+  void wait_step();
+  // See the contract above. A no-op except for the strategies that wait (chunk-owner finish, the
+  // parameter server's thread).
+  virtual void abort_step() {}
   std::uint32_t completed_steps() const {
     return completed_steps_.load(std::memory_order_acquire);  // acquire: see the step's output
   }
@@ -162,6 +179,9 @@ class Reducer {
   bool has_callback() const { return callback_ || sources_; }
   std::size_t chunk_count() const { return (config_.n + config_.chunk - 1) / config_.chunk; }
   void check_contribution(std::size_t worker, std::size_t leaf) const;
+  // On a strategy's own thread: the sink's callback threw; kept for wait_step(). Write it before
+  // complete_step(), whose release publishes it.
+  void set_root_error(std::exception_ptr error) { root_error_ = std::move(error); }
   // 1 for the first step; set by begin_step on the controller, readable by contributors.
   std::uint32_t step_number() const { return started_steps_; }
 
@@ -180,6 +200,7 @@ class Reducer {
   // 32-bit, compared for equality only (wraps harmlessly); a 32-bit atomic is libstdc++'s futex
   // type, so notify_all with no sleeper is a load, not a locked add on a shared waiter pool.
   std::uint32_t started_steps_ = 0;  // controller only
+  std::exception_ptr root_error_;    // see set_root_error
   alignas(kCacheLine) std::atomic<std::uint32_t> completed_steps_{0};
 };
 
