@@ -1,9 +1,10 @@
 // Trainer: synchronous data-parallel training of one Model on one machine. Each step's global
-// batch is cut into micro-shards (leaves) of a fixed size; W replicas take contiguous runs of
-// leaves and compute each leaf's gradient with their own Net; the reducer's combining tree sums
-// the leaves in a fixed order and, at its root, scales by 1/batch and applies the optimizer to
-// the one shared copy of the master weights, chunk by chunk. The result depends on the seed and the
-// micro-batch, never on W. Not a CLI: no printing, no files (see cli/); observers get events.
+// batch is cut into micro-shards (leaves) of a fixed size; W replicas claim leaves one at a time
+// (a leaf's gradient does not depend on who computes it) and compute each with their own Net; the
+// reducer sums the leaves in a fixed tree order and, at its root (train/root.hpp), scales by
+// 1/batch and applies the optimizer to the one shared copy of the master weights, chunk by chunk.
+// The result depends on the seed and the micro-batch, never on W (for the deterministic reducer
+// strategies). Not a CLI: no printing, no files (see cli/); observers get events.
 //
 // Thread-safety: one thread drives a Trainer (run()); it uses a TBB arena of W threads inside.
 #pragma once
@@ -27,7 +28,7 @@ namespace cohort::train {
 
 struct TrainConfig {
   std::string model = "mlp:784-512-256-10";
-  std::size_t workers = 0;      // 0: one per core
+  std::size_t workers = 0;      // 0: one per core; at most kMaxWorkers
   std::size_t batch = 256;      // global batch B
   std::size_t micro_batch = 0;  // leaf size M; 0: ceil(batch / cores of this machine)
   std::size_t epochs = 5;
@@ -45,6 +46,8 @@ struct TrainConfig {
   OnNonFinite on_nonfinite = OnNonFinite::kStop;
   std::size_t max_skips = 10;
   std::uint64_t seed = 1;
+  // How the leaves' gradients are summed. tree, chunk_owner, parameter_server and serial evaluate
+  // the same tree order (the same weights for every W); atomic and mutex add in arrival order.
   reduce::Strategy reducer = reduce::Strategy::kTree;
   // Where linear layers' weight gradients are computed (docs/architecture.md, "Batch weight
   // gradients"): per leaf, in the replica's backward pass, summed by the reducer's root (kLeaf);
@@ -80,9 +83,15 @@ struct TrainConfig {
       gradient_hook;
 };
 
+inline constexpr std::size_t kMaxWorkers = 1024;
+inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
+
 // Throws InputError (naming the flag, expected and found value) for a config that cannot run on
-// `data`, before any work starts.
+// `data`, before any work starts: nothing is sized from a config this has not accepted.
 void validate(const TrainConfig& config, const nn::Model& model, const data::Splits& data);
+// The config with the machine's defaults filled in: workers 0 -> one per core, micro_batch 0 ->
+// batch / cores, rounded up.
+TrainConfig resolve_defaults(TrainConfig config);
 
 // Seconds, summed over training steps. Per-replica phases are summed over replicas, so they
 // compare with workers x step; `reduce_critical` and `step` are wall time.
@@ -93,10 +102,12 @@ struct TimeBreakdown {
   double eltwise = 0;          // oneDNN ReLU
   double loss = 0;             // softmax cross-entropy
   double other = 0;            // pooling, dropout, layout reorders
-  double data = 0;             // batch assembly (in the prefetch node, or in the replicas)
-  double reduce = 0;           // reducer work: contribute calls (combines, the fused root) and
-                               // root chunks other threads took
-  double reduce_critical = 0;  // the completing contribute call: the root's sum + optimizer
+  double data = 0;             // batch assembly (in the replicas)
+  double reduce = 0;           // reducer work: contribute/finish calls (combines, the fused
+                               // root) and root chunks run outside them (stolen, or on the
+                               // parameter server's thread)
+  double reduce_critical = 0;  // wall time from the root's first chunk's start to its last's
+                               // end, plus the two-phase root's second phase
   double optimizer = 0;        // the optimizer sweep alone, summed over chunks
   double weight_grad = 0;      // batch weight gradients: the root's GEMMs, summed over chunks
                                // (also counted in matmul and compute, not in reduce)

@@ -1,0 +1,84 @@
+// Batch weight gradients; see batch_grads.hpp.
+#include "batch_grads.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "cohort/nn/batch_grad.hpp"
+#include "cohort/reduce/kernels.hpp"
+#include "cohort/reduce/reducer.hpp"
+#include "time_account.hpp"
+
+namespace cohort::train {
+
+BatchGrads::BatchGrads(const nn::Model& model, std::size_t batch) {
+  const auto& layers = model.layers();
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const nn::LayerSpec& l = layers[i];
+    if (l.kind != nn::LayerSpec::Kind::kLinear) continue;
+    Linear b;
+    b.in = l.in.C;
+    b.out = l.out.C;
+    b.reads_input = i == 0;  // its input is the staged batch (a linear layer's input is flat)
+    const auto in = static_cast<std::size_t>(b.in), out = static_cast<std::size_t>(b.out);
+    if (!b.reads_input) b.x = AlignedBuffer<float>(batch * in);  // (B, IC)
+    b.dy = AlignedBuffer<float>(batch * out);                    // (B, OC)
+    ranges_.push_back({l.weight, l.weight + in * out, linear_.size(), false});
+    ranges_.push_back({l.bias, l.bias + out, linear_.size(), true});
+    widest_ = std::max(widest_, out);
+    linear_.push_back(std::move(b));
+  }
+  std::sort(ranges_.begin(), ranges_.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+}
+
+void BatchGrads::leaf_rows(std::size_t first, std::vector<nn::LinearRows>& rows) {
+  rows.resize(linear_.size());
+  for (std::size_t o = 0; o < linear_.size(); ++o) {
+    Linear& l = linear_[o];
+    rows[o] = {l.reads_input ? nullptr : l.x.data() + first * static_cast<std::size_t>(l.in),
+               l.dy.data() + first * static_cast<std::size_t>(l.out)};
+  }
+}
+
+// A chunk end inside a weight row computes the whole rows into `scratch` and copies its part.
+double BatchGrads::gradient(const float* const* sources, std::size_t k, std::size_t begin,
+                            std::size_t end, std::size_t rows, const float* staged_input,
+                            float* out, float* scratch) const {
+  const auto n_rows = static_cast<std::int64_t>(rows);
+  std::size_t pos = begin;
+  auto leaf_sum = [&](std::size_t a, std::size_t b) {
+    if (a >= b) return;
+    const float* at[reduce::kMaxArity];
+    for (std::size_t j = 0; j < k; ++j) at[j] = sources[j] + a;
+    reduce::sum_sources(out + (a - begin), at, k, b - a);
+  };
+  double gemm_seconds = 0;
+  for (const Range& r : ranges_) {
+    if (r.end <= begin) continue;
+    if (r.begin >= end) break;
+    const std::size_t a = std::max(r.begin, begin), b = std::min(r.end, end);
+    leaf_sum(pos, a);
+    pos = b;
+    const Linear& l = linear_[r.linear];
+    const auto t0 = Clock::now();
+    float* dst = out + (a - begin);
+    const auto lo = static_cast<std::int64_t>(a - r.begin),
+               hi = static_cast<std::int64_t>(b - r.begin);
+    if (r.bias) {
+      nn::linear_bias_grad(l.dy.data(), n_rows, l.out, lo, hi, dst);
+    } else {
+      const float* x = l.reads_input ? staged_input : l.x.data();
+      const std::int64_t r0 = lo / l.out, r1 = (hi + l.out - 1) / l.out;
+      const bool whole_rows = lo % l.out == 0 && hi % l.out == 0;
+      nn::linear_weight_grad(x, l.dy.data(), n_rows, l.in, l.out, r0, r1,
+                             whole_rows ? dst : scratch);
+      if (!whole_rows) std::memcpy(dst, scratch + (lo - r0 * l.out), (b - a) * sizeof(float));
+    }
+    gemm_seconds += seconds_since(t0);
+  }
+  leaf_sum(pos, end);
+  return gemm_seconds;
+}
+
+}  // namespace cohort::train

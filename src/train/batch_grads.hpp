@@ -1,0 +1,57 @@
+// Batch weight gradients (--weight-grads batch, docs/architecture.md): the batch-wide arrays of
+// linear layers' input rows X (B, IC) and output-gradient rows dY (B, OC) that replicas fill at
+// their leaves' rows, and the root's gradient of a range of the flat parameter array computed
+// from them (one GEMM per overlapped weight, column sums per bias; oneDNN's sgemm, nn/batch_grad).
+// Not the reducer: every other tensor's gradient in the range is still the leaves' sum.
+//
+// Thread-safety: leaf_rows and the replicas' writes through its pointers touch disjoint rows;
+// gradient() runs concurrently on disjoint ranges once every leaf has been contributed (the
+// reducer's ordering makes the rows visible).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "cohort/nn/model.hpp"
+#include "cohort/nn/net.hpp"
+#include "cohort/tensor/buffer.hpp"
+
+namespace cohort::train {
+
+class BatchGrads {
+ public:
+  // Room for `batch` rows of every linear layer of `model`.
+  BatchGrads(const nn::Model& model, std::size_t batch);
+
+  std::size_t linear_layers() const { return linear_.size(); }
+  // Where the leaf starting at batch row `first` keeps its rows: one entry per linear layer, in
+  // model order (Net::forward_backward's linear_rows).
+  void leaf_rows(std::size_t first, std::vector<nn::LinearRows>& rows);
+  // Floats of scratch gradient() needs besides its output for ranges of up to `chunk` floats: the
+  // whole weight rows a range cuts, up to a row more at each end.
+  std::size_t scratch_floats(std::size_t chunk) const { return chunk + 2 * widest_; }
+
+  // out[0, end - begin) = the batch's summed gradient of [begin, end) of the flat array, over
+  // `rows` rows; staged_input (rows, IC of the first layer) is the step's assembled batch, which
+  // a first linear layer reads instead of a copy. Ranges of no linear layer are the sources' sum,
+  // left to right (reduce::sum_sources, as the leaf mode). Returns the seconds in GEMMs and sums.
+  double gradient(const float* const* sources, std::size_t k, std::size_t begin, std::size_t end,
+                  std::size_t rows, const float* staged_input, float* out, float* scratch) const;
+
+ private:
+  struct Linear {
+    std::int64_t in = 0, out = 0;
+    bool reads_input = false;  // the model's first layer: its input is the staged batch
+    AlignedBuffer<float> x, dy;
+  };
+  struct Range {  // a linear layer's weight or bias in the flat array, in array order
+    std::size_t begin = 0, end = 0, linear = 0;
+    bool bias = false;
+  };
+  std::vector<Linear> linear_;
+  std::vector<Range> ranges_;
+  std::size_t widest_ = 0;
+};
+
+}  // namespace cohort::train

@@ -1,0 +1,165 @@
+// The root's sweeps; see include/cohort/train/root.hpp. The optimizer is optim::Optimizer::apply,
+// the sum reduce::sum_sources (the reducers' own kernel and order), the checks optim's.
+#include "cohort/train/root.hpp"
+
+#include <algorithm>
+
+#include "batch_grads.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/optim/gradient.hpp"
+#include "cohort/reduce/kernels.hpp"
+#include "time_account.hpp"
+#include "trace.hpp"
+
+namespace cohort::train {
+
+namespace {
+thread_local bool t_inside_reducer_call = false;
+
+// This thread's chunk buffer for batch weight gradients: reused chunk after chunk, so it stays
+// in L2 and its writes cost no reads from memory. Per thread, not per chunk or arena slot, so any
+// thread may run a root chunk (TBB's, the parameter server's, a test's).
+float* thread_buffer(std::size_t floats) {
+  thread_local AlignedBuffer<float> buffer;
+  if (buffer.size() < floats) buffer = AlignedBuffer<float>(floats);
+  return buffer.data();
+}
+
+float* at(float* p, std::size_t i) { return p ? p + i : nullptr; }
+}  // namespace
+
+ReducerCall::ReducerCall() { t_inside_reducer_call = true; }
+ReducerCall::~ReducerCall() { t_inside_reducer_call = false; }
+
+Root::Root(const optim::Optimizer& optimizer, float* weights, float* state0, float* state1,
+           std::size_t n, std::size_t chunk, Mode mode, const BatchGrads* batch, Tracer* tracer)
+    : optimizer_(optimizer),
+      weights_(weights),
+      state0_(state0),
+      state1_(state1),
+      n_(n),
+      chunk_(chunk),
+      mode_(mode),
+      batch_(batch),
+      tracer_(tracer),
+      stats_((n + chunk - 1) / chunk) {
+  COHORT_CHECK(chunk > 0 && chunk % kBlock == 0, "root chunk: a multiple of the block");
+  if (mode_ == Mode::kTwoPhase) grad_sum_ = AlignedBuffer<float>(n);
+}
+
+void Root::begin_step(const optim::StepScalars& scalars, std::size_t rows,
+                      const float* staged_input) {
+  scalars_ = scalars;
+  rows_ = rows;
+  staged_input_ = staged_input;
+  for (ChunkStats& s : stats_) s = ChunkStats{.first_bad = n_};
+}
+
+reduce::Sink Root::sink() {
+  if (mode_ == Mode::kTwoPhase) return reduce::Sink::fused(summed_call_);
+  return reduce::Sink::fused(fused_call_);
+}
+
+// Batch weight gradients: the chunk's whole summed gradient into `out` (end - begin floats), with
+// this thread's buffer as the GEMMs' scratch for rows cut by the chunk's ends; or, with `out`
+// null, into this thread's buffer (the fused sweep: the chunk then stays in L2). Returns it.
+const float* Root::batch_gradient(const float* const* sources, std::size_t k, std::size_t begin,
+                                  std::size_t end, float* out, ChunkStats& stats) {
+  float* scratch = thread_buffer(chunk_ + batch_->scratch_floats(chunk_));
+  if (out == nullptr) out = scratch;
+  stats.gemm_seconds =
+      batch_->gradient(sources, k, begin, end, rows_, staged_input_, out, scratch + chunk_);
+  return out;
+}
+
+bool Root::apply_checked(const float* g, std::size_t begin, std::size_t end) {
+  ChunkStats& stats = stats_[begin / chunk_];
+  for (std::size_t b = begin; b < end; b += kBlock) {
+    const std::size_t count = std::min(kBlock, end - b);
+    const float* block = g + (b - begin);
+    if (const std::size_t i = optim::first_non_finite(block, count); i != count) {
+      stats.first_bad = b + i;
+      return false;
+    }
+    optimizer_.apply(scalars_, weights_ + b, block, at(state0_, b), at(state1_, b), count);
+  }
+  return true;
+}
+
+void Root::fused_chunk(const float* const* sources, std::size_t k, std::size_t begin,
+                       std::size_t end) {
+  ChunkStats& stats = stats_[begin / chunk_];
+  stats.begin = Clock::now();
+  stats.inside_reducer_call = t_inside_reducer_call;
+  if (batch_ != nullptr) {
+    apply_checked(batch_gradient(sources, k, begin, end, nullptr, stats), begin, end);
+  } else if (k == 1) {
+    apply_checked(sources[0] + begin, begin, end);
+  } else {
+    // Add the sources left to right block by block into L1 and apply from there: one read of
+    // each source, one read-modify-write of the weights and each state array, no N-sized sum.
+    alignas(kCacheLine) float block[kBlock];
+    const float* src[reduce::kMaxArity];
+    for (std::size_t b = begin; b < end; b += kBlock) {
+      const std::size_t count = std::min(kBlock, end - b);
+      for (std::size_t j = 0; j < k; ++j) src[j] = sources[j] + b;
+      reduce::sum_sources(block, src, k, count);
+      if (const std::size_t i = optim::first_non_finite(block, count); i != count) {
+        stats.first_bad = b + i;
+        break;
+      }
+      optimizer_.apply(scalars_, weights_ + b, block, at(state0_, b), at(state1_, b), count);
+    }
+  }
+  if (tracer_) tracer_->root_span("sum+optimizer", begin / chunk_, stats.begin);
+  stats.end = Clock::now();
+}
+
+void Root::summed_chunk(const float* const* sources, std::size_t k, std::size_t begin,
+                        std::size_t end) {
+  ChunkStats& stats = stats_[begin / chunk_];
+  stats.begin = Clock::now();
+  stats.inside_reducer_call = t_inside_reducer_call;
+  float* sum = grad_sum_.data() + begin;
+  const float* g = sum;
+  if (batch_ != nullptr) {
+    batch_gradient(sources, k, begin, end, sum, stats);
+  } else if (k == 1) {
+    g = sources[0] + begin;  // the reducer's own result (or the only leaf): valid until next step
+  } else {
+    const float* src[reduce::kMaxArity];
+    for (std::size_t j = 0; j < k; ++j) src[j] = sources[j] + begin;
+    reduce::sum_sources(sum, src, k, end - begin);
+  }
+  const std::size_t bad = optim::first_non_finite(g, end - begin);
+  if (bad != end - begin) stats.first_bad = begin + bad;
+  stats.sum_squares = optim::sum_squares(g, end - begin);
+  stats.grad = g;
+  if (tracer_) tracer_->root_span("sum", begin / chunk_, stats.begin);
+  stats.end = Clock::now();
+}
+
+std::size_t Root::first_non_finite() const {
+  std::size_t first = n_;
+  for (const ChunkStats& s : stats_) first = std::min(first, s.first_bad);
+  return first;
+}
+
+double Root::sum_squares() const {
+  double total = 0;
+  for (const ChunkStats& s : stats_) total += s.sum_squares;
+  return total;
+}
+
+void Root::apply_summed(const optim::StepScalars& scalars, reduce::Executor& executor) {
+  executor.parallel_for(stats_.size(), [&](std::size_t c) {
+    const auto t0 = Clock::now();
+    const std::size_t begin = c * chunk_, end = std::min(n_, begin + chunk_);
+    COHORT_CHECK(stats_[c].grad != nullptr, "second phase: a chunk was never summed");
+    optimizer_.apply(scalars, weights_ + begin, stats_[c].grad, at(state0_, begin),
+                     at(state1_, begin), end - begin);
+    if (tracer_) tracer_->root_span("optimizer", c, t0);
+  });
+}
+
+}  // namespace cohort::train

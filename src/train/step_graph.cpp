@@ -1,0 +1,103 @@
+// The arena, its OpenMP pinning, the executor and the flow graph; see step_graph.hpp.
+#include "step_graph.hpp"
+
+#include <omp.h>
+#include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_scheduler_observer.h>
+
+namespace cohort::train {
+
+namespace {
+namespace flow = oneapi::tbb::flow;
+
+class OmpSingleThread : public oneapi::tbb::task_scheduler_observer {
+ public:
+  explicit OmpSingleThread(oneapi::tbb::task_arena& arena)
+      : oneapi::tbb::task_scheduler_observer(arena) {
+    observe(true);
+  }
+  ~OmpSingleThread() override { observe(false); }
+  void on_scheduler_entry(bool) override { omp_set_num_threads(1); }
+};
+
+// Chunk-parallel work on the arena's threads: idle threads take chunks. Entering the arena from a
+// thread already in it runs the functor directly, so this serves callers inside (the reducer's
+// root) and outside (the controller's second phase) alike.
+class ArenaExecutor final : public reduce::Executor {
+ public:
+  explicit ArenaExecutor(oneapi::tbb::task_arena& arena) : arena_(arena) {}
+  void parallel_for(std::size_t n, reduce::FunctionRef<void(std::size_t)> body) override {
+    arena_.execute(
+        [&] { oneapi::tbb::parallel_for(std::size_t{0}, n, [&](std::size_t i) { body(i); }); });
+  }
+
+ private:
+  oneapi::tbb::task_arena& arena_;
+};
+}  // namespace
+
+Replica::Replica(const nn::Model& model, std::size_t eval_rows, bool blocked_layouts)
+    : net(model, blocked_layouts),
+      eval_x(eval_rows * static_cast<std::size_t>(model.input_features())),
+      eval_y(eval_rows) {}
+
+struct StepGraph::Impl {
+  oneapi::tbb::task_arena arena;
+  OmpSingleThread omp_pin{arena};
+  ArenaExecutor executor{arena};
+  // Set by run_replicas before the start message, read by the nodes (try_put orders the two).
+  reduce::FunctionRef<void(std::size_t)> body;
+  // Built inside the arena it belongs to: start -> replica 0 .. W-1.
+  std::unique_ptr<flow::graph> graph;
+  std::unique_ptr<flow::broadcast_node<flow::continue_msg>> start;
+  std::vector<std::unique_ptr<flow::continue_node<flow::continue_msg>>> nodes;
+
+  explicit Impl(std::size_t workers) : arena(static_cast<int>(workers)) {
+    arena.execute([&] {
+      graph = std::make_unique<flow::graph>();
+      start = std::make_unique<flow::broadcast_node<flow::continue_msg>>(*graph);
+      for (std::size_t w = 0; w < workers; ++w) {
+        nodes.push_back(std::make_unique<flow::continue_node<flow::continue_msg>>(
+            *graph, [this, w](const flow::continue_msg&) { body(w); }));
+        flow::make_edge(*start, *nodes.back());
+      }
+    });
+  }
+};
+
+StepGraph::StepGraph(std::size_t workers, const nn::Model& model, std::size_t eval_rows,
+                     bool blocked_layouts)
+    : impl_(std::make_unique<Impl>(workers)) {
+  omp_set_num_threads(1);  // the controller also runs replica work inside the arena
+  for (std::size_t w = 0; w < workers; ++w)
+    replicas_.push_back(std::make_unique<Replica>(model, eval_rows, blocked_layouts));
+}
+
+StepGraph::~StepGraph() = default;
+
+void StepGraph::run_replicas(reduce::FunctionRef<void(std::size_t)> body) {
+  impl_->body = body;
+  try {
+    impl_->arena.execute([&] {
+      impl_->start->try_put(flow::continue_msg());
+      impl_->graph->wait_for_all();
+    });
+  } catch (...) {
+    // The graph cancelled the rest and waited for the running bodies; ready it for the next run.
+    impl_->arena.execute([&] { impl_->graph->reset(); });
+    throw;
+  }
+}
+
+reduce::Executor& StepGraph::executor() { return impl_->executor; }
+
+void StepGraph::for_each_replica(std::size_t n, reduce::FunctionRef<void(std::size_t)> body) {
+  impl_->arena.execute([&] {
+    oneapi::tbb::parallel_for(
+        std::size_t{0}, n, [&](std::size_t i) { body(i); }, oneapi::tbb::simple_partitioner());
+  });
+}
+
+}  // namespace cohort::train

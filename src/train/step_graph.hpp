@@ -1,0 +1,61 @@
+// The workers of one trainer: a TBB arena of W threads, the replicas they run (one Net each), and
+// the step's flow graph — a broadcast start node and one continue_node per replica, built once
+// and run once per step. Not the step's logic: a node only calls the body the trainer passes.
+//
+// Thread-safety: run_replicas, parallel_for and replica(w) between runs are for the controller
+// (one thread); a running body may use replica(w) for its own w and the executor.
+// Every thread that enters the arena runs OpenMP (oneDNN's runtime) with one thread, before it
+// runs any replica work (a task_scheduler_observer): a call in main does not reach TBB's workers,
+// and without it two workers' small layers ran at 0.35x of one core on the development machine.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cohort/nn/net.hpp"
+#include "cohort/reduce/executor.hpp"
+#include "cohort/tensor/buffer.hpp"
+#include "time_account.hpp"
+
+namespace cohort::train {
+
+// What one worker owns: its Net (primitives, activations, scratchpad), staging for evaluation,
+// where its leaves' linear rows go (batch weight gradients), and its time accounts.
+struct Replica {
+  nn::Net net;
+  AlignedBuffer<float> eval_x;       // (eval rows, features)
+  std::vector<std::int32_t> eval_y;  // (eval rows)
+  std::vector<nn::LinearRows> linear_rows;
+  ReplicaClock clock;
+  Replica(const nn::Model& model, std::size_t eval_rows, bool blocked_layouts);
+};
+
+class StepGraph {
+ public:
+  // `workers` must be validated (train::validate): the arena and W replicas are sized from it.
+  StepGraph(std::size_t workers, const nn::Model& model, std::size_t eval_rows,
+            bool blocked_layouts);
+  ~StepGraph();
+
+  std::size_t workers() const { return replicas_.size(); }
+  Replica& replica(std::size_t w) { return *replicas_[w]; }
+
+  // Runs body(w) for every w in [0, W) on the graph's replica nodes, inside the arena, and
+  // returns when all have returned. If a body throws, the graph cancels what has not started,
+  // waits for the running bodies, is reset for the next run, and the first exception is rethrown.
+  void run_replicas(reduce::FunctionRef<void(std::size_t)> body);
+  // Runs body(i) for i in [0, n) on the arena's threads (from inside or outside the arena); the
+  // reducer's and the root's chunk-parallel work.
+  reduce::Executor& executor();
+  // One body per index, each on its own task (evaluation: index = replica).
+  void for_each_replica(std::size_t n, reduce::FunctionRef<void(std::size_t)> body);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::vector<std::unique_ptr<Replica>> replicas_;
+};
+
+}  // namespace cohort::train

@@ -1,0 +1,77 @@
+// Validation of a TrainConfig against its model and data, and the defaults that depend on the
+// machine. Runs before anything is sized from the config (arena, replicas, buffers).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "cohort/core/error.hpp"
+#include "cohort/train/trainer.hpp"
+
+namespace cohort::train {
+
+namespace {
+std::size_t cores() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+// Bytes of physical memory, or 0 if unknown.
+double physical_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+}
+}  // namespace
+
+TrainConfig resolve_defaults(TrainConfig c) {
+  if (c.workers == 0) c.workers = cores();
+  // One leaf per core of this machine, the fastest decomposition measured (docs/architecture.md,
+  // "Micro-batch"). It depends on the machine, never on --workers.
+  if (c.micro_batch == 0 && c.batch != 0) c.micro_batch = (c.batch + cores() - 1) / cores();
+  return c;
+}
+
+void validate(const TrainConfig& config, const nn::Model& model, const data::Splits& data) {
+  auto bad = [](const std::string& flag, const std::string& expected, const std::string& found) {
+    throw InputError(flag + ": expected " + expected + ", found " + found);
+  };
+  const TrainConfig c = resolve_defaults(config);
+  if (c.workers > kMaxWorkers)
+    bad("--workers", "1 .. " + std::to_string(kMaxWorkers) + " (0: one per core)",
+        std::to_string(c.workers));
+  if (c.batch == 0 || c.batch > data.train.count)
+    bad("--batch", "1 .. " + std::to_string(data.train.count) + " (the training set size)",
+        std::to_string(c.batch));
+  if (c.micro_batch > c.batch)
+    bad("--micro-batch", "1 .. --batch (" + std::to_string(c.batch) + "), or 0 for batch / cores",
+        std::to_string(c.micro_batch));
+  if (c.epochs == 0 && c.steps == 0) bad("--epochs", "at least 1 (or --steps N)", "0");
+  if (c.eval_batch == 0 || c.eval_batch > kMaxEvalBatch)
+    bad("eval batch", "1 .. " + std::to_string(kMaxEvalBatch), std::to_string(c.eval_batch));
+  if (static_cast<std::size_t>(model.input_features()) != data.train.features())
+    bad("--model",
+        "an input size of " + std::to_string(data.train.features()) + " (" +
+            std::to_string(data.train.rows) + "x" + std::to_string(data.train.cols) + " images)",
+        std::to_string(model.input_features()) + " in '" + model.spec() + "'");
+  if (static_cast<std::size_t>(model.num_classes()) != data.train.num_classes)
+    bad("--model", "an output size of " + std::to_string(data.train.num_classes) + " (classes)",
+        std::to_string(model.num_classes()) + " in '" + model.spec() + "'");
+  // Every leaf of a step has a whole gradient buffer; refuse a split that cannot fit (e.g.
+  // --micro-batch 1 at a large batch), before anything is allocated.
+  const std::size_t leaves = (c.batch + c.micro_batch - 1) / c.micro_batch;
+  const double leaf_bytes =
+      static_cast<double>(leaves) * static_cast<double>(model.layout().total()) * sizeof(float);
+  if (const double memory = physical_memory(); memory > 0 && leaf_bytes > memory / 2)
+    bad("--micro-batch",
+        "a leaf count whose gradient buffers fit in half of this machine's " +
+            std::to_string(static_cast<long long>(memory / (1 << 20))) + " MiB",
+        std::to_string(c.micro_batch) + ": " + std::to_string(leaves) + " leaves of --batch " +
+            std::to_string(c.batch) + " need " +
+            std::to_string(static_cast<long long>(leaf_bytes / (1 << 20))) +
+            " MiB; raise --micro-batch");
+  optim::validate(c.optimizer);
+  optim::validate(c.schedule, optim::scaled_base_lr(c.schedule, c.optimizer.lr, c.batch));
+  if (!(std::isfinite(c.clip_norm) && c.clip_norm >= 0))
+    bad("--clip-norm", "a finite value >= 0 (0: off)", std::to_string(c.clip_norm));
+  if (c.max_skips == 0) bad("--max-skips", "at least 1", "0");
+}
+
+}  // namespace cohort::train
