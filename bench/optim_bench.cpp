@@ -1,11 +1,11 @@
-// The training step's root kernel on its own, at the default MLP's size (535,818 parameters,
-// two leaves): add the leaves block by block, check the block for non-finite values, apply the
-// optimizer; against a baseline that moves the same bytes (reads four arrays, writes two) with
-// no arithmetic. Their ratio says how close the root is to the memory floor; the absolute time
-// against the step's says whether "root <= 3% of the step" (issue #4) is reachable at all.
-// One thread; the argument is the MiB swept through the caches between iterations (untimed):
-// 0 keeps the root's 12.9 MB warm, 8 and 16 are about what a training step's own compute touches
-// on this model, 64 evicts everything (as this VM's neighbours do).
+// The training step's root on its own (train::Root, the trainer's own code), at the default MLP's
+// size (535,818 parameters, two leaves): add the leaves block by block, check the block for
+// non-finite values, apply the optimizer; against a baseline that moves the same bytes (reads four
+// arrays, writes two) with no arithmetic. Their ratio says how close the root is to the memory
+// floor; the absolute time against the step's says whether "root <= 3% of the step" (issue #4) is
+// reachable at all. One thread; the argument is the MiB swept through the caches between iterations
+// (untimed): 0 keeps the root's 12.9 MB warm, 8 and 16 are about what a training step's own compute
+// touches on this model, 64 evicts everything (as this VM's neighbours do).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -13,16 +13,16 @@
 #include <thread>
 #include <vector>
 
-#include "cohort/optim/gradient.hpp"
 #include "cohort/optim/optimizer.hpp"
-#include "cohort/reduce/kernels.hpp"
 #include "cohort/tensor/buffer.hpp"
+#include "cohort/train/root.hpp"
 
 namespace {
 
 using cohort::AlignedBuffer;
+using cohort::train::Root;
 constexpr std::size_t kParams = 535818;  // mlp:784-512-256-10
-constexpr std::size_t kBlock = 1024;     // floats, as the trainer's root
+constexpr std::size_t kChunk = 16384;    // floats, the reducer's default chunk
 
 struct Arrays {
   AlignedBuffer<float> w{kParams}, s0{kParams}, s1{kParams}, g0{kParams}, g1{kParams};
@@ -44,31 +44,29 @@ void root(benchmark::State& state, cohort::optim::Kind kind) {
   const bool cold = state.range(0) != 0;
   Arrays a(static_cast<std::size_t>(state.range(0)));
   cohort::optim::Optimizer opt({.kind = kind, .lr = 1e-6f});
-  const auto scalars = opt.scalars(1e-6f, 1.0f / 256, 1);
   float* s1 = opt.state_buffers() > 1 ? a.s1.data() : nullptr;
+  Root r(opt, a.w.data(), a.s0.data(), s1, kParams, kChunk, Root::Mode::kFused);
+  const float* leaves[2] = {a.g0.data(), a.g1.data()};
   for (auto _ : state) {
     if (cold) {
       state.PauseTiming();
       a.evict();
       state.ResumeTiming();
     }
-    alignas(64) float block[kBlock];
-    for (std::size_t b = 0; b < kParams; b += kBlock) {
-      const std::size_t n = std::min(kBlock, kParams - b);
-      const float* at[2] = {a.g0.data() + b, a.g1.data() + b};
-      cohort::reduce::sum_sources(block, at, 2, n);
-      if (cohort::optim::first_non_finite(block, n) != n) state.SkipWithError("non-finite");
-      opt.apply(scalars, a.w.data() + b, block, a.s0.data() + b, s1 ? s1 + b : nullptr, n);
-    }
+    r.begin_step(opt.scalars(1e-6f, 1.0f / 256, 1));
+    for (std::size_t b = 0; b < kParams; b += kChunk)
+      r.fused_chunk(leaves, 2, b, std::min(kParams, b + kChunk));
+    if (r.first_non_finite() != kParams) state.SkipWithError("non-finite");
     benchmark::DoNotOptimize(a.w.data());
   }
   const std::size_t arrays = 2 + 2 * (1 + opt.state_buffers());  // leaves + (w, state) r/w
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * arrays * kParams * 4));
 }
 
-// The root with batch weight gradients (--weight-grads batch): the gradient is produced in a
-// cache-resident chunk buffer (here one L1 block, reused), so only the weights and the
-// optimizer's state stream: the floor of that root, whatever the GEMMs cost.
+// The root with batch weight gradients (--weight-grads batch): the gradient is produced chunk by
+// chunk in a cache-resident buffer (here one chunk buffer, reused, as the root's per-thread one),
+// so only the weights and the optimizer's state stream: the floor of that root, whatever the
+// GEMMs cost. Root::apply_checked is the sweep the trainer runs on that buffer.
 // Argument: MiB swept between iterations as above; -1 instead has another thread read all of
 // the weights between iterations (untimed), as the other replica's forward pass does in training.
 void apply_only(benchmark::State& state, cohort::optim::Kind kind) {
@@ -77,10 +75,10 @@ void apply_only(benchmark::State& state, cohort::optim::Kind kind) {
   const bool cold = state.range(0) > 0;
   Arrays a(static_cast<std::size_t>(std::max<std::int64_t>(0, state.range(0))));
   cohort::optim::Optimizer opt({.kind = kind, .lr = 1e-6f});
-  const auto scalars = opt.scalars(1e-6f, 1.0f / 256, 1);
   float* s1 = opt.state_buffers() > 1 ? a.s1.data() : nullptr;
-  alignas(64) float block[kBlock];
-  std::fill(block, block + kBlock, 0.5f);
+  Root r(opt, a.w.data(), a.s0.data(), s1, kParams, kChunk, Root::Mode::kFused);
+  cohort::AlignedBuffer<float> chunk(kChunk);
+  std::fill(chunk.data(), chunk.data() + kChunk, 0.5f);
   for (auto _ : state) {
     if (cold) {
       state.PauseTiming();
@@ -96,11 +94,10 @@ void apply_only(benchmark::State& state, cohort::optim::Kind kind) {
       benchmark::DoNotOptimize(total);
       state.ResumeTiming();
     }
-    for (std::size_t b = 0; b < kParams; b += kBlock) {
-      const std::size_t n = std::min(kBlock, kParams - b);
-      if (cohort::optim::first_non_finite(block, n) != n) state.SkipWithError("non-finite");
-      opt.apply(scalars, a.w.data() + b, block, a.s0.data() + b, s1 ? s1 + b : nullptr, n);
-    }
+    r.begin_step(opt.scalars(1e-6f, 1.0f / 256, 1));
+    for (std::size_t b = 0; b < kParams; b += kChunk)
+      if (!r.apply_checked(chunk.data(), b, std::min(kParams, b + kChunk)))
+        state.SkipWithError("non-finite");
     benchmark::DoNotOptimize(a.w.data());
   }
   const std::size_t arrays = 2 * (1 + opt.state_buffers());  // (w, state) read and written
