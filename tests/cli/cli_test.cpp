@@ -127,7 +127,7 @@ TEST_F(Cli, BadInputExitsTwoNamingWhatIsWrong) {
       {quick({"--optimizer", "adam", "--beta2", "1"}), "--beta2"},
       {quick({"--clip-norm", "-1"}), "--clip-norm"},
       {quick({"--on-nonfinite", "ignore"}), "--on-nonfinite: expected stop or skip"},
-      {quick({"--weight-grads", "gemm"}), "--weight-grads: expected leaf or batch"},
+      {quick({"--weight-grads", "gemm"}), "--weight-grads: expected batch or leaf"},
       {quick({"--max-skips", "0"}), "--max-skips"},
       {quick({"--trace", dir_.string()}), "--trace"},
       {{}, "subcommand"},
