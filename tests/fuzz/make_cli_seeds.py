@@ -16,6 +16,8 @@ for n, line in enumerate(examples, 1):
     seed = "\n".join(args).encode()
     if "--config" in args:
         seed += b"\0" + (root / args[args.index("--config") + 1]).read_bytes()
-    name = "_".join(a[2:] for a in args if a.startswith("--"))[:80]
-    (out / f"readme_{n}_{name}").write_bytes(seed)
-    print(out / f"readme_{n}_{name}")
+    name = "readme_" + "_".join(a[2:] for a in args if a.startswith("--"))[:80]
+    if (out / name).exists():  # two examples with the same flags
+        name += f"_{n}"
+    (out / name).write_bytes(seed)
+    print(out / name)
