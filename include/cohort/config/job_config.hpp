@@ -34,8 +34,8 @@ struct Key {
 };
 using Schema = std::vector<Key>;
 
-// Reads `path` and returns the equivalent flags ("--lr", "0.1", "--nesterov=true", ...), in
-// the file's order. Throws InputError naming file:line:column and the key for a syntax error, a
+// Reads `path` and returns the equivalent flags ("--lr", "0.1", "--nesterov=true", ...), by
+// section and key in name order (each key stands once, so the order changes no value). Throws InputError naming file:line:column and the key for a syntax error, a
 // duplicate or unknown key, a wrong type, an out-of-range value, a missing folder or file, or an
 // output in a missing or read-only folder — before anything else runs.
 std::vector<std::string> job_config_flags(const std::filesystem::path& path, const Schema& schema);
