@@ -142,6 +142,8 @@ std::string reducer_help() {
 }
 
 constexpr double k2to24 = 1 << 24;
+constexpr Range kFraction{.min = 0, .max = 1, .max_exclusive = true};          // [0, 1)
+constexpr Range kPositiveFraction{.min = 0, .max = 1, .min_exclusive = true};  // (0, 1]
 constexpr auto kAnyUint64 = static_cast<double>(std::numeric_limits<std::uint64_t>::max());
 
 std::vector<TrainFlag> make_table() {
@@ -172,22 +174,18 @@ std::vector<TrainFlag> make_table() {
       number_flag<&O::config, &TC::optimizer, &OC::lr>(
           "--lr", "optimizer.lr", {.min = 0, .max = 1e15, .min_exclusive = true},
           "base learning rate"),
-      number_flag<&O::config, &TC::optimizer, &OC::momentum>(
-          "--momentum", "optimizer.momentum", {.min = 0, .max = 1, .max_exclusive = true},
-          "SGD momentum"),
+      number_flag<&O::config, &TC::optimizer, &OC::momentum>("--momentum", "optimizer.momentum",
+                                                             kFraction, "SGD momentum"),
       bool_flag<&O::config, &TC::optimizer, &OC::nesterov>("--nesterov", "optimizer.nesterov",
                                                            "SGD: Nesterov momentum"),
       number_flag<&O::config, &TC::optimizer, &OC::weight_decay>(
           "--weight-decay", "optimizer.weight_decay", {0, 1e6},
           "weight decay (SGD, Adam: L2 on the gradient; AdamW: decoupled)"),
-      number_flag<&O::config, &TC::optimizer, &OC::beta1>(
-          "--beta1", "optimizer.beta1", {.min = 0, .max = 1, .max_exclusive = true},
-          "Adam(W): first moment decay"),
-      number_flag<&O::config, &TC::optimizer, &OC::beta2>(
-          "--beta2", "optimizer.beta2", {.min = 0, .max = 1, .max_exclusive = true},
-          "Adam(W): second moment decay"),
-      number_flag<&O::config, &TC::optimizer, &OC::eps>("--eps", "optimizer.eps",
-                                                        {.min = 0, .max = 1, .min_exclusive = true},
+      number_flag<&O::config, &TC::optimizer, &OC::beta1>("--beta1", "optimizer.beta1", kFraction,
+                                                          "Adam(W): first moment decay"),
+      number_flag<&O::config, &TC::optimizer, &OC::beta2>("--beta2", "optimizer.beta2", kFraction,
+                                                          "Adam(W): second moment decay"),
+      number_flag<&O::config, &TC::optimizer, &OC::eps>("--eps", "optimizer.eps", kPositiveFraction,
                                                         "Adam(W): denominator epsilon"),
       choice_flag<&O::config, &TC::schedule, &SC::kind>("--schedule", "schedule.kind",
                                                         "learning-rate schedule after the warmup"),
@@ -196,8 +194,7 @@ std::vector<TrainFlag> make_table() {
       number_flag<&O::config, &TC::schedule, &SC::step_every>(
           "--lr-step-every", "schedule.step_every", {1, 1e15}, "step schedule: updates per decay"),
       number_flag<&O::config, &TC::schedule, &SC::gamma>(
-          "--lr-gamma", "schedule.gamma", {.min = 0, .max = 1, .min_exclusive = true},
-          "step schedule: decay factor"),
+          "--lr-gamma", "schedule.gamma", kPositiveFraction, "step schedule: decay factor"),
       number_flag<&O::config, &TC::schedule, &SC::min_lr>("--min-lr", "schedule.min_lr", {0, 1e6},
                                                           "cosine schedule: final learning rate"),
       number_flag<&O::config, &TC::schedule, &SC::scale_batch>(

@@ -35,9 +35,10 @@ struct Key {
 using Schema = std::vector<Key>;
 
 // Reads `path` and returns the equivalent flags ("--lr", "0.1", "--nesterov=true", ...), by
-// section and key in name order (each key stands once, so the order changes no value). Throws InputError naming file:line:column and the key for a syntax error, a
-// duplicate or unknown key, a wrong type, an out-of-range value, a missing folder or file, or an
-// output in a missing or read-only folder — before anything else runs.
+// section and key in name order (each key stands once, so the order changes no value). Throws
+// InputError naming file:line:column and the key for a syntax error, a duplicate or unknown key, a
+// wrong type, an out-of-range value, a missing folder or file, or an output in a missing or
+// read-only folder — before anything else runs.
 std::vector<std::string> job_config_flags(const std::filesystem::path& path, const Schema& schema);
 
 // The same for a config's text; `source` names it in messages (as the path does above).
