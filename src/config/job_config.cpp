@@ -1,12 +1,14 @@
-// Job config: a fixed schema of [section] key = value, each mapped to one `cohort train` flag.
+// Job config: a TOML file of [section] key = value read against the caller's schema, each key
+// turned into the flag it stands for. The schema's rows live with the command that owns them
+// (cli/options.cpp for `cohort train`); this file knows only how to read and check them.
 #include "cohort/config/job_config.hpp"
 
 #include <toml++/toml.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
-#include <map>
 #include <sstream>
 
 #include "cohort/core/error.hpp"
@@ -15,65 +17,7 @@ namespace cohort::config {
 
 namespace {
 
-enum class Type { kString, kChoice, kInteger, kFloat, kBool, kDir, kFileIn, kFileOut };
-
-struct Key {
-  const char* flag;
-  Type type;
-  double min = 0;                         // numbers: smallest allowed value
-  double max = 1e18;                      // numbers: largest allowed value
-  bool min_exclusive = false;             // numbers: the value must be > min
-  bool max_exclusive = false;             // numbers: the value must be < max
-  std::vector<std::string> choices = {};  // kChoice: the allowed strings
-};
-
-// section.key -> flag. Ranges are the ones the flags' own checks enforce, stated here too so a
-// config file's mistake is reported with its line.
-const std::map<std::string, Key>& schema() {
-  static const std::map<std::string, Key> keys = {
-      {"data.dir", {"--data", Type::kDir}},
-      {"model.spec", {"--model", Type::kString}},
-      {"run.workers", {"--workers", Type::kInteger, 0, 1024}},
-      {"run.batch", {"--batch", Type::kInteger, 1, 1 << 24}},
-      {"run.micro_batch", {"--micro-batch", Type::kInteger, 0, 1 << 24}},
-      {"run.epochs", {"--epochs", Type::kInteger, 0, 1e6}},
-      {"run.steps", {"--steps", Type::kInteger, 0, 1e15}},
-      {"run.seed", {"--seed", Type::kInteger, 0, 9.2e18}},
-      {"run.reducer", {"--reducer", Type::kString}},
-      {"run.weight_grads",
-       {"--weight-grads", Type::kChoice, 0, 0, false, false, {"batch", "leaf"}}},
-      {"run.keep_last", {"--keep-last", Type::kBool}},
-      {"run.on_nonfinite", {"--on-nonfinite", Type::kChoice, 0, 0, false, false, {"stop", "skip"}}},
-      {"run.max_skips", {"--max-skips", Type::kInteger, 1, 1e9}},
-      {"optimizer.kind",
-       {"--optimizer", Type::kChoice, 0, 0, false, false, {"sgd", "adam", "adamw"}}},
-      {"optimizer.lr", {"--lr", Type::kFloat, 0, 1e6, true}},
-      {"optimizer.momentum", {"--momentum", Type::kFloat, 0, 1, false, true}},
-      {"optimizer.weight_decay", {"--weight-decay", Type::kFloat, 0, 1e6}},
-      {"optimizer.nesterov", {"--nesterov", Type::kBool}},
-      {"optimizer.beta1", {"--beta1", Type::kFloat, 0, 1, false, true}},
-      {"optimizer.beta2", {"--beta2", Type::kFloat, 0, 1, false, true}},
-      {"optimizer.eps", {"--eps", Type::kFloat, 0, 1, true}},
-      {"optimizer.clip_norm", {"--clip-norm", Type::kFloat, 0, 1e9}},
-      {"schedule.kind",
-       {"--schedule", Type::kChoice, 0, 0, false, false, {"constant", "step", "cosine"}}},
-      {"schedule.warmup_steps", {"--warmup-steps", Type::kInteger, 0, 1e12}},
-      {"schedule.step_every", {"--lr-step-every", Type::kInteger, 1, 1e15}},
-      {"schedule.gamma", {"--lr-gamma", Type::kFloat, 0, 1, true}},
-      {"schedule.min_lr", {"--min-lr", Type::kFloat, 0, 1e6}},
-      {"schedule.scale_batch", {"--lr-scale-batch", Type::kInteger, 0, 1 << 24}},
-      {"output.trace", {"--trace", Type::kFileOut}},
-      {"output.summary", {"--summary", Type::kFileOut}},
-      {"output.metrics", {"--metrics", Type::kFileOut}},
-      {"output.log_every", {"--log-every", Type::kInteger, 1, 1e9}},
-      {"output.quiet", {"--quiet", Type::kBool}},
-      {"checkpoint.save", {"--save", Type::kFileOut}},
-      {"checkpoint.save_every", {"--save-every", Type::kInteger, 0, 1e15}},
-      {"checkpoint.keep", {"--keep", Type::kInteger, 1, 1000}},
-      {"checkpoint.resume", {"--resume", Type::kFileIn}},
-  };
-  return keys;
-}
+namespace fs = std::filesystem;
 
 const char* type_name(Type t) {
   switch (t) {
@@ -97,6 +41,19 @@ const char* type_name(Type t) {
   return "?";
 }
 
+// The shortest decimal that reads back as `x` (16777216, 1e+06, 0.999).
+std::string number_text(double x) {
+  char text[32];
+  return std::string(text, std::to_chars(text, text + sizeof text, x).ptr);
+}
+
+std::string range_text(const Range& r) {
+  std::string s = (r.min_exclusive ? "> " : ">= ") + number_text(r.min);
+  if (r.max < kNoMax)
+    s += " and " + std::string(r.max_exclusive ? "< " : "<= ") + number_text(r.max);
+  return s;
+}
+
 std::string type_of(const toml::node& node) {
   std::ostringstream s;
   s << node.type();
@@ -107,102 +64,97 @@ std::string where(const std::string& source, const toml::source_region& at) {
   return source + ":" + std::to_string(at.begin.line) + ":" + std::to_string(at.begin.column);
 }
 
-std::string range_text(const Key& k) {
-  std::ostringstream s;
-  s << (k.min_exclusive ? "> " : ">= ") << k.min;
-  if (k.max < 1e15) s << " and " << (k.max_exclusive ? "< " : "<= ") << k.max;
-  return s.str();
+// "data, model, run": the schema's sections in first-seen order, for the message about a value
+// outside any section.
+std::string sections_text(const Schema& schema) {
+  std::vector<std::string> sections;
+  for (const Key& k : schema) {
+    const std::string section = k.toml.substr(0, k.toml.find('.'));
+    if (std::find(sections.begin(), sections.end(), section) == sections.end())
+      sections.push_back(section);
+  }
+  std::string text;
+  for (const auto& s : sections) text += (text.empty() ? "" : ", ") + s;
+  return text;
+}
+
+// Appends one value's flags; returns "" or what is wrong with it ("expected ..., found ...").
+std::string add_flags(const Key& k, const toml::node& value, std::vector<std::string>& flags) {
+  const std::string expected_type = "expected " + std::string(type_name(k.type)) + ", found ";
+  switch (k.type) {
+    case Type::kChoice: {
+      const auto* v = value.as_string();
+      if (!v) return "expected one of " + choices_text(k.choices) + ", found " + type_of(value);
+      if (std::find(k.choices.begin(), k.choices.end(), v->get()) == k.choices.end())
+        return "expected " + choices_text(k.choices) + ", found '" + v->get() + "'";
+      flags.insert(flags.end(), {k.flag, v->get()});
+      return "";
+    }
+    case Type::kString:
+    case Type::kDir:
+    case Type::kFileIn:
+    case Type::kFileOut: {
+      const auto* v = value.as_string();
+      if (!v) return expected_type + type_of(value);
+      if (v->get().empty()) return "expected a non-empty string, found \"\"";
+      if (std::string problem = path_problem(k.type, v->get()); !problem.empty()) return problem;
+      flags.insert(flags.end(), {k.flag, v->get()});
+      return "";
+    }
+    case Type::kBool: {
+      const auto* v = value.as_boolean();
+      if (!v) return expected_type + type_of(value);
+      flags.push_back(k.flag + "=" + (v->get() ? "true" : "false"));
+      return "";
+    }
+    case Type::kInteger:
+    case Type::kFloat: {
+      double x = 0;
+      std::string text;
+      if (const auto* i = value.as_integer()) {
+        x = static_cast<double>(i->get());
+        text = std::to_string(i->get());
+      } else if (const auto* f = value.as_floating_point(); f && k.type == Type::kFloat) {
+        x = f->get();
+        std::ostringstream s;
+        s.precision(17);
+        s << x;
+        text = s.str();
+      } else {
+        return expected_type + type_of(value);
+      }
+      if (std::string problem = number_problem(k, x, text); !problem.empty()) return problem;
+      flags.insert(flags.end(), {k.flag, text});
+      return "";
+    }
+  }
+  return "";
 }
 
 // The parsed document's keys, checked against the schema, as flags.
-std::vector<std::string> flags_of(const toml::table& root, const std::string& path) {
+std::vector<std::string> flags_of(const toml::table& root, const std::string& path,
+                                  const Schema& schema) {
   std::vector<std::string> flags;
   for (const auto& [section, node] : root) {
     const auto* table = node.as_table();
     if (!table)
       throw InputError(where(path, node.source()) + ": '" + std::string(section.str()) +
-                       "': expected a [section] (data, model, run, optimizer, schedule, output, "
-                       "checkpoint), found a value");
+                       "': expected a [section] (" + sections_text(schema) + "), found a value");
     for (const auto& entry : *table) {
       // Not a structured binding: clang 14 (the fuzz preset) cannot capture one in a lambda.
       const auto& name = entry.first;
       const toml::node& value = entry.second;
       const std::string key = std::string(section.str()) + "." + std::string(name.str());
-      auto it = schema().find(key);
-      if (it == schema().end()) {
+      const auto it =
+          std::find_if(schema.begin(), schema.end(), [&](const Key& k) { return k.toml == key; });
+      if (it == schema.end()) {
         std::string known;
-        for (const auto& [k, unused] : schema()) known += (known.empty() ? "" : ", ") + k;
+        for (const Key& k : schema) known += (known.empty() ? "" : ", ") + k.toml;
         throw InputError(where(path, value.source()) + ": unknown key '" + key +
                          "' (known keys: " + known + ")");
       }
-      const Key& k = it->second;
-      auto wrong = [&](const std::string& expected, const std::string& found) {
-        throw InputError(where(path, value.source()) + ": " + key + ": expected " + expected +
-                         ", found " + found);
-      };
-      switch (k.type) {
-        case Type::kChoice: {
-          const auto* v = value.as_string();
-          std::string names;
-          for (const auto& c : k.choices) names += (names.empty() ? "" : ", ") + c;
-          if (!v) wrong("one of " + names, type_of(value));
-          if (std::find(k.choices.begin(), k.choices.end(), v->get()) == k.choices.end())
-            wrong("one of " + names, "'" + v->get() + "'");
-          flags.insert(flags.end(), {k.flag, v->get()});
-          break;
-        }
-        case Type::kString:
-        case Type::kDir:
-        case Type::kFileIn:
-        case Type::kFileOut: {
-          const auto* v = value.as_string();
-          if (!v) wrong(type_name(k.type), type_of(value));
-          const std::string& text = v->get();
-          if (text.empty()) wrong("a non-empty string", "\"\"");
-          const std::filesystem::path p(text);
-          std::error_code e;
-          if (k.type == Type::kDir && !std::filesystem::is_directory(p, e))
-            wrong(type_name(k.type), "'" + text + "', which is not a folder");
-          if (k.type == Type::kFileIn && !std::filesystem::is_regular_file(p, e))
-            wrong(type_name(k.type), "'" + text + "', which is not a file");
-          if (k.type == Type::kFileOut) {
-            const auto dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
-            if (!std::filesystem::is_directory(dir, e) || ::access(dir.c_str(), W_OK) != 0)
-              wrong(type_name(k.type),
-                    "'" + text + "' (folder " + dir.string() + " missing or read-only)");
-          }
-          flags.insert(flags.end(), {k.flag, text});
-          break;
-        }
-        case Type::kBool: {
-          const auto* v = value.as_boolean();
-          if (!v) wrong(type_name(k.type), type_of(value));
-          flags.push_back(std::string(k.flag) + "=" + (v->get() ? "true" : "false"));
-          break;
-        }
-        case Type::kInteger:
-        case Type::kFloat: {
-          double x = 0;
-          std::string text;
-          if (const auto* i = value.as_integer()) {
-            x = static_cast<double>(i->get());
-            text = std::to_string(i->get());
-          } else if (const auto* f = value.as_floating_point(); f && k.type == Type::kFloat) {
-            x = f->get();
-            std::ostringstream s;
-            s.precision(17);
-            s << x;
-            text = s.str();
-          } else {
-            wrong(type_name(k.type), type_of(value));
-          }
-          const bool ok = std::isfinite(x) && (k.min_exclusive ? x > k.min : x >= k.min) &&
-                          (k.max_exclusive ? x < k.max : x <= k.max);
-          if (!ok) wrong(type_name(k.type) + std::string(" ") + range_text(k), text);
-          flags.insert(flags.end(), {k.flag, text});
-          break;
-        }
-      }
+      if (const std::string problem = add_flags(*it, value, flags); !problem.empty())
+        throw InputError(where(path, value.source()) + ": " + key + ": " + problem);
     }
   }
   return flags;
@@ -210,22 +162,62 @@ std::vector<std::string> flags_of(const toml::table& root, const std::string& pa
 
 }  // namespace
 
-std::vector<std::string> job_config_flags(const std::filesystem::path& path) {
+std::string choices_text(const std::vector<std::string>& choices) {
+  std::string text;
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    if (i > 0) text += i + 1 == choices.size() ? " or " : ", ";
+    text += choices[i];
+  }
+  return text;
+}
+
+std::string number_problem(const Key& k, double x, const std::string& text) {
+  const Range& r = k.range;
+  const bool ok = std::isfinite(x) && (r.min_exclusive ? x > r.min : x >= r.min) &&
+                  (r.max_exclusive ? x < r.max : x <= r.max);
+  if (ok) return "";
+  return "expected " + std::string(type_name(k.type)) + " " + range_text(r) + ", found " + text;
+}
+
+std::string path_problem(Type type, const std::string& text) {
+  const fs::path p(text);
+  std::error_code e;
+  const std::string expected = "expected " + std::string(type_name(type)) + ", found '" + text;
+  switch (type) {
+    case Type::kDir:
+      return fs::is_directory(p, e) ? "" : expected + "', which is not a folder";
+    case Type::kFileIn:
+      return fs::is_regular_file(p, e) ? "" : expected + "', which is not a file";
+    case Type::kFileOut: {
+      if (fs::is_directory(p, e)) return expected + "', which is a directory";
+      const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+      if (!fs::is_directory(dir, e)) return expected + "' (folder " + dir.string() + " missing)";
+      if (::access(dir.c_str(), W_OK) != 0)
+        return expected + "' (folder " + dir.string() + " read-only)";
+      return "";
+    }
+    default:
+      return "";
+  }
+}
+
+std::vector<std::string> job_config_flags(const fs::path& path, const Schema& schema) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
+  if (!fs::is_regular_file(path, ec))
     throw InputError(path.string() + ": --config: expected a TOML file, found " +
-                     (std::filesystem::exists(path, ec) ? "something else" : "nothing"));
+                     (fs::exists(path, ec) ? "something else" : "nothing"));
   try {
-    return flags_of(toml::parse_file(path.string()), path.string());
+    return flags_of(toml::parse_file(path.string()), path.string(), schema);
   } catch (const toml::parse_error& e) {
     throw InputError(where(path.string(), e.source()) + ": " + std::string(e.description()));
   }
 }
 
 std::vector<std::string> job_config_flags_from_text(std::string_view text,
-                                                    const std::string& source) {
+                                                    const std::string& source,
+                                                    const Schema& schema) {
   try {
-    return flags_of(toml::parse(text, source), source);
+    return flags_of(toml::parse(text, source), source, schema);
   } catch (const toml::parse_error& e) {
     throw InputError(where(source, e.source()) + ": " + std::string(e.description()));
   }

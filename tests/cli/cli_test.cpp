@@ -1,5 +1,6 @@
 // The command line: exit codes, messages that name the bad input, and the files it writes.
 #include "cohort/cli/cli.hpp"
+#include "testing.hpp"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -20,31 +21,11 @@ namespace cohort::cli {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::cohort;
+using testing::Result;
 
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-Result cohort(std::vector<std::string> args) {
-  args.insert(args.begin(), "cohort");
-  std::vector<const char*> argv;
-  for (auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  int code = run(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {code, out.str(), err.str()};
-}
-
-class Cli : public ::testing::Test {
+class Cli : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("cohort_cli_test_" +
-            std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   std::vector<std::string> quick(std::vector<std::string> extra = {}) {
     std::vector<std::string> a{"train",   "--data", COHORT_FIXTURE_DIR, "--model", "mlp:784-32-10",
                                "--batch", "64",     "--steps",          "12",      "--workers",
@@ -52,7 +33,6 @@ class Cli : public ::testing::Test {
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
-  fs::path dir_;
 };
 
 TEST_F(Cli, TrainWritesSummaryAndMetrics) {
@@ -127,7 +107,7 @@ TEST_F(Cli, BadInputExitsTwoNamingWhatIsWrong) {
       {quick({"--optimizer", "adam", "--beta2", "1"}), "--beta2"},
       {quick({"--clip-norm", "-1"}), "--clip-norm"},
       {quick({"--on-nonfinite", "ignore"}), "--on-nonfinite: expected stop or skip"},
-      {quick({"--weight-grads", "gemm"}), "--weight-grads: expected leaf or batch"},
+      {quick({"--weight-grads", "gemm"}), "--weight-grads: expected batch or leaf"},
       {quick({"--max-skips", "0"}), "--max-skips"},
       {quick({"--trace", dir_.string()}), "--trace"},
       {{}, "subcommand"},

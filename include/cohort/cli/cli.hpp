@@ -1,8 +1,17 @@
-// The `cohort` command line: argument parsing (CLI11), progress on the terminal, the summary
-// table, and the JSON summary / JSON Lines metrics files. A thin shell over train::Trainer.
+// The `cohort` command line: argument parsing (CLI11) from one option table that also gives the
+// job config's schema, every input checked before anything runs, progress on the terminal, the
+// summary table and the JSON files. A thin shell over train::Trainer; it never trains by itself.
 #pragma once
 
+#include <functional>
 #include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cohort/checkpoint/checkpoint.hpp"
+#include "cohort/config/job_config.hpp"
+#include "cohort/data/dataset.hpp"
 
 namespace cohort::cli {
 
@@ -15,5 +24,27 @@ inline constexpr int kExitInterrupted = 130;
 
 // Runs `cohort <args>`; human output to `out`, errors to `err`. Never throws.
 int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
+
+// Where `cohort train` gets its inputs: the job config named by --config (as flags), the data
+// folder and the checkpoint to resume. Each throws InputError naming the path for a bad input.
+// disk_loaders() reads the files; a fuzzer or a test injects cheaper or safer ones.
+struct Loaders {
+  std::function<std::vector<std::string>(const std::string& path)> config;
+  std::function<std::shared_ptr<const data::Splits>(const std::string& dir)> data;
+  std::function<checkpoint::Checkpoint(const std::string& path)> checkpoint;
+};
+Loaders disk_loaders();
+
+// `cohort train <args> --dry-run` with these loaders: parses the flags (and the config they
+// name), checks every input as a real run would before its first step — table ranges, the data,
+// the model against the data, train::validate, output paths, the checkpoint to resume — prints
+// the effective config and returns kExitOk, or prints the problem and returns kExitBadInput.
+// Trains nothing, writes no file, sizes nothing from an unchecked value. Never throws; any other
+// outcome (kExitInternal) is a bug.
+int check_train(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
+                const Loaders& loaders = disk_loaders());
+
+// The job config's schema: the rows of `cohort train`'s option table that have a TOML key.
+const config::Schema& train_schema();
 
 }  // namespace cohort::cli

@@ -1,0 +1,89 @@
+// `cohort eval` and `cohort plot`: their few options and what they do. Not `cohort train`
+// (train_command.cpp, with its option table in options.cpp).
+#include "commands.hpp"
+
+#include <filesystem>
+#include <iomanip>
+#include <ostream>
+
+#include "cohort/core/error.hpp"
+#include "cohort/report/plot.hpp"
+#include "cohort/train/trainer.hpp"
+#include "output.hpp"
+
+namespace cohort::cli {
+
+namespace fs = std::filesystem;
+
+CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
+  CLI::App* cmd = app.add_subcommand("eval", "evaluate a checkpoint on the test set");
+  cmd->add_option("--checkpoint", o.checkpoint, "the checkpoint to evaluate")->required();
+  cmd->add_option("--data", o.data_dir, "folder with the four IDX files")->capture_default_str();
+  cmd->add_option("--summary", o.summary_path, "write a JSON summary to this file");
+  cmd->add_option("--workers", o.workers, "worker replicas (0: one per core)");
+  return cmd;
+}
+
+int eval_command(const EvalOptions& o, std::ostream& out) {
+  check_output_path("--summary", o.summary_path);
+  const checkpoint::Checkpoint ck = checkpoint::load_checkpoint(o.checkpoint);
+  data::Splits data = data::load_image_folder(o.data_dir);
+  train::TrainConfig config;
+  config.model = ck.model;
+  config.seed = ck.seed;
+  config.batch = ck.batch;
+  config.micro_batch = ck.micro_batch;
+  config.drop_last = ck.drop_last;
+  config.workers = o.workers;
+  // The optimizer only shapes the state the checkpoint must match; evaluation never steps.
+  config.optimizer.kind = optim::parse_kind(ck.optimizer, o.checkpoint + ": optimizer");
+  if (config.optimizer.kind == optim::Kind::kSgd)
+    config.optimizer.momentum = ck.state.empty() ? 0.0f : config.optimizer.momentum;
+  train::Trainer trainer(config, data);
+  trainer.restore(ck, o.checkpoint);
+  auto [loss, accuracy] = trainer.evaluate_test();
+  const std::string digest = train::weights_digest(trainer.weights(), ck.weights.size());
+  out << "cohort eval: " << o.checkpoint << " (" << ck.model << ", step " << ck.step << ") on "
+      << o.data_dir << ": test loss " << std::fixed << std::setprecision(4) << loss
+      << ", test accuracy " << accuracy << ", weights digest " << digest << "\n";
+  if (!o.summary_path.empty())
+    write_atomically(o.summary_path, json{{"checkpoint", o.checkpoint},
+                                          {"model", ck.model},
+                                          {"step", ck.step},
+                                          {"test_loss", loss},
+                                          {"test_accuracy", accuracy},
+                                          {"weights_digest", digest}}
+                                             .dump(2) +
+                                         "\n");
+  return kExitOk;
+}
+
+CLI::App* add_plot_command(CLI::App& app, PlotOptions& o) {
+  CLI::App* cmd =
+      app.add_subcommand("plot", "draw loss and accuracy curves of --metrics files as an SVG");
+  cmd->add_option("metrics", o.files, "JSON Lines files written by train --metrics")->required();
+  cmd->add_option("-o,--output", o.output, "the SVG file to write")->required();
+  cmd->add_option("--title", o.title, "a title above the curves");
+  cmd->add_option("--width", o.width, "image width in pixels")->capture_default_str();
+  return cmd;
+}
+
+// Every file is read and checked before the SVG is written (atomically). Runs whose files share
+// a name are labelled by their folder too.
+int plot_command(const PlotOptions& o, std::ostream& out) {
+  check_output_path("--output", o.output);
+  if (o.width < 600)
+    throw InputError("--width: expected at least 600 (pixels), found " + std::to_string(o.width));
+  std::vector<report::Series> runs;
+  for (const std::string& f : o.files) runs.push_back(report::read_metrics(f));
+  for (std::size_t i = 0; i < runs.size(); ++i)
+    for (std::size_t j = 0; j < runs.size(); ++j)
+      if (i != j && runs[i].label == fs::path(o.files[j]).filename().string())
+        runs[i].label = fs::path(o.files[i]).lexically_normal().string();
+  write_atomically(o.output, report::render_svg(runs, {.width = o.width, .title = o.title}));
+  out << "cohort plot: " << runs.size() << (runs.size() == 1 ? " run" : " runs") << " -> "
+      << o.output << "\n";
+  return kExitOk;
+}
+
+}  // namespace cohort::cli

@@ -1,0 +1,40 @@
+// The commands of `cohort`: each takes its parsed options, checks every input before any work
+// and returns an exit code (throwing InputError for bad input). Not the parsing: `train`'s
+// options come from the option table (options.hpp); eval's and plot's few are added here.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "cohort/cli/cli.hpp"
+#include "options.hpp"
+
+namespace cohort::cli {
+
+// `cohort train`: checks every input, then (unless --dry-run) trains with progress, Ctrl-C
+// handling, checkpoints and the files asked for.
+int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& out);
+
+struct EvalOptions {
+  std::string checkpoint;
+  std::string data_dir = data::kDefaultDataDir;
+  std::string summary_path;
+  std::size_t workers = 0;
+};
+CLI::App* add_eval_command(CLI::App& app, EvalOptions& o);
+// `cohort eval`: a checkpoint's test loss, accuracy and weights digest.
+int eval_command(const EvalOptions& o, std::ostream& out);
+
+struct PlotOptions {
+  std::vector<std::string> files;
+  std::string output, title;
+  int width = 1000;
+};
+CLI::App* add_plot_command(CLI::App& app, PlotOptions& o);
+// `cohort plot`: the curves of --metrics files as one SVG.
+int plot_command(const PlotOptions& o, std::ostream& out);
+
+}  // namespace cohort::cli

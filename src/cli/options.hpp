@@ -1,0 +1,74 @@
+// `cohort train`'s option table: one row per flag giving its TOML key, type, range, choices
+// (from the enums' name tables), help and where the value is stored. The CLI11 options, the
+// job config's schema and the checks of command-line values are all built from it, so a flag
+// is described once. Not the command itself (commands.hpp) and not the TOML reader (config/).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cohort/cli/cli.hpp"
+#include "cohort/config/job_config.hpp"
+#include "cohort/train/trainer.hpp"
+
+namespace cohort::cli {
+
+struct CheckpointOptions {
+  std::string save, resume;
+  std::uint64_t save_every = 0;
+  std::size_t keep = 1;
+};
+
+// Everything `cohort train` is told, holding the command's defaults until parsing stores over
+// them. The table's rows point into it.
+struct TrainOptions {
+  TrainOptions();  // the command's recipe: lr 0.1, cosine, warmup 200 (see options.cpp)
+  train::TrainConfig config;
+  std::string config_path;  // --config: already expanded into flags before parsing
+  std::string data_dir = data::kDefaultDataDir;
+  std::string summary_path, metrics_path, trace_path;
+  CheckpointOptions checkpoint;
+  std::size_t log_every = 50;
+  bool quiet = false;
+  bool keep_last = false;      // config.drop_last is its negation
+  bool plain_layouts = false;  // config.blocked_layouts is its negation
+  bool dry_run = false;
+
+  // `config` with the flags that the table stores elsewhere applied (drop_last,
+  // blocked_layouts, trace).
+  train::TrainConfig train_config() const;
+};
+
+// One row of the table.
+struct TrainFlag {
+  config::Key key;  // flag, TOML key ("" for a command-line-only flag), type, range, choices
+  std::string help;
+  // Adds the CLI11 option storing into `o`; --help shows `o`'s value as the default.
+  CLI::Option* (*add)(CLI::App& cmd, TrainOptions& o, const TrainFlag& row);
+  // The stored value as text (the help's default, messages) and, for numbers, as a double
+  // (NaN for other types).
+  std::string (*text)(const TrainOptions& o);
+  double (*number)(const TrainOptions& o);
+};
+
+// The table, in --help's order.
+const std::vector<TrainFlag>& train_flags();
+
+// The `train` subcommand of `app` with every row's option, storing into `o` (which must
+// outlive the parse). A flag given twice takes its last value.
+CLI::App* add_train_command(CLI::App& app, TrainOptions& o);
+
+// After parsing: each flag that was given (on the command line or by the config) checked against
+// its row — a number against its range, a path against its type. Throws InputError
+// "<flag>: expected ..., found ...".
+void check_train_flags(const CLI::App& cmd, const TrainOptions& o);
+
+// `cohort train --config FILE ...`: the file's keys (read by `loaders.config`) become flags
+// placed before the command line's own, so that with take-the-last-value options the command
+// line overrides the file. Other commands' arguments are returned unchanged.
+std::vector<std::string> with_config_flags(std::vector<std::string> args, const Loaders& loaders);
+
+}  // namespace cohort::cli

@@ -1,0 +1,156 @@
+// The JSON files of `cohort train` (effective config, summary, Chrome trace) and the checks and
+// atomic writes that keep every output whole. Not the metrics stream (progress.cpp) and not
+// the SVG (report/).
+#include "output.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "cohort/config/job_config.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/core/names.hpp"
+
+namespace cohort::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+json to_json(const train::TimeBreakdown& t) {
+  return {{"step", t.step},
+          {"compute", t.compute},
+          {"matmul", t.matmul},
+          {"eltwise", t.eltwise},
+          {"loss", t.loss},
+          {"other", t.other},
+          {"data", t.data},
+          {"reduce", t.reduce},
+          {"reduce_critical", t.reduce_critical},
+          {"optimizer", t.optimizer},
+          {"weight_grad", t.weight_grad},
+          {"idle", t.idle}};
+}
+
+// A float as the shortest decimal that reads back as it (0.05f prints as 0.05, not as the
+// double 0.05000000074505806).
+double shortest(float f) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, f).ptr;
+  return std::strtod(std::string(text, end).c_str(), nullptr);
+}
+
+}  // namespace
+
+void check_output_path(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  if (const std::string problem = config::path_problem(config::Type::kFileOut, path);
+      !problem.empty())
+    throw InputError(flag + ": " + problem);
+}
+
+void write_atomically(const std::string& path, const std::string& text) {
+  fs::path tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) throw InputError(path + ": writing failed (disk full?)");
+  }
+  fs::rename(tmp, path);
+}
+
+json config_json(const train::TrainConfig& c, const std::string& data_dir) {
+  const auto& o = c.optimizer;
+  json optimizer{{"kind", optim::to_string(o.kind)}, {"lr", shortest(o.lr)}};
+  if (o.kind == optim::Kind::kSgd)
+    optimizer.update(json{{"momentum", shortest(o.momentum)}, {"nesterov", o.nesterov}});
+  else
+    optimizer.update(
+        json{{"beta1", shortest(o.beta1)}, {"beta2", shortest(o.beta2)}, {"eps", shortest(o.eps)}});
+  optimizer["weight_decay"] = shortest(o.weight_decay);
+  optimizer["clip_norm"] = shortest(c.clip_norm);
+  const auto& sc = c.schedule;
+  json schedule{{"kind", optim::to_string(sc.kind)},
+                {"warmup_steps", sc.warmup_steps},
+                {"scale_batch", sc.scale_batch},
+                {"base_lr", shortest(optim::scaled_base_lr(sc, o.lr, c.batch))}};
+  if (sc.kind == optim::ScheduleKind::kStep)
+    schedule.update(json{{"step_every", sc.step_every}, {"gamma", shortest(sc.gamma)}});
+  if (sc.kind == optim::ScheduleKind::kCosine) schedule["min_lr"] = shortest(sc.min_lr);
+  using TC = train::TrainConfig;
+  return {{"model", c.model},
+          {"data", data_dir},
+          {"batch", c.batch},
+          {"micro_batch", c.micro_batch},
+          {"workers", c.workers},
+          {"epochs", c.epochs},
+          {"steps", c.steps},
+          {"seed", c.seed},
+          {"optimizer", optimizer},
+          {"schedule", schedule},
+          {"on_nonfinite", std::string(name_of(TC::kOnNonFiniteNames, c.on_nonfinite))},
+          {"max_skips", c.max_skips},
+          {"reducer", std::string(reduce::to_string(c.reducer))},
+          {"weight_grads", std::string(name_of(TC::kWeightGradsNames, c.weight_grads))},
+          {"drop_last", c.drop_last},
+          {"blocked_layouts", c.blocked_layouts}};
+}
+
+json summary_json(const train::Summary& s, const json& config) {
+  return {{"steps", s.steps},
+          {"updates", s.updates},
+          {"skipped_steps", s.skipped},
+          {"epochs", s.epochs},
+          {"workers", s.workers},
+          {"batch", s.batch},
+          {"micro_batch", s.micro_batch},
+          {"parameters", s.parameters},
+          {"samples_per_second", s.samples_per_second},
+          {"train_loss", s.train_loss},
+          {"test_loss", s.test_loss},
+          {"test_accuracy", s.test_accuracy},
+          {"weights_digest", s.weights_digest},
+          {"time", to_json(s.time)},
+          {"config", config}};
+}
+
+// JSON object format: "X" complete events, one thread per track, named by "M" metadata events,
+// which Perfetto and chrome://tracing open.
+void write_trace(const std::string& path, const train::Trainer& trainer, const json& config) {
+  json events = json::array();
+  const auto tracks = trainer.trace_tracks();
+  for (std::size_t t = 0; t < tracks.size(); ++t) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", t},
+                      {"args", {{"name", tracks[t]}}}});
+    events.push_back({{"name", "thread_sort_index"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", t},
+                      {"args", {{"sort_index", t}}}});
+  }
+  for (const train::TraceSpan& s : trainer.trace()) {
+    json args{{"step", s.step}};
+    if (s.index_name) args[s.index_name] = s.index;
+    events.push_back({{"name", s.name},
+                      {"ph", "X"},
+                      {"pid", 1},
+                      {"tid", s.track},
+                      {"ts", s.begin_us},
+                      {"dur", std::max(0.0, s.end_us - s.begin_us)},
+                      {"args", std::move(args)}});
+  }
+  json trace{
+      {"traceEvents", std::move(events)},
+      {"displayTimeUnit", "ms"},
+      {"otherData",
+       {{"tool", "cohort 0.1.0"}, {"truncated", trainer.trace_truncated()}, {"config", config}}}};
+  write_atomically(path, trace.dump() + "\n");
+}
+
+}  // namespace cohort::cli

@@ -1,0 +1,34 @@
+// What the commands write: the effective config and the summary as JSON, the Chrome trace, and
+// the helpers that make every output file safe (checked before any work, written atomically).
+// Not the terminal output (progress.hpp) and not the metrics stream (Progress writes it).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "cohort/train/trainer.hpp"
+
+namespace cohort::cli {
+
+using json = nlohmann::ordered_json;
+
+// An output file must be creatable before any work starts, so a typo costs nothing. Throws
+// InputError "<flag>: expected ..., found ..." ("" is no file: nothing to check).
+void check_output_path(const std::string& flag, const std::string& path);
+
+// Writes the whole text to `path` through a temporary file and a rename, so a reader never sees
+// half a file and an earlier file survives a crash.
+void write_atomically(const std::string& path, const std::string& text);
+
+// The effective configuration, as printed at the start and stored in the summary and the
+// checkpoint.
+json config_json(const train::TrainConfig& c, const std::string& data_dir);
+
+// --summary's object: the run's figures and `config`.
+json summary_json(const train::Summary& s, const json& config);
+
+// The trainer's spans as a Chrome trace, written atomically.
+void write_trace(const std::string& path, const train::Trainer& trainer, const json& config);
+
+}  // namespace cohort::cli

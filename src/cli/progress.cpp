@@ -1,0 +1,183 @@
+// Progress lines, the metrics stream, Ctrl-C handling and the summary table of `cohort train`.
+// Not the trainer's timing (train/ measures; this file only prints) and not the files written
+// at the end of a run (output.cpp).
+#include "progress.hpp"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "cohort/cli/cli.hpp"
+
+namespace cohort::cli {
+
+namespace {
+
+constexpr const char* kClearToEnd = "\x1b[K";  // erase the rest of a rewritten line
+
+std::string rate(double samples_per_second) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << samples_per_second / 1000.0 << "k";
+  return s.str();
+}
+
+std::string bar(double fraction) {
+  constexpr int kWidth = 24;
+  const int done = static_cast<int>(std::clamp(fraction, 0.0, 1.0) * kWidth);
+  return "[" + std::string(done, '#') + std::string(kWidth - done, '.') + "]";
+}
+
+std::string clock_text(double seconds) {
+  const auto total = static_cast<long long>(std::max(0.0, seconds) + 0.5);
+  char text[32];
+  std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", total / 3600, total / 60 % 60, total % 60);
+  return text;
+}
+
+}  // namespace
+
+StopSignals::StopSignals() {
+  sigemptyset(&set_);
+  sigaddset(&set_, SIGINT);
+  sigaddset(&set_, SIGTERM);
+  sigaddset(&set_, SIGUSR1);  // our own wake-up at the end
+  pthread_sigmask(SIG_BLOCK, &set_, &old_);
+  requests_.store(0, std::memory_order_relaxed);
+  waiter_ = std::thread([this] {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&set_, &sig) != 0) continue;
+      // acquire: pairs with the release store of done_ before the wake-up signal.
+      if (sig == SIGUSR1) {
+        if (done_.load(std::memory_order_acquire)) return;
+        continue;
+      }
+      // relaxed: a counter read between steps; it publishes no other data.
+      if (requests_.fetch_add(1, std::memory_order_relaxed) >= 1) ::_exit(kExitInterrupted);
+    }
+  });
+}
+
+StopSignals::~StopSignals() {
+  done_.store(true, std::memory_order_release);
+  pthread_kill(waiter_.native_handle(), SIGUSR1);
+  waiter_.join();
+  pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+}
+
+void Progress::on_step(const train::StepEvent& e) {
+  if (every_step_) every_step_(e.step);
+  if (first_step_ == 0) {  // a resumed run starts past 1
+    first_step_ = e.step;
+    last_step_ = e.step - 1;
+  }
+  if (e.skipped) {
+    write_metrics({{"kind", "skip"},
+                   {"step", e.step},
+                   {"epoch", e.epoch},
+                   {"reason", e.skip_reason},
+                   {"skipped_total", e.skipped_total}});
+    if (!quiet_)
+      out_ << (tty_ ? "\r" : "") << "step " << e.step << " skipped: " << e.skip_reason << " ("
+           << e.skipped_total << " skipped so far)" << (tty_ ? kClearToEnd : "") << "\n";
+    return;
+  }
+  // Two windows: the metrics line's loss is the mean since the previous metrics line, the
+  // printed one's since the previous printed line (on a TTY those come at their own pace).
+  metrics_window_.add(e.loss);
+  print_window_.add(e.loss);
+  if (metrics_ && log_every_ && e.step % log_every_ == 0) {
+    json line{{"kind", "step"},
+              {"step", e.step},
+              {"epoch", e.epoch},
+              {"loss", metrics_window_.take()},
+              {"lr", e.lr}};
+    if (std::isfinite(e.grad_norm)) line["grad_norm"] = e.grad_norm;
+    line["elapsed_s"] = e.elapsed;
+    write_metrics(line);
+  }
+  const bool line_due =
+      tty_ ? (e.elapsed - last_print_ > 0.2 || e.step_in_epoch == e.steps_per_epoch)
+           : (log_every_ && e.step % log_every_ == 0);
+  if (quiet_ || !line_due || print_window_.steps == 0) return;
+  const double rate_now =
+      double(e.samples) * double(e.step - last_step_) / (e.elapsed - last_print_);
+  // ETA from this run's mean step time (training steps only; evaluation adds to it).
+  const double per_step = e.elapsed / double(e.step - first_step_ + 1);
+  const double eta = per_step * double(e.total_steps - e.step);
+  std::ostringstream line;
+  if (tty_) line << bar(double(e.step) / double(e.total_steps)) << " ";
+  line << "epoch " << e.epoch + 1 << "/" << epochs_planned_ << "  step " << e.step_in_epoch << "/"
+       << e.steps_per_epoch << "  loss " << std::fixed << std::setprecision(4)
+       << print_window_.take() << "  " << rate(rate_now) << " samples/s"
+       << "  ETA " << clock_text(eta);
+  if (tty_)
+    out_ << "\r" << line.str() << kClearToEnd << std::flush;
+  else
+    out_ << line.str() << "\n";
+  last_print_ = e.elapsed;
+  last_step_ = e.step;
+}
+
+void Progress::on_epoch(const train::EpochResult& r) {
+  write_metrics({{"kind", "epoch"},
+                 {"epoch", r.epoch + 1},
+                 {"step", r.steps},
+                 {"train_loss", r.train_loss},
+                 {"test_loss", r.test_loss},
+                 {"test_accuracy", r.test_accuracy},
+                 {"samples_per_second", r.samples_per_second},
+                 {"elapsed_s", r.elapsed}});
+  if (quiet_) return;
+  if (tty_) out_ << "\r";
+  out_ << "epoch " << r.epoch + 1 << " done: train loss " << std::fixed << std::setprecision(4)
+       << r.train_loss << "  test loss " << r.test_loss << "  test accuracy "
+       << std::setprecision(4) << r.test_accuracy << "  " << rate(r.samples_per_second)
+       << " samples/s" << (tty_ ? kClearToEnd : "") << "\n";
+}
+
+// One JSON Lines record, flushed so a crash or a reader mid-run sees whole lines only.
+void Progress::write_metrics(const json& line) {
+  if (!metrics_) return;
+  *metrics_ << line.dump() << "\n";
+  metrics_->flush();
+}
+
+void print_summary(std::ostream& out, const train::Summary& s) {
+  const auto& t = s.time;
+  const double capacity = t.step * double(s.workers);  // worker-seconds available
+  out << "\nsummary\n"
+      << "  steps " << s.steps << ", epochs " << std::setprecision(3) << s.epochs << ", workers "
+      << s.workers << ", batch " << s.batch << " (micro-batch " << s.micro_batch << "), "
+      << s.parameters << " parameters\n"
+      << "  samples/s " << std::fixed << std::setprecision(0) << s.samples_per_second
+      << "   train loss " << std::setprecision(4) << s.train_loss << "   test loss " << s.test_loss
+      << "   test accuracy " << s.test_accuracy << "\n"
+      << "  weights digest " << s.weights_digest << "\n\n"
+      << "  time of " << s.steps << " steps: " << std::setprecision(3) << t.step << " s wall x "
+      << s.workers << " workers = " << capacity << " worker-s\n";
+  auto row = [&](const char* name, double v, double of) {
+    out << "    " << std::left << std::setw(28) << name << std::right << std::setw(9)
+        << std::setprecision(3) << v << " s " << std::setw(6) << std::setprecision(1)
+        << 100.0 * v / of << "%\n";
+  };
+  row("compute", t.compute, capacity);
+  row("  matmul, conv (oneDNN)", t.matmul, capacity);
+  if (t.weight_grad > 0) row("    of which root weight GEMMs", t.weight_grad, capacity);
+  row("  relu (oneDNN)", t.eltwise, capacity);
+  row("  softmax cross-entropy", t.loss, capacity);
+  row("  pool, dropout, reorders", t.other, capacity);
+  row("batch assembly", t.data, capacity);
+  row("reduce + optimizer", t.reduce, capacity);
+  row("  optimizer alone", t.optimizer, capacity);
+  row("idle / wait", t.idle, capacity);
+  row("root, critical path (wall)", t.reduce_critical, t.step);
+}
+
+}  // namespace cohort::cli

@@ -1,0 +1,45 @@
+// Helpers of the cli tests: run `cohort <args>` in-process and keep its exit code and output,
+// and a fresh temporary folder per test. Not a test of anything by itself.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cohort/cli/cli.hpp"
+
+namespace cohort::cli::testing {
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+inline Result cohort(std::vector<std::string> args) {
+  args.insert(args.begin(), "cohort");
+  std::vector<const char*> argv;
+  for (auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  const int code = run(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {code, out.str(), err.str()};
+}
+
+// A test with its own empty folder dir_, named after the test, removed afterwards.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    for (char& c : name)
+      if (c == '/') c = '_';  // parameterised tests: Suite/Name/Param
+    dir_ = std::filesystem::temp_directory_path() / ("cohort_cli_test_" + name);
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
+}  // namespace cohort::cli::testing
