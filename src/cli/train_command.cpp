@@ -48,17 +48,18 @@ Checked check_inputs(const TrainOptions& o, const Loaders& loaders) {
       in.config.model,
       {1, static_cast<std::int64_t>(train_set.rows), static_cast<std::int64_t>(train_set.cols)});
   train::validate(in.config, model, *in.data);
-  in.parameters = model.layout().total();
+  if (in.resume) train::check_resume(in.config, model, *in.data, *in.resume, ck.resume);
+  in.parameters = model.layout().numel();
   return in;
 }
 
-// --dry-run: what was checked and the config a run would start with. workers and micro_batch
-// 0 are resolved by the trainer when it starts, for the machine it runs on.
+// --dry-run: what was checked and the config a run would start with on this machine (workers
+// and micro_batch resolved as the trainer resolves them).
 int dry_run(const TrainOptions& o, const Checked& in, std::ostream& out) {
   out << "cohort train --dry-run: " << in.config.model << " (" << in.parameters
       << " parameters) on " << o.data_dir << " (" << in.data->train.count << " train, "
       << in.data->test.count << " test images): every input checked, nothing trained or written\n"
-      << "  config " << config_json(in.config, o.data_dir).dump() << "\n";
+      << "  config " << config_json(train::resolve_defaults(in.config), o.data_dir).dump() << "\n";
   if (in.resume)
     out << "  would resume from " << o.checkpoint.resume << " at step " << in.resume->step << "\n";
   return kExitOk;

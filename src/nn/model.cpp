@@ -124,6 +124,7 @@ Model Model::parse(const std::string& spec_in, SampleShape input) {
   m.input_ = input;
   SampleShape cur = input;
   int counts[7] = {};
+  double parameters = 0;
   for (auto& l : list) {
     l.in = cur;
     const int kind = static_cast<int>(l.kind);
@@ -167,6 +168,20 @@ Model Model::parse(const std::string& spec_in, SampleShape input) {
       case LayerSpec::Kind::kDropout:
         l.out = cur;
         break;
+    }
+    // Sizes in double, so that a spec cannot wrap them around: every layer's output per sample
+    // and the parameters so far must stay allocatable.
+    const double activation = double(l.out.C) * double(l.out.H) * double(l.out.W);
+    if (activation > double(kMaxActivation))
+      bad_spec(spec, l.name + " outputs " + std::to_string(static_cast<long long>(activation)) +
+                         " values per sample, more than " + std::to_string(kMaxActivation));
+    if (l.kind == LayerSpec::Kind::kLinear || l.kind == LayerSpec::Kind::kConv) {
+      parameters += double(l.out.C) * double(l.in.C) * double(l.kernel ? l.kernel : 1) *
+                        double(l.kernel ? l.kernel : 1) +
+                    double(l.out.C);
+      if (parameters > double(kMaxParameters))
+        bad_spec(spec,
+                 "more than " + std::to_string(kMaxParameters) + " parameters up to " + l.name);
     }
     cur = l.out;
   }

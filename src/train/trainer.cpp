@@ -423,32 +423,7 @@ checkpoint::Checkpoint Trainer::checkpoint(std::string config_json) const {
 
 void Trainer::restore(const checkpoint::Checkpoint& c, const std::string& name) {
   Impl& m = *impl_;
-  auto mismatch = [&](const std::string& field, const std::string& ours,
-                      const std::string& theirs) {
-    throw InputError(name + ": " + field + ": this run has " + ours + ", the checkpoint " + theirs +
-                     " (resume with the checkpoint's value, or start a new run)");
-  };
-  if (c.model != m.config.model)
-    mismatch("--model", "'" + m.config.model + "'", "'" + c.model + "'");
-  if (c.weights.size() != m.weights.size())
-    mismatch("parameters", std::to_string(m.weights.size()) + " floats",
-             std::to_string(c.weights.size()));
-  if (c.seed != m.config.seed)
-    mismatch("--seed", std::to_string(m.config.seed), std::to_string(c.seed));
-  if (c.batch != m.config.batch)
-    mismatch("--batch", std::to_string(m.config.batch), std::to_string(c.batch));
-  if (c.micro_batch != m.config.micro_batch)
-    mismatch("--micro-batch", std::to_string(m.config.micro_batch), std::to_string(c.micro_batch));
-  if (c.drop_last != m.config.drop_last)
-    mismatch("--keep-last", m.config.drop_last ? "off" : "on", c.drop_last ? "off" : "on");
-  if (c.train_count != m.data.train.count)
-    mismatch("training set size", std::to_string(m.data.train.count),
-             std::to_string(c.train_count));
-  if (c.optimizer != optim::to_string(m.config.optimizer.kind))
-    mismatch("--optimizer", optim::to_string(m.config.optimizer.kind), c.optimizer);
-  if (c.state.size() != m.optimizer.state_buffers())
-    mismatch("optimizer state", std::to_string(m.optimizer.state_buffers()) + " arrays",
-             std::to_string(c.state.size()) + " (SGD keeps one only with --momentum > 0)");
+  check_resume(m.config, m.model, m.data, c, name);
   m.model.from_canonical(c.weights.data(), m.weights.data());
   for (std::size_t i = 0; i < c.state.size(); ++i)
     m.model.from_canonical(c.state[i].data(), m.state[i].data());

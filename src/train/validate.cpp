@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "cohort/core/error.hpp"
+#include "cohort/optim/optimizer.hpp"
 #include "cohort/train/trainer.hpp"
 
 namespace cohort::train {
@@ -72,6 +73,36 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
   if (!(std::isfinite(c.clip_norm) && c.clip_norm >= 0))
     bad("--clip-norm", "a finite value >= 0 (0: off)", std::to_string(c.clip_norm));
   if (c.max_skips == 0) bad("--max-skips", "at least 1", "0");
+}
+
+void check_resume(const TrainConfig& unresolved, const nn::Model& model, const data::Splits& data,
+                  const checkpoint::Checkpoint& c, const std::string& name) {
+  const TrainConfig config = resolve_defaults(unresolved);
+  auto mismatch = [&](const std::string& field, const std::string& ours,
+                      const std::string& theirs) {
+    throw InputError(name + ": " + field + ": this run has " + ours + ", the checkpoint " + theirs +
+                     " (resume with the checkpoint's value, or start a new run)");
+  };
+  if (c.model != config.model) mismatch("--model", "'" + config.model + "'", "'" + c.model + "'");
+  if (c.weights.size() != model.layout().total())
+    mismatch("parameters", std::to_string(model.layout().total()) + " floats",
+             std::to_string(c.weights.size()));
+  if (c.seed != config.seed)
+    mismatch("--seed", std::to_string(config.seed), std::to_string(c.seed));
+  if (c.batch != config.batch)
+    mismatch("--batch", std::to_string(config.batch), std::to_string(c.batch));
+  if (c.micro_batch != config.micro_batch)
+    mismatch("--micro-batch", std::to_string(config.micro_batch), std::to_string(c.micro_batch));
+  if (c.drop_last != config.drop_last)
+    mismatch("--keep-last", config.drop_last ? "off" : "on", c.drop_last ? "off" : "on");
+  if (c.train_count != data.train.count)
+    mismatch("training set size", std::to_string(data.train.count), std::to_string(c.train_count));
+  if (c.optimizer != optim::to_string(config.optimizer.kind))
+    mismatch("--optimizer", optim::to_string(config.optimizer.kind), c.optimizer);
+  const std::size_t state = optim::Optimizer(config.optimizer).state_buffers();
+  if (c.state.size() != state)
+    mismatch("optimizer state", std::to_string(state) + " arrays",
+             std::to_string(c.state.size()) + " (SGD keeps one only with --momentum > 0)");
 }
 
 }  // namespace cohort::train

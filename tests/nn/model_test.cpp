@@ -51,6 +51,25 @@ TEST(Model, LayerListShapes) {
   EXPECT_TRUE(m.has_dropout());
 }
 
+// Sizes that would wrap around a 64-bit count are refused while parsing, naming the layer.
+TEST(Model, OversizedSpecsAreRefusedBeforeAnythingIsSized) {
+  auto message = [](const std::string& spec) {
+    try {
+      Model::parse(spec, {1, 28, 28});
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  std::string grow;  // 255 padded 1x1 convolutions: H and W grow by 128 each
+  for (int i = 0; i < 255; ++i) grow += "conv(1,1,1,64)-";
+  const std::string wraps = grow + "conv(16384,1,1,50)-flatten-linear(1048576)-linear(10)";
+  EXPECT_NE(message(wraps).find("values per sample"), std::string::npos) << message(wraps);
+  const std::string huge = "mlp:784-1048576-1048576-10";  // 1.1e12 parameters
+  EXPECT_NE(message(huge).find("parameters up to fc2"), std::string::npos) << message(huge);
+  EXPECT_EQ(message("mlp:784-512-256-10"), "accepted");
+}
+
 TEST(Model, BadSpecsAreRefusedNamingTheFlag) {
   for (const char* bad :
        {"", "mlp:", "mlp:784", "mlp:784--10", "mlp:784-x-10", "mlp:784-0-10", "mlp:-5-10",

@@ -34,6 +34,11 @@ struct LayerSpec {
 
 class Model {
  public:
+  // Bounds on what a spec may ask for, checked while parsing (before anything is sized from it):
+  // values per sample out of any layer (64 Mi floats) and parameters in all (1 Gi floats).
+  static constexpr std::int64_t kMaxActivation = std::int64_t{1} << 26;
+  static constexpr std::int64_t kMaxParameters = std::int64_t{1} << 30;
+
   // Parses a spec for samples of shape `input`; throws InputError naming `--model`, what was
   // expected and what was found. Forms:
   //   "mlp:784-512-256-10"   Linear(784,512)-ReLU-Linear(512,256)-ReLU-Linear(256,10); its first

@@ -92,6 +92,12 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
 // The config with the machine's defaults filled in: workers 0 -> one per core, micro_batch 0 ->
 // batch / cores, rounded up.
 TrainConfig resolve_defaults(TrainConfig config);
+// Throws InputError naming `name` and the field if checkpoint `c` is not one a run of `config`
+// (defaults resolved here) on `model` and `data` may continue: another model, seed, batch,
+// micro-batch, partial-batch rule, training set or optimizer (the run would not be the one the
+// checkpoint started). Trainer::restore checks this; a dry run can too, without a Trainer.
+void check_resume(const TrainConfig& config, const nn::Model& model, const data::Splits& data,
+                  const checkpoint::Checkpoint& c, const std::string& name);
 
 // Seconds, summed over training steps. Per-replica phases are summed over replicas, so they
 // compare with workers x step; `reduce_critical` and `step` are wall time.
@@ -188,9 +194,7 @@ class Trainer {
   Summary run(Observer& observer);
   // A snapshot to save; call between steps (before or after run, or from an Observer).
   checkpoint::Checkpoint checkpoint(std::string config_json) const;
-  // Continues from `c`: refuses (InputError naming `name` and the field) a checkpoint of another
-  // model, seed, batch, micro-batch, partial-batch rule, training set or optimizer, since the
-  // run would not be the one the checkpoint started.
+  // Continues from `c`, after check_resume (InputError naming `name` and the field).
   void restore(const checkpoint::Checkpoint& c, const std::string& name);
   std::uint64_t steps_done() const;
   // Mean loss and accuracy of the current weights on the test set.
