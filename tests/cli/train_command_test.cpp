@@ -53,6 +53,9 @@ TEST_F(CliDryRun, ChecksPrintsTheConfigAndWritesNothing) {
   EXPECT_NE(r.out.find("every input checked, nothing trained or written"), std::string::npos);
   EXPECT_NE(r.out.find("\"model\":\"mlp:784-32-10\""), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"batch\":64"), std::string::npos) << r.out;
+  // workers and micro-batch resolved for this machine, as the run would use them.
+  EXPECT_EQ(r.out.find("\"workers\":0"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\"micro_batch\":0"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("done: train loss"), std::string::npos) << "trained: " << r.out;
   EXPECT_EQ(r.out.find("\nsummary\n"), std::string::npos) << "trained: " << r.out;
   EXPECT_TRUE(nothing_written());
@@ -82,6 +85,10 @@ TEST_F(CliDryRun, ChecksTheCheckpointToResume) {
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_NE(r.out.find("would resume from " + ckpt + " at step 2"), std::string::npos) << r.out;
   EXPECT_EQ(fs::last_write_time(ckpt), written);
+  // Another run's checkpoint (another seed) is refused by the dry run, naming the field.
+  r = cohort(with_outputs({"--resume", ckpt, "--seed", "7"}));
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find("--seed: this run has 7, the checkpoint 1"), std::string::npos) << r.err;
   fs::resize_file(ckpt, fs::file_size(ckpt) / 2);
   r = cohort(with_outputs({"--resume", ckpt}));
   EXPECT_EQ(r.code, kExitBadInput);
