@@ -8,6 +8,7 @@ loading, no evaluation; the first step, which creates the oneDNN primitives, is 
 peer's figure is its `tput` median (20 warm-up steps excluded).
 
 Usage: bench/peer_compare.py [--reps 5] [--steps 300] [--cases mlp256,mlp32,scaling,micro,wgrads,cnn,layouts]
+       bench/peer_compare.py --cases versions --baseline OLD/cohort   (this build against another)
 Needs: python3-torch and libopenblas0-openmp (see the peer's header), build/release/cohort.
 """
 import argparse
@@ -23,9 +24,9 @@ COHORT = os.path.join(ROOT, "build/release/cohort")
 PEER = os.path.join(ROOT, "../shared/peers/torch_peer.py")
 
 
-def cohort(args, steps):
+def cohort(args, steps, binary=COHORT):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [COHORT, "train", "--quiet", "--steps", str(steps), "--summary", f.name] + args
+        cmd = [binary, "train", "--quiet", "--steps", str(steps), "--summary", f.name] + args
         subprocess.run(cmd, check=True)
         s = json.load(open(f.name))
     t = s["time"]
@@ -82,6 +83,7 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--cases", default="mlp256,mlp32,scaling,micro,wgrads,cnn,layouts")
+    p.add_argument("--baseline", help="another cohort binary, for --cases versions")
     a = p.parse_args()
     cases = a.cases.split(",")
     print(f"reps {a.reps}, steps {a.steps}, cohort {COHORT}")
@@ -145,6 +147,19 @@ def main():
               f"{100 * r * 23.1e6 / 233e9:.0f}% of the 233 GFLOP/s 2-core FMA peak")
         paired(rates, "cohort --model cnn --workers 2", ["torch --model cnn --threads 2"],
                "cohort / torch")
+    if "versions" in cases:
+        # This build against --baseline (e.g. the previous commit's binary), same flags,
+        # alternating: the MLP at batch 256 and the cnn preset, 2 workers.
+        for title, flags, steps in (("MLP batch 256", ["--workers", "2"], a.steps),
+                                    ("cnn, batch 256", ["--model", "cnn", "--workers", "2"],
+                                     a.steps // 4)):
+            med, rates = side_by_side(
+                f"This build vs the baseline, {title}",
+                [("baseline", lambda s, f=flags: cohort(f, s, a.baseline)),
+                 ("this build", lambda s, f=flags: cohort(f, s))],
+                a.reps, steps)
+            print(f"\nratio this build / baseline: **{med['this build'] / med['baseline']:.3f}**")
+            paired(rates, "this build", ["baseline"], "this build / baseline")
     if "layouts" in cases:
         med, _ = side_by_side(
             "CNN layouts: oneDNN's blocked choice vs plain nchw, 2 workers",
