@@ -4,9 +4,9 @@
 //
 // Thread-safety: run_replicas, parallel_for and replica(w) between runs are for the controller
 // (one thread); a running body may use replica(w) for its own w and the executor.
-// Every thread that enters the arena runs OpenMP (oneDNN's runtime) with one thread, before it
-// runs any replica work (a task_scheduler_observer): a call in main does not reach TBB's workers,
-// and without it two workers' small layers ran at 0.35x of one core on the development machine.
+// Every task body it runs (replica nodes, evaluation, executor chunks) first sets OpenMP (oneDNN's
+// runtime) to one thread on its own thread: a call in main does not reach TBB's workers, and
+// without it two workers' small layers ran at 0.35x of one core on the development machine.
 #pragma once
 
 #include <cstddef>
