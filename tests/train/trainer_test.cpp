@@ -120,32 +120,6 @@ TEST(Trainer, LeafAndBatchWeightGradientsAgreeToRounding) {
   EXPECT_NE(a.weights_digest, b.weights_digest);  // a different order, as documented
 }
 
-// With batch weight gradients a model of linear layers sums every gradient over the whole batch
-// inside one GEMM per chunk, and oneDNN's GEMMs on this build (AVX-512) give each row the same
-// bits whatever the number of rows, as long as that is a multiple of their 16-row blocking: so
-// for micro-batches of 16, 32, 64, ... the weights are the same, not only for every worker count.
-// (Leaves of 1 or 7 rows take other kernels and differ in the last bits; so do per-leaf
-// gradients.) At batch 256 the default micro-batch is such a size on 1, 2, 4, 8 or 16 cores.
-TEST(Trainer, BatchWeightGradientsMakeAnMlpIndependentOfMicroBatchesOf16Rows) {
-  for (const char* model : {"mlp:784-32-10", "mlp:784-512-256-10"}) {
-    std::string digest;
-    for (std::size_t m : {16, 32, 64}) {
-      TrainConfig c = small_config();
-      c.model = model;
-      c.batch = 64;
-      c.micro_batch = m;
-      c.workers = 2;
-      c.steps = 6;
-      c.weight_grads = TrainConfig::WeightGrads::kBatch;
-      Recorder r;
-      const Summary s = Trainer(c, fixture()).run(r);
-      std::printf("%s, micro-batch %zu: %s\n", model, m, s.weights_digest.c_str());
-      if (digest.empty()) digest = s.weights_digest;
-      EXPECT_EQ(s.weights_digest, digest) << model << ", micro-batch " << m;
-    }
-  }
-}
-
 TEST(Trainer, BadConfigsAreRefusedBeforeWork) {
   auto message_of = [](TrainConfig c) {
     try {
