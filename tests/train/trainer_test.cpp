@@ -5,12 +5,18 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "cohort/core/error.hpp"
+#include "cohort/nn/dropout.hpp"
+#include "cohort/nn/model.hpp"
 #include "train_test_util.hpp"
 
 namespace cohort::train {
@@ -295,18 +301,50 @@ TEST(CnnWorkers, PresetDigestEqualsOneWorker) {
   EXPECT_LT(one.losses.back(), one.losses.front());
 }
 
-TEST(CnnWorkers, DropoutChangesWithTheSeedOnly) {
-  // Same init, different dropout streams: a different seed must change the result (the masks
-  // are really drawn), the same seed must not.
-  const char* model = "conv(4,5)-relu-maxpool(2)-flatten-dropout(0.5)-linear(10)";
-  TrainConfig c = cnn_config(2, model);
-  Recorder r1, r2, r3;
-  Summary a = Trainer(c, fixture()).run(r1);
-  Summary b = Trainer(c, fixture()).run(r2);
-  c.seed = 10;
-  Summary d = Trainer(c, fixture()).run(r3);
-  EXPECT_EQ(a.weights_digest, b.weights_digest);
-  EXPECT_NE(a.weights_digest, d.weights_digest);
+// The trainer keys each leaf's dropout by (seed, step, leaf), whichever worker computes it. With
+// leaves of one row and per-leaf weight gradients, row i of fc2.weight's gradient (IC, OC) is
+// h[i] * dy: zero exactly where the dropout before fc2 dropped unit i (fc1 has no ReLU after it,
+// and dy = softmax - one-hot has no zero). So each leaf's gradient shows its mask, which must be
+// nn::dropout_mask's for the leaf's key. (That masks differ from key to key is dropout_test's.)
+TEST(Dropout, EachLeafOfEachStepDrawsTheMaskOfItsKey) {
+  const char* spec = "conv(4,5)-relu-maxpool(2)-flatten-linear(16)-dropout(0.5)-linear(10)";
+  const nn::Model model = nn::Model::parse(spec);
+  constexpr std::size_t kDropout = 5, kUnits = 16, kClasses = 10;
+  ASSERT_EQ(model.layers()[kDropout].kind, nn::LayerSpec::Kind::kDropout);
+  const std::size_t fc2 = model.layout().at("fc2.weight").offset;  // (16, 10)
+  for (std::size_t workers : {1, 3}) {
+    TrainConfig c = cnn_config(workers, spec);
+    c.batch = 8;
+    c.micro_batch = 1;
+    c.steps = 3;
+    c.weight_grads = TrainConfig::WeightGrads::kLeaf;
+    std::printf("seed %llu, workers %zu, model %s\n", static_cast<unsigned long long>(c.seed),
+                workers, spec);
+    std::mutex mutex;  // the hook runs on the replicas' threads
+    std::map<std::pair<std::uint64_t, std::size_t>, std::vector<bool>> dropped;
+    c.gradient_hook = [&](std::uint64_t step, std::size_t leaf, const float* grad, std::size_t) {
+      std::vector<bool> zero_rows(kUnits);
+      for (std::size_t i = 0; i < kUnits; ++i) {
+        const float* row = grad + fc2 + i * kClasses;
+        zero_rows[i] = std::all_of(row, row + kClasses, [](float g) { return g == 0.0f; });
+      }
+      std::lock_guard lock(mutex);
+      dropped[{step, leaf}] = zero_rows;
+    };
+    Recorder r;
+    Trainer(c, fixture()).run(r);
+    ASSERT_EQ(dropped.size(), 3u * 8u);
+    for (const auto& [at, zero_rows] : dropped) {
+      const auto [step, leaf] = at;
+      ASSERT_GE(step, 1u);
+      ASSERT_LE(step, 3u);
+      float mask[kUnits];
+      nn::dropout_mask({c.seed, step, leaf}, kDropout, 0.5f, kUnits, mask);
+      std::vector<bool> want(kUnits);
+      for (std::size_t i = 0; i < kUnits; ++i) want[i] = mask[i] == 0.0f;
+      EXPECT_EQ(zero_rows, want) << "workers " << workers << ", step " << step << ", leaf " << leaf;
+    }
+  }
 }
 
 TEST(Engine, NonFiniteLossStopsTheRunWithFiniteWeights) {
