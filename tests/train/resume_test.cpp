@@ -60,6 +60,9 @@ TEST_P(Resume, IsBitwiseTheUninterruptedRun) {
   const Summary resumed = c.run(second);
   EXPECT_EQ(resumed.steps, 20u);
   EXPECT_EQ(resumed.weights_digest, full.weights_digest);
+  ASSERT_EQ(whole.losses.size(), 20u);
+  ASSERT_EQ(first.losses.size(), 11u);
+  ASSERT_EQ(second.losses.size(), 9u);
   first.losses.insert(first.losses.end(), second.losses.begin(), second.losses.end());
   EXPECT_EQ(first.losses, whole.losses);
 }

@@ -64,6 +64,8 @@ TEST(Trainer, SameSeedSameDigestOtherSeedOtherDigest) {
   Summary b = Trainer(c, fixture()).run(r2);
   c.seed = 6;
   Summary d = Trainer(c, fixture()).run(r3);
+  ASSERT_EQ(r1.losses.size(), 32u);  // 2 epochs of 16 batches
+  ASSERT_EQ(r2.losses.size(), 32u);
   EXPECT_EQ(a.weights_digest, b.weights_digest);
   EXPECT_EQ(r1.losses, r2.losses);
   EXPECT_NE(a.weights_digest, d.weights_digest);
@@ -88,6 +90,8 @@ TEST_P(WorkerCount, WeightsAndLossesEqualTheOneWorkerRunBitForBit) {
     Summary reference = Trainer(c, fixture()).run(one);
     c.workers = GetParam();
     Summary s = Trainer(c, fixture()).run(many);
+    ASSERT_EQ(one.losses.size(), 26u) << name(mode);  // 2 epochs of 13 batches
+    ASSERT_EQ(many.losses.size(), 26u) << name(mode);
     EXPECT_EQ(s.workers, GetParam());
     EXPECT_EQ(s.weights_digest, reference.weights_digest) << name(mode);
     EXPECT_EQ(many.losses, one.losses) << name(mode);
@@ -107,7 +111,10 @@ TEST(Trainer, MicroBatchChangesTheSumOrderButNotTheMath) {
   c.micro_batch = 32;
   Trainer b(c, fixture());
   b.run(r2);
-  for (std::size_t i = 0; i < r1.losses.size(); ++i) EXPECT_NEAR(r1.losses[i], r2.losses[i], 1e-4);
+  ASSERT_EQ(r1.losses.size(), 5u);
+  ASSERT_EQ(r2.losses.size(), 5u);
+  for (std::size_t i = 0; i < r1.losses.size(); ++i)
+    EXPECT_NEAR(r1.losses[i], r2.losses[i], 1e-4) << "step " << i + 1;
 }
 
 // The two places to compute linear layers' weight gradients sum the batch in different orders:
@@ -121,6 +128,7 @@ TEST(Trainer, LeafAndBatchWeightGradientsAgreeToRounding) {
   c.weight_grads = TrainConfig::WeightGrads::kBatch;
   const Summary b = Trainer(c, fixture()).run(batch);
   ASSERT_EQ(leaf.losses.size(), 5u);
+  ASSERT_EQ(batch.losses.size(), 5u);
   for (std::size_t i = 0; i < leaf.losses.size(); ++i)
     EXPECT_NEAR(leaf.losses[i], batch.losses[i], 1e-4) << "step " << i + 1;
   EXPECT_NE(a.weights_digest, b.weights_digest);  // a different order, as documented
@@ -186,6 +194,8 @@ TEST_P(EngineWorkers, DefaultMlpDigestAndLossesEqualOneWorker) {
     Recorder rec;
     Summary s = Trainer(engine_config(GetParam(), mode), fixture()).run(rec);
     EXPECT_EQ(s.steps, 50u);
+    ASSERT_EQ(one[mode].second.losses.size(), 50u) << name(mode);
+    ASSERT_EQ(rec.losses.size(), 50u) << name(mode);
     EXPECT_EQ(s.weights_digest, one[mode].first.weights_digest) << name(mode);
     EXPECT_EQ(rec.losses, one[mode].second.losses) << name(mode);
   }
@@ -285,6 +295,8 @@ TEST_P(CnnWorkers, DropoutCnnDigestEqualsOneWorker) {
     Recorder one, many;
     Summary reference = Trainer(c1, fixture()).run(one);
     Summary s = Trainer(cw, fixture()).run(many);
+    ASSERT_EQ(one.losses.size(), 12u) << name(mode);
+    ASSERT_EQ(many.losses.size(), 12u) << name(mode);
     EXPECT_EQ(s.weights_digest, reference.weights_digest) << name(mode);
     EXPECT_EQ(many.losses, one.losses) << name(mode);
   }
@@ -296,6 +308,8 @@ TEST(CnnWorkers, PresetDigestEqualsOneWorker) {
   Recorder one, two;
   Summary a = Trainer(cnn_config(1, "cnn"), fixture()).run(one);
   Summary b = Trainer(cnn_config(2, "cnn"), fixture()).run(two);
+  ASSERT_EQ(one.losses.size(), 12u);
+  ASSERT_EQ(two.losses.size(), 12u);
   EXPECT_EQ(a.weights_digest, b.weights_digest);
   EXPECT_EQ(one.losses, two.losses);
   EXPECT_LT(one.losses.back(), one.losses.front());
@@ -360,6 +374,7 @@ TEST(Engine, NonFiniteLossStopsTheRunWithFiniteWeights) {
   } catch (const InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("non-finite loss"), std::string::npos) << e.what();
   }
+  EXPECT_GE(rec.losses.size(), 1u);  // step 1's loss, before any update, is finite
   EXPECT_LT(rec.losses.size(), 200u);
   const std::size_t n = t.model().layout().total();
   for (std::size_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(t.weights()[i])) << i;
