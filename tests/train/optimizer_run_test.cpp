@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,8 @@ const Variant kVariants[] = {
        c.weight_grads = TrainConfig::WeightGrads::kBatch;
      }},
 };
+
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
 class Optimizers : public ::testing::TestWithParam<Variant> {};
 

@@ -24,6 +24,7 @@ namespace {
 
 using testing::fixture;
 using testing::Recorder;
+using testing::worker_name;
 
 TrainConfig small_config() {
   TrainConfig c;
@@ -99,7 +100,7 @@ TEST_P(WorkerCount, WeightsAndLossesEqualTheOneWorkerRunBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Workers, WorkerCount, ::testing::Values(2, 3, 4, 5, 8));
+INSTANTIATE_TEST_SUITE_P(Workers, WorkerCount, ::testing::Values(2, 3, 4, 5, 8), worker_name);
 
 TEST(Trainer, MicroBatchChangesTheSumOrderButNotTheMath) {
   // Different leaf sizes sum in different orders: results differ in the last bits only.
@@ -201,7 +202,7 @@ TEST_P(EngineWorkers, DefaultMlpDigestAndLossesEqualOneWorker) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Workers, EngineWorkers, ::testing::Values(1, 2, 3, 4, 8));
+INSTANTIATE_TEST_SUITE_P(Workers, EngineWorkers, ::testing::Values(1, 2, 3, 4, 8), worker_name);
 
 TEST(Engine, ReplicaThreadsRunOpenMpWithOneThread) {
   TrainConfig c = engine_config(2);
@@ -302,7 +303,7 @@ TEST_P(CnnWorkers, DropoutCnnDigestEqualsOneWorker) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Workers, CnnWorkers, ::testing::Values(2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(Workers, CnnWorkers, ::testing::Values(2, 3, 4), worker_name);
 
 TEST(CnnWorkers, PresetDigestEqualsOneWorker) {
   Recorder one, two;
