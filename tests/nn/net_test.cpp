@@ -250,6 +250,17 @@ TEST(Net, PlansAreReusedAndRebindToNewPointers) {
       net.forward_backward(params_copy.data(), x_copy.data(), a.labels.data(), 8, g2.data());
   EXPECT_EQ(l1, l2);
   for (std::size_t i = 0; i < g1.size(); ++i) ASSERT_EQ(g1[i], g2[i]) << i;
+  // Other values at other addresses through the same plan: a fresh Net's result, not a's (equal
+  // values above cannot tell a rebound pointer from a stale one).
+  Inputs c = make_inputs(m, 8, 3);
+  AlignedBuffer<float> g4(m.layout().total()), want(m.layout().total());
+  const double l4 =
+      net.forward_backward(c.params.data(), c.x.data(), c.labels.data(), 8, g4.data());
+  const double l_want =
+      Net(m).forward_backward(c.params.data(), c.x.data(), c.labels.data(), 8, want.data());
+  EXPECT_NE(l4, l1);
+  EXPECT_EQ(l4, l_want);
+  EXPECT_TRUE(testing::same_bits(g4.span(), want.span()));
   EXPECT_GT(net.times().matmul, 0.0);
 }
 
