@@ -1,6 +1,7 @@
 // ThreadTeam and InlineExecutor: every index exactly once, nesting, concurrency, errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -81,9 +82,14 @@ TEST(ThreadTeam, IdleMembersHelpOneIssuer) {
 
 TEST(ThreadTeam, OutsideCallerRunsInline) {
   ThreadTeam team(3);
-  int sum = 0;
-  team.parallel_for(10, [&](std::size_t i) { sum += static_cast<int>(i); });
-  EXPECT_EQ(sum, 45);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::vector<std::size_t> order;  // a plain vector: only the caller may touch it
+  team.parallel_for(10, [&](std::size_t i) {
+    EXPECT_EQ(std::this_thread::get_id(), caller) << "index " << i;
+    order.push_back(i);
+  });
+  std::sort(order.begin(), order.end());  // inline, in whatever order
+  EXPECT_EQ(order, (std::vector<std::size_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
 }
 
 TEST(ThreadTeam, RethrowsFirstJobException) {
