@@ -27,6 +27,7 @@ Checkpoint small_checkpoint() {
   c.batch = 8;
   c.micro_batch = 4;
   c.train_count = 512;
+  c.drop_last = false;  // not the default, so a field the encoding lost would show
   c.config_json = R"({"lr":0.05})";
   for (int i = 0; i < 16; ++i) c.weights.push_back(0.25f * float(i) - 1.0f);
   c.state.resize(2);
@@ -62,6 +63,12 @@ TEST_F(Checkpoints, RoundTripIsExact) {
   EXPECT_EQ(d.updates, 15u);
   EXPECT_EQ(d.skipped, 2u);
   EXPECT_EQ(d.optimizer, "adam");
+  // Fields a re-encoding alone cannot vouch for (a field lost both ways round-trips its loss).
+  EXPECT_EQ(d.seed, 5u);
+  EXPECT_EQ(d.batch, 8u);
+  EXPECT_EQ(d.micro_batch, 4u);
+  EXPECT_EQ(d.train_count, 512u);
+  EXPECT_FALSE(d.drop_last);
   EXPECT_EQ(d.state, c.state);
   EXPECT_EQ(d.config_json, c.config_json);
   EXPECT_EQ(encode_checkpoint(d), bytes);

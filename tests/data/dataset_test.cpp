@@ -12,6 +12,7 @@ namespace {
 TEST(Sampler, EachEpochIsAPermutationKeyedBySeedAndEpoch) {
   Sampler s(1000, /*seed=*/7);
   auto e0 = s.epoch_order(0), e1 = s.epoch_order(1);
+  ASSERT_EQ(e0.size(), 1000u);
   EXPECT_EQ(e0, Sampler(1000, 7).epoch_order(0));  // a pure function of (seed, epoch)
   EXPECT_NE(e0, e1);
   EXPECT_NE(e0, Sampler(1000, 8).epoch_order(0));

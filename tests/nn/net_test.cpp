@@ -5,16 +5,23 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cctype>
 #include <cmath>
+#include <ostream>
+#include <string>
+#include <string_view>
 #include <vector>
 
-#include "cohort/core/rng.hpp"
 #include "cohort/nn/batch_grad.hpp"
 #include "cohort/tensor/buffer.hpp"
 #include "net_reference.hpp"
+#include "nn_test_util.hpp"
 
 namespace cohort::nn {
 namespace {
+
+using testing::Inputs;
+using testing::make_inputs;
 
 constexpr std::uint64_t kSeed = 20261130;
 
@@ -24,21 +31,11 @@ struct Case {
   SampleShape input = {1, 28, 28};  // ignored by mlp: specs
 };
 
-struct Inputs {
-  AlignedBuffer<float> params, x;
-  std::vector<std::int32_t> labels;
-};
-
-Inputs make_inputs(const Model& m, std::int64_t N, std::uint64_t seed) {
-  Inputs in{AlignedBuffer<float>(m.layout().total()),
-            AlignedBuffer<float>(static_cast<std::size_t>(N * m.input_features())),
-            {}};
-  m.init(in.params.data(), seed);
-  Rng rng({seed, 99});
-  for (std::size_t i = 0; i < in.x.size(); ++i) in.x[i] = rng.uniform(0.0f, 1.0f);
-  for (std::int64_t r = 0; r < N; ++r)
-    in.labels.push_back(static_cast<std::int32_t>(rng.below(m.num_classes())));
-  return in;
+// How gtest prints a Case (in --gtest_list_tests and failures): not as a byte dump.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.spec;
+  if (std::string_view(c.spec).substr(0, 4) != "mlp:") *os << " on " << c.input.str();
+  *os << ", N " << c.N;
 }
 
 std::vector<double> to_double(const AlignedBuffer<float>& b) {
@@ -131,6 +128,20 @@ TEST_P(NetVsReference, BatchWeightGradientsFromTheKeptRowsMatch) {
   expect_gradients_match(m, grad, ref.grad, "(batch weight gradients)");
 }
 
+// The spec's letters and numbers joined by '_', then N: "conv(4,3)-relu-flatten-linear(10)" on 3
+// rows is Shapes/NetVsReference.X/conv_4_3_relu_flatten_linear_10_N3.
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string name;
+  for (const char c : std::string_view(info.param.spec)) {
+    if (std::isalnum(static_cast<unsigned char>(c)))
+      name += c;
+    else if (!name.empty() && name.back() != '_')
+      name += '_';
+  }
+  if (name.back() != '_') name += '_';
+  return name + "N" + std::to_string(info.param.N);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, NetVsReference,
     ::testing::Values(
@@ -144,7 +155,8 @@ INSTANTIATE_TEST_SUITE_P(
              "linear(12)-relu-linear(10)",
              4,
              {1, 20, 20}},
-        Case{"cnn", 2, {1, 28, 28}}, Case{"cnn", 16, {1, 28, 28}}));
+        Case{"cnn", 2, {1, 28, 28}}, Case{"cnn", 16, {1, 28, 28}}),
+    case_name);
 
 TEST(Reference, GradientMatchesFiniteDifferences) {
   // Central differences in float64 on a small MLP: validates the oracle itself.
@@ -238,6 +250,17 @@ TEST(Net, PlansAreReusedAndRebindToNewPointers) {
       net.forward_backward(params_copy.data(), x_copy.data(), a.labels.data(), 8, g2.data());
   EXPECT_EQ(l1, l2);
   for (std::size_t i = 0; i < g1.size(); ++i) ASSERT_EQ(g1[i], g2[i]) << i;
+  // Other values at other addresses through the same plan: a fresh Net's result, not a's (equal
+  // values above cannot tell a rebound pointer from a stale one).
+  Inputs c = make_inputs(m, 8, 3);
+  AlignedBuffer<float> g4(m.layout().total()), want(m.layout().total());
+  const double l4 =
+      net.forward_backward(c.params.data(), c.x.data(), c.labels.data(), 8, g4.data());
+  const double l_want =
+      Net(m).forward_backward(c.params.data(), c.x.data(), c.labels.data(), 8, want.data());
+  EXPECT_NE(l4, l1);
+  EXPECT_EQ(l4, l_want);
+  EXPECT_TRUE(testing::same_bits(g4.span(), want.span()));
   EXPECT_GT(net.times().matmul, 0.0);
 }
 

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <thread>
 #include <vector>
@@ -123,3 +124,11 @@ inline int run_step(ThreadTeam& team, Reducer& reducer, const std::vector<const 
 }
 
 }  // namespace cohort::reduce::testing
+
+namespace cohort::reduce {
+
+// How gtest prints a Strategy (after GetParam() in test lists, and in failures): its name, not its
+// bytes. gtest finds it by argument-dependent lookup, so it sits in Strategy's namespace.
+inline void PrintTo(Strategy strategy, std::ostream* os) { *os << to_string(strategy); }
+
+}  // namespace cohort::reduce

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,8 @@ const Variant kVariants[] = {
      }},
 };
 
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+
 class Optimizers : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(Optimizers, SameWeightsForAnyWorkerCountAndTheLossFalls) {
@@ -82,6 +85,7 @@ TEST_P(Optimizers, SameWeightsForAnyWorkerCountAndTheLossFalls) {
     c.workers = w;
     Recorder r;
     const Summary s = Trainer(c, fixture()).run(r);
+    ASSERT_EQ(r.losses.size(), 12u) << "workers " << w;
     if (digest.empty()) {
       digest = s.weights_digest;
       losses = r.losses;
@@ -174,6 +178,8 @@ TEST(NonFinite, SkippedStepLeavesTheWeightsAndStateUntouched) {
     Trainer a(c, fixture());
     a.run(clean);
     const checkpoint::Checkpoint at4 = a.checkpoint("{}");
+    ASSERT_EQ(at4.weights.size(), a.model().layout().total());
+    ASSERT_EQ(at4.state.size(), kind == optim::Kind::kSgd ? 1u : 2u);  // momentum; Adam's m, v
     poison(c, 5, 3);
     c.steps = 5;
     Trainer b(c, fixture());

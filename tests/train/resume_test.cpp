@@ -8,8 +8,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <ostream>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "cohort/checkpoint/checkpoint.hpp"
@@ -40,34 +43,48 @@ TrainConfig resume_config(const char* model, std::size_t workers) {
   return c;
 }
 
-class Resume : public ::testing::TestWithParam<const char*> {};
+struct ResumeCase {
+  const char* name;  // the test's parameter name
+  const char* spec;
+};
+
+void PrintTo(const ResumeCase& m, std::ostream* os) { *os << m.spec; }
+
+class Resume : public ::testing::TestWithParam<ResumeCase> {};
 
 TEST_P(Resume, IsBitwiseTheUninterruptedRun) {
+  const char* spec = GetParam().spec;
+  std::printf("seed 3, model %s\n", spec);
   Recorder whole;
-  Trainer a(resume_config(GetParam(), 2), fixture());
+  Trainer a(resume_config(spec, 2), fixture());
   const Summary full = a.run(whole);
 
-  TrainConfig first_half = resume_config(GetParam(), 1);
+  TrainConfig first_half = resume_config(spec, 1);
   first_half.steps = 11;
   Trainer b(first_half, fixture());
   Recorder first;
   b.run(first);
   const auto bytes = encode_checkpoint(b.checkpoint("{}"));
 
-  Trainer c(resume_config(GetParam(), 2), fixture());
+  Trainer c(resume_config(spec, 2), fixture());
   c.restore(decode_checkpoint(bytes, "mem"), "mem");
   Recorder second;
   const Summary resumed = c.run(second);
   EXPECT_EQ(resumed.steps, 20u);
   EXPECT_EQ(resumed.weights_digest, full.weights_digest);
+  ASSERT_EQ(whole.losses.size(), 20u);
+  ASSERT_EQ(first.losses.size(), 11u);
+  ASSERT_EQ(second.losses.size(), 9u);
   first.losses.insert(first.losses.end(), second.losses.begin(), second.losses.end());
   EXPECT_EQ(first.losses, whole.losses);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Resume,
-                         ::testing::Values("mlp:784-64-10",
-                                           "conv(4,5)-relu-maxpool(2)-flatten-dropout(0.3)-"
-                                           "linear(10)"));
+INSTANTIATE_TEST_SUITE_P(
+    Models, Resume,
+    ::testing::Values(ResumeCase{"mlp", "mlp:784-64-10"},
+                      ResumeCase{"cnn_dropout",
+                                 "conv(4,5)-relu-maxpool(2)-flatten-dropout(0.3)-linear(10)"}),
+    [](const auto& test) { return std::string(test.param.name); });
 
 // A checkpoint holds linear weights (and optimizer state) in PyTorch's (OC, IC) order, whatever
 // order the build stores them in.

@@ -85,10 +85,17 @@ TEST_P(Trace, CoversEveryLeafAndChunkAndNestsPerTrack) {
   }
 }
 
+// W3_clip: 3 workers, clipping on (the two-phase root).
+std::string trace_name(const ::testing::TestParamInfo<std::tuple<std::size_t, float>>& info) {
+  const auto [workers, clip] = info.param;
+  return "W" + std::to_string(workers) + (clip > 0 ? "_clip" : "");
+}
+
 INSTANTIATE_TEST_SUITE_P(WorkersAndRoot, Trace,
                          ::testing::Values(std::make_tuple(std::size_t{1}, 0.0f),
                                            std::make_tuple(std::size_t{2}, 0.0f),
-                                           std::make_tuple(std::size_t{3}, 1.0f)));
+                                           std::make_tuple(std::size_t{3}, 1.0f)),
+                         trace_name);
 
 TEST(Trace, OffRecordsNothing) {
   TrainConfig c = traced(2, 0);

@@ -1,7 +1,10 @@
-// Shared by the train tests: the Fashion-MNIST fixture, loaded once, and an observer that
-// records every step's loss and every epoch's result.
+// Shared by the train tests: the Fashion-MNIST fixture, loaded once, an observer that records
+// every step's loss and every epoch's result, and the name of a worker-count parameter.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <string>
 #include <vector>
 
 #include "cohort/data/dataset.hpp"
@@ -25,5 +28,10 @@ class Recorder : public Observer {
   std::vector<StepEvent> steps;
   std::vector<EpochResult> epochs;
 };
+
+// Workers/WorkerCount.Name/W3 for the parameter 3.
+inline std::string worker_name(const ::testing::TestParamInfo<std::size_t>& info) {
+  return "W" + std::to_string(info.param);
+}
 
 }  // namespace cohort::train::testing
