@@ -229,36 +229,7 @@ TEST(Engine, ReplicaThreadsRunOpenMpWithOneThread) {
   EXPECT_EQ(max_seen.load(), 1);
 }
 
-TEST(Engine, AFailingReplicaLeavesWeightsAsBeforeTheStepAndSurfacesOnce) {
-  // Reference: the weights after two clean steps.
-  TrainConfig c = engine_config(2);
-  c.steps = 2;
-  Recorder r;
-  const std::string after_two = Trainer(c, fixture()).run(r).weights_digest;
-
-  c.steps = 5;
-  std::atomic<int> thrown{0};
-  c.leaf_hook = [&](std::uint64_t step, std::size_t leaf) {
-    if (step == 3 && leaf == 5 && thrown.fetch_add(1) == 0) throw std::runtime_error("injected");
-  };
-  Trainer t(c, fixture());
-  Recorder rec;
-  try {
-    t.run(rec);
-    FAIL() << "the injected failure did not surface";
-  } catch (const InternalError& e) {
-    EXPECT_NE(std::string(e.what()).find("step 3: injected"), std::string::npos) << e.what();
-  }
-  EXPECT_EQ(thrown.load(), 1);
-  EXPECT_EQ(rec.losses.size(), 2u);  // steps 1 and 2 completed, step 3 did not
-  const auto& layout = t.model().layout();
-  EXPECT_EQ(weights_digest(t.weights(), layout.total()), after_two);
-  // The graph and the reducer were reset: the same trainer runs again.
-  Recorder again;
-  Summary s = t.run(again);
-  EXPECT_EQ(s.steps, 5u);
-  EXPECT_NE(s.weights_digest, after_two);
-}
+// A failing replica, for every reducer strategy: strategy_test.cpp (FailingReplica).
 
 TEST(Engine, BadInputInAReplicaStaysBadInput) {
   TrainConfig c = engine_config(2);
