@@ -47,6 +47,7 @@ struct Exec {
   Phase phase;
   memory::desc scratchpad_md;  // bound to the plan's scratchpad once its size is known
   std::function<void()> custom;
+  std::string where;  // "conv1 forward": named in an error at execute time
 };
 
 // What oneDNN needs to run one batch size: steps in execution order and their buffers.
@@ -101,10 +102,17 @@ struct Net::Impl {
   void run(std::vector<Exec>& execs) {
     for (auto& e : execs) {
       auto t0 = Clock::now();
-      if (e.custom)
+      if (e.custom) {
         e.custom();
-      else
-        e.prim.execute(stream, e.args);
+      } else {
+        try {
+          e.prim.execute(stream, e.args);
+        } catch (const dnnl::error& err) {
+          throw InternalError("oneDNN: running " + model->spec() + ", layer " + e.where + ": " +
+                              err.what() + " (status " +
+                              std::to_string(static_cast<int>(err.status)) + ")");
+        }
+      }
       double dt = std::chrono::duration<double>(Clock::now() - t0).count();
       (e.phase == Phase::kMatmul    ? times.matmul
        : e.phase == Phase::kEltwise ? times.eltwise
@@ -154,6 +162,15 @@ class PlanBuilder {
         std::swap(order[i], order[i + 1]);
         ++i;
       }
+    // Layers that work in place (ReLU, dropout) or view their input's buffer (flatten) must not
+    // get the caller's input: it is const, and its handle changes every call while a view would
+    // keep the first one. The plan copies the input into a buffer of its own for them.
+    if (const Kind first = layers[order[0]].kind;
+        first == Kind::kReLU || first == Kind::kDropout || first == Kind::kFlatten) {
+      memory copy = new_memory(x_md);
+      reorder_into(p_.x, copy, p_.forward);
+      cur = copy;
+    }
     std::vector<Saved> saved;
     std::size_t linear_ordinal = 0;
     for (std::size_t i : order) {
@@ -205,7 +222,7 @@ class PlanBuilder {
   void add(std::vector<Exec>& list, dnnl::primitive prim, const memory::desc& scratch,
            std::unordered_map<int, memory> args, Phase phase) {
     scratch_bytes_ = std::max(scratch_bytes_, scratch.get_size());
-    list.push_back({std::move(prim), std::move(args), phase, scratch, {}});
+    list.push_back({std::move(prim), std::move(args), phase, scratch, {}, where_});
   }
 
   // A forward step of a layer with parameters: src, weights and bias to dst.
@@ -333,9 +350,13 @@ class PlanBuilder {
         float* plain_ptr = static_cast<float*>(plain.get_data_handle());
         const StreamKey* key = key_;
         const float p = l.p;
-        p_.forward.push_back({{}, {}, Phase::kOther, {}, [key, index, p, count, plain_ptr] {
-                                dropout_mask(*key, index, p, count, plain_ptr);
-                              }});
+        p_.forward.push_back(
+            {{},
+             {},
+             Phase::kOther,
+             {},
+             [key, index, p, count, plain_ptr] { dropout_mask(*key, index, p, count, plain_ptr); },
+             where_});
         s.mask = ensure(plain, cur.get_desc(), p_.forward);
         apply_mask(p_.forward, cur, s.mask);
         return s;
@@ -350,9 +371,14 @@ class PlanBuilder {
     float* xp = static_cast<float*>(x.get_data_handle());
     const float* mp = static_cast<const float*>(mask.get_data_handle());
     const std::size_t n = x.get_desc().get_size() / sizeof(float);
-    list.push_back({{}, {}, Phase::kOther, {}, [xp, mp, n] {
+    list.push_back({{},
+                    {},
+                    Phase::kOther,
+                    {},
+                    [xp, mp, n] {
                       for (std::size_t i = 0; i < n; ++i) xp[i] *= mp[i];
-                    }});
+                    },
+                    where_});
   }
 
   memory backward_data_linear(const Saved& s, const memory& diff,
@@ -373,11 +399,16 @@ class PlanBuilder {
     const std::span<const LinearRows>* rows = linear_rows_;
     const std::size_t x_bytes = s.src.get_desc().get_size(), dy_bytes = diff.get_desc().get_size();
     memory src = s.src, dd = diff;
-    p_.backward.push_back({{}, {}, Phase::kOther, {}, [=] {
+    p_.backward.push_back({{},
+                           {},
+                           Phase::kOther,
+                           {},
+                           [=] {
                              const LinearRows& r = (*rows)[ordinal];
                              if (r.x) std::memcpy(r.x, src.get_data_handle(), x_bytes);
                              std::memcpy(r.dy, dd.get_data_handle(), dy_bytes);
-                           }});
+                           },
+                           where_});
   }
 
   // Appends the layer's backward steps; returns the gradient of its input (unset for the first

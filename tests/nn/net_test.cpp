@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <ostream>
@@ -75,9 +76,12 @@ class NetVsReference : public ::testing::TestWithParam<Case> {
 TEST_P(NetVsReference, LogitsLossAndEveryGradientMatch) {
   Net net(m);
   AlignedBuffer<float> grad(m.layout().total());
+  const std::vector<float> x_before(in.x.data(), in.x.data() + in.x.size());
   double loss =
       net.forward_backward(in.params.data(), in.x.data(), in.labels.data(), N, grad.data(), key);
   EXPECT_NEAR(loss, ref.loss, 1e-5 * std::max(1.0, std::abs(ref.loss)));
+  // The input is the caller's (const): a first ReLU or dropout must not change it.
+  ASSERT_TRUE(std::equal(x_before.begin(), x_before.end(), in.x.data()));
 
   if (!m.has_dropout()) {  // inference has no dropout, so its logits differ from training's
     const float* logits = net.forward(in.params.data(), in.x.data(), N);
@@ -155,7 +159,12 @@ INSTANTIATE_TEST_SUITE_P(
              "linear(12)-relu-linear(10)",
              4,
              {1, 20, 20}},
-        Case{"cnn", 2, {1, 28, 28}}, Case{"cnn", 16, {1, 28, 28}}),
+        Case{"cnn", 2, {1, 28, 28}}, Case{"cnn", 16, {1, 28, 28}},
+        // First layers that work in place or view their input: the plan copies the input.
+        Case{"flatten-linear(10)", 3, {1, 8, 8}}, Case{"relu-flatten-linear(5)", 2, {2, 6, 6}},
+        Case{"dropout(0.5)-flatten-linear(4)", 3, {1, 8, 8}},
+        Case{"flatten-dropout(0.3)-linear(6)", 2, {1, 8, 8}},
+        Case{"relu-conv(4,3)-flatten-linear(10)", 2, {1, 8, 8}}),
     case_name);
 
 TEST(Reference, GradientMatchesFiniteDifferences) {
