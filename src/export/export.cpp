@@ -1,0 +1,146 @@
+// The export module's shared parts: format and naming, the PyTorch names of the tensors, the
+// metadata, and writing a checkpoint's export atomically. The encoders are safetensors.cpp and
+// onnx.cpp.
+#include "cohort/export/export.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include "cohort/core/error.hpp"
+
+namespace cohort::exporting {
+
+namespace fs = std::filesystem;
+
+Format parse_format(const std::string& name) {
+  if (name == "safetensors") return Format::kSafetensors;
+  if (name == "onnx") return Format::kOnnx;
+  throw InputError("--format: expected 'safetensors' or 'onnx', found '" + name + "'");
+}
+
+const char* to_string(Format f) { return f == Format::kSafetensors ? "safetensors" : "onnx"; }
+
+Naming naming_for(const std::string& spec) {
+  return spec == "cnn" || spec.rfind("mlp:", 0) == 0 ? Naming::kPeer : Naming::kSequential;
+}
+
+const char* to_string(Naming n) { return n == Naming::kPeer ? "peer" : "sequential"; }
+
+std::size_t Tensor::numel() const {
+  std::size_t n = 1;
+  for (auto d : shape) n *= static_cast<std::size_t>(d);
+  return n;
+}
+
+std::vector<Tensor> torch_tensors(const nn::Model& model) {
+  const Naming naming = naming_for(model.spec());
+  std::vector<Tensor> out;
+  const auto& layers = model.layers();
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const nn::LayerSpec& l = layers[i];
+    if (!l.has_params()) continue;
+    std::string module;
+    if (naming == Naming::kSequential)
+      module = std::to_string(i);
+    else if (l.kind == nn::LayerSpec::Kind::kConv)
+      module = "c" + l.name.substr(4);  // the peer's cnn: conv1 -> c1
+    else
+      module = l.name;                                  // fc1, fc2, ...: the peer's names already
+    std::vector<std::int64_t> weight{l.out.C, l.in.C};  // (OC, IC): canonical order
+    if (l.kind == nn::LayerSpec::Kind::kConv)
+      weight = {l.out.C, l.in.C, l.kernel, l.kernel};  // (OC, IC, KH, KW)
+    out.push_back({module + ".weight", weight, l.weight});
+    out.push_back({module + ".bias", {l.out.C}, l.bias});
+  }
+  return out;
+}
+
+const char* cohort_version() { return COHORT_VERSION; }
+
+std::map<std::string, std::string> metadata_strings(const Metadata& m) {
+  return {{"format", "cohort"},
+          {"model", m.model},
+          {"naming", to_string(naming_for(m.model))},
+          {"input", std::to_string(m.input.C) + "," + std::to_string(m.input.H) + "," +
+                        std::to_string(m.input.W)},
+          {"step", std::to_string(m.step)},
+          {"cohort_version", cohort_version()}};
+}
+
+namespace {
+
+// The output's folder must exist and be writable before anything is encoded.
+void check_output(const fs::path& out) {
+  if (out.empty()) throw InputError("-o/--output: expected a file name, found ''");
+  const fs::path dir = out.parent_path().empty() ? fs::path(".") : out.parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw InputError("-o/--output: " + out.string() + ": the folder '" + dir.string() +
+                     "' does not exist (create it first)");
+  if (fs::is_directory(out, ec))
+    throw InputError("-o/--output: " + out.string() + " is a folder, expected a file name");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw InputError("-o/--output: " + out.string() + ": the folder '" + dir.string() +
+                     "' is not writable");
+}
+
+// Temporary file in the same folder, fsync, rename: a reader never sees half a file, and an
+// earlier file survives a crash.
+void write_atomically(const fs::path& out, const void* data, std::size_t size) {
+  const fs::path tmp = out.string() + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw InputError("-o/--output: cannot create " + tmp.string() + ": " + std::strerror(errno));
+  const auto* p = static_cast<const char*>(data);
+  std::size_t left = size;
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw InputError("-o/--output: cannot write " + tmp.string() + ": " + std::strerror(e));
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw InputError("-o/--output: cannot write " + tmp.string() + ": " + std::strerror(errno));
+  }
+  if (::rename(tmp.c_str(), out.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw InputError("-o/--output: cannot rename " + tmp.string() + " to " + out.string() + ": " +
+                     std::strerror(e));
+  }
+}
+
+}  // namespace
+
+void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path& out,
+                       nn::SampleShape input) {
+  check_output(out);
+  const checkpoint::Checkpoint ck = checkpoint::load_checkpoint(checkpoint);
+  const nn::Model model = nn::Model::parse(ck.model, input);
+  if (ck.weights.size() != model.layout().total())
+    throw InputError(
+        checkpoint.string() + ": the model '" + ck.model + "' on samples " + input.str() + " has " +
+        std::to_string(model.layout().total()) + " parameter floats, the checkpoint holds " +
+        std::to_string(ck.weights.size()) + " (was it trained on samples of another shape?)");
+  const Metadata meta{.model = ck.model, .step = ck.step, .input = model.input()};
+  if (format == Format::kSafetensors) {
+    const std::vector<std::uint8_t> bytes = encode_safetensors(model, ck.weights.data(), meta);
+    write_atomically(out, bytes.data(), bytes.size());
+  } else {
+    const std::string bytes = encode_onnx(model, ck.weights.data(), meta);
+    write_atomically(out, bytes.data(), bytes.size());
+  }
+}
+
+}  // namespace cohort::exporting
