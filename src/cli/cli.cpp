@@ -53,9 +53,11 @@ int run_args(std::vector<std::string> args, std::ostream& out, std::ostream& err
     TrainOptions train;
     EvalOptions eval;
     PlotOptions plot;
+    ExportOptions exp;
     CLI::App* train_cmd = add_train_command(app, train);
     CLI::App* eval_cmd = mode == Mode::kRun ? add_eval_command(app, eval) : nullptr;
     CLI::App* plot_cmd = mode == Mode::kRun ? add_plot_command(app, plot) : nullptr;
+    CLI::App* export_cmd = mode == Mode::kRun ? add_export_command(app, exp) : nullptr;
     if (const std::optional<int> code = parse(app, args, out, err)) return *code;
     if (train_cmd->parsed()) {
       check_train_flags(*train_cmd, train);
@@ -64,6 +66,7 @@ int run_args(std::vector<std::string> args, std::ostream& out, std::ostream& err
     }
     if (eval_cmd && eval_cmd->parsed()) return eval_command(eval, out);
     if (plot_cmd && plot_cmd->parsed()) return plot_command(plot, out);
+    if (export_cmd && export_cmd->parsed()) return export_command(exp, out);
     return kExitBadInput;
   } catch (const InputError& e) {
     err << "cohort: error: " << e.what() << "\n";

@@ -1,5 +1,5 @@
-// `cohort eval` and `cohort plot`: their few options and what they do. Not `cohort train`
-// (train_command.cpp, with its option table in options.cpp).
+// `cohort eval`, `cohort plot` and `cohort export`: their few options and what they do. Not `cohort
+// train` (train_command.cpp, with its option table in options.cpp).
 #include "commands.hpp"
 
 #include <filesystem>
@@ -7,6 +7,9 @@
 #include <ostream>
 
 #include "cohort/core/error.hpp"
+#include "cohort/data/dataset.hpp"
+#include "cohort/export/export.hpp"
+#include "cohort/nn/net.hpp"
 #include "cohort/report/plot.hpp"
 #include "cohort/train/trainer.hpp"
 #include "output.hpp"
@@ -20,12 +23,47 @@ CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
   cmd->add_option("--checkpoint", o.checkpoint, "the checkpoint to evaluate")->required();
   cmd->add_option("--data", o.data_dir, "folder with the four IDX files")->capture_default_str();
   cmd->add_option("--summary", o.summary_path, "write a JSON summary to this file");
+  cmd->add_option("--logits", o.logits_path,
+                  "write the test set's logits to this .npy file (float32, (N, classes))");
   cmd->add_option("--workers", o.workers, "worker replicas (0: one per core)");
   return cmd;
 }
 
+namespace {
+
+// The test set's logits, forward in inference mode over chunks of 500 rows, as a NumPy .npy
+// file (version 1.0: magic, header dict padded to 64 bytes, then (N, classes) float32 '<f4').
+std::string logits_npy(const nn::Model& model, const float* weights, const data::Dataset& test) {
+  constexpr std::size_t kChunk = 500;
+  const auto classes = static_cast<std::size_t>(model.num_classes());
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" +
+                       std::to_string(test.count) + ", " + std::to_string(classes) + "), }";
+  header.append(63 - (10 + header.size()) % 64, ' ');
+  header += '\n';
+  std::string file = std::string("\x93NUMPY\x01\x00", 8);
+  file += static_cast<char>(header.size() & 0xff);
+  file += static_cast<char>(header.size() >> 8);
+  file += header;
+  nn::Net net(model);
+  std::vector<float> x(kChunk * static_cast<std::size_t>(model.input_features()));  // (n, C, H, W)
+  std::vector<std::int32_t> y(kChunk);
+  std::vector<std::uint32_t> ids(kChunk);
+  for (std::size_t first = 0; first < test.count; first += kChunk) {
+    const std::size_t n = std::min(kChunk, test.count - first);
+    for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::uint32_t>(first + i);
+    data::assemble_batch(test, std::span(ids).first(n), x.data(), y.data());
+    const float* logits = net.forward(weights, x.data(), static_cast<std::int64_t>(n));
+    file.append(reinterpret_cast<const char*>(logits),
+                n * classes * sizeof(float));  // (n, classes)
+  }
+  return file;
+}
+
+}  // namespace
+
 int eval_command(const EvalOptions& o, std::ostream& out) {
   check_output_path("--summary", o.summary_path);
+  check_output_path("--logits", o.logits_path);
   const checkpoint::Checkpoint ck = checkpoint::load_checkpoint(o.checkpoint);
   data::Splits data = data::load_image_folder(o.data_dir);
   train::TrainConfig config;
@@ -55,6 +93,8 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
                                           {"weights_digest", digest}}
                                              .dump(2) +
                                          "\n");
+  if (!o.logits_path.empty())
+    write_atomically(o.logits_path, logits_npy(trainer.model(), trainer.weights(), data.test));
   return kExitOk;
 }
 
@@ -83,6 +123,23 @@ int plot_command(const PlotOptions& o, std::ostream& out) {
   write_atomically(o.output, report::render_svg(runs, {.width = o.width, .title = o.title}));
   out << "cohort plot: " << runs.size() << (runs.size() == 1 ? " run" : " runs") << " -> "
       << o.output << "\n";
+  return kExitOk;
+}
+
+CLI::App* add_export_command(CLI::App& app, ExportOptions& o) {
+  CLI::App* cmd = app.add_subcommand(
+      "export", "write a checkpoint's weights for PyTorch (safetensors) or ONNX runtimes");
+  cmd->add_option("--checkpoint", o.checkpoint, "the checkpoint to export")->required();
+  cmd->add_option("--format", o.format, "safetensors or onnx")->required();
+  cmd->add_option("-o,--output", o.output, "the file to write")->required();
+  return cmd;
+}
+
+int export_command(const ExportOptions& o, std::ostream& out) {
+  const exporting::Format format = exporting::parse_format(o.format);
+  exporting::export_checkpoint(o.checkpoint, format, o.output);
+  out << "cohort export: " << o.checkpoint << " -> " << o.output << " ("
+      << exporting::to_string(format) << ")\n";
   return kExitOk;
 }
 

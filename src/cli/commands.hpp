@@ -22,10 +22,12 @@ struct EvalOptions {
   std::string checkpoint;
   std::string data_dir = data::kDefaultDataDir;
   std::string summary_path;
+  std::string logits_path;
   std::size_t workers = 0;
 };
 CLI::App* add_eval_command(CLI::App& app, EvalOptions& o);
-// `cohort eval`: a checkpoint's test loss, accuracy and weights digest.
+// `cohort eval`: a checkpoint's test loss, accuracy and weights digest; with --logits, the test
+// set's logits as a .npy file (float32, (N, classes), little-endian).
 int eval_command(const EvalOptions& o, std::ostream& out);
 
 struct PlotOptions {
@@ -36,5 +38,12 @@ struct PlotOptions {
 CLI::App* add_plot_command(CLI::App& app, PlotOptions& o);
 // `cohort plot`: the curves of --metrics files as one SVG.
 int plot_command(const PlotOptions& o, std::ostream& out);
+
+struct ExportOptions {
+  std::string checkpoint, format, output;
+};
+CLI::App* add_export_command(CLI::App& app, ExportOptions& o);
+// `cohort export`: a checkpoint's weights as safetensors or ONNX (cohort/export/export.hpp).
+int export_command(const ExportOptions& o, std::ostream& out);
 
 }  // namespace cohort::cli
