@@ -1,0 +1,114 @@
+#!/usr/bin/python3
+"""Checks every OUT/*.onnx that `cohort export` wrote: onnx.checker with full_check (shape
+inference included), the interface (input "input" with a symbolic batch dimension, output
+"logits"), then runs it with a NumPy evaluator of exactly the operators cohort emits (Gemm,
+Conv, MaxPool, AveragePool, Relu, Flatten; in float64) and requires its logits within 1e-4 of
+`cohort eval --logits` and its accuracy equal to cohort's.
+Usage: check_onnx.py OUT_DIR DATA_DIR. Exits 77 (skip) when onnx or numpy is not installed."""
+import glob
+import os
+import sys
+
+from export_check_util import SKIP, compare, cohort_results, test_set
+
+try:
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+except ImportError as e:
+    print(f"SKIP: {e} (scripts/setup.sh installs python3-onnx and python3-numpy)")
+    sys.exit(SKIP)
+
+
+def attrs(node):
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def windows(x, k, stride, pad=(0, 0, 0, 0)):
+    """Yields (kh, kw, view): x (N, C, H, W) zero-padded by pad (top, left, bottom, right),
+    view (N, C, OH, OW) = the input under kernel position (kh, kw) for every output pixel."""
+    x = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[2]), (pad[1], pad[3])))
+    oh = (x.shape[2] - k[0]) // stride[0] + 1
+    ow = (x.shape[3] - k[1]) // stride[1] + 1
+    for kh in range(k[0]):
+        for kw in range(k[1]):
+            yield kh, kw, x[:, :, kh:kh + stride[0] * oh:stride[0], kw:kw + stride[1] * ow:stride[1]]
+
+
+def gemm(a, b, c, at):
+    assert at.get("transA", 0) == 0
+    b = b.T if at.get("transB", 0) else b
+    return at.get("alpha", 1.0) * (a @ b) + at.get("beta", 1.0) * c
+
+
+def conv(x, w, b, at):
+    assert at.get("group", 1) == 1 and at.get("dilations", [1, 1]) == [1, 1]
+    k = at.get("kernel_shape", list(w.shape[2:]))
+    out = 0
+    for kh, kw, v in windows(x, k, at.get("strides", [1, 1]), at.get("pads", [0, 0, 0, 0])):
+        out = out + np.einsum("nchw,oc->nohw", v, w[:, :, kh, kw], optimize=True)
+    return out + b.reshape(1, -1, 1, 1)
+
+
+def pool(x, at, reduce):
+    assert at.get("pads", [0, 0, 0, 0]) == [0, 0, 0, 0] and at.get("ceil_mode", 0) == 0
+    views = [v for _, _, v in windows(x, at["kernel_shape"], at.get("strides", [1, 1]))]
+    return reduce(np.stack(views), axis=0)
+
+
+OPS = {
+    "Gemm": lambda ins, at: gemm(ins[0], ins[1], ins[2], at),
+    "Conv": lambda ins, at: conv(ins[0], ins[1], ins[2], at),
+    "MaxPool": lambda ins, at: pool(ins[0], at, np.max),
+    "AveragePool": lambda ins, at: pool(ins[0], at, np.mean),
+    "Relu": lambda ins, at: np.maximum(ins[0], 0),
+    "Flatten": lambda ins, at: ins[0].reshape(int(np.prod(ins[0].shape[:at.get("axis", 1)])), -1),
+}
+
+
+def run(model, x):
+    values = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in model.graph.initializer}
+    values["input"] = x.astype(np.float64)
+    for node in model.graph.node:
+        if node.op_type not in OPS:
+            raise ValueError(f"operator {node.op_type} ({node.name}) is not one cohort emits")
+        values[node.output[0]] = OPS[node.op_type]([values[i] for i in node.input], attrs(node))
+    return values["logits"]
+
+
+def check_interface(model, x):
+    inp, out = model.graph.input, model.graph.output
+    assert [i.name for i in inp] == ["input"] and [o.name for o in out] == ["logits"], (inp, out)
+    dims = inp[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "N", "the batch dimension is symbolic"
+    per_sample = [d.dim_value for d in dims[1:]]
+    if len(per_sample) == 1:  # a flat model: (N, F)
+        return x.reshape(x.shape[0], per_sample[0])
+    assert per_sample == list(x.shape[1:]), (per_sample, x.shape)
+    return x
+
+
+def main():
+    out_dir, data_dir = sys.argv[1], sys.argv[2]
+    x, y = test_set(data_dir)
+    files = sorted(glob.glob(os.path.join(out_dir, "*.onnx")))
+    if not files:
+        print(f"no .onnx files in {out_dir}")
+        return 1
+    ok = True
+    for path in files:
+        model = onnx.load(path)
+        onnx.checker.check_model(model, full_check=True)
+        assert model.opset_import[0].version == 13
+        meta = {p.key: p.value for p in model.metadata_props}
+        xin = check_interface(model, x)
+        logits = np.concatenate([run(model, xin[i:i + 500]) for i in range(0, xin.shape[0], 500)])
+        cohort_logits, cohort_accuracy = cohort_results(path[: -len(".onnx")])
+        name = f"{os.path.basename(path)} ({meta['model']}, step {meta['step']})"
+        ok = compare(name, logits, cohort_logits, y, cohort_accuracy) and ok
+    print(f"{len(files)} checked" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

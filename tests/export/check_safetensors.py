@@ -1,0 +1,145 @@
+#!/usr/bin/python3
+"""Loads every OUT/*.safetensors that `cohort export` wrote into a PyTorch model rebuilt from the
+spec in the file's metadata, runs it on the test set and requires its logits within 1e-4 of
+`cohort eval --logits` and its accuracy equal to cohort's. The file is read by hand (no
+`safetensors` package): 8-byte little-endian header length, JSON header, raw tensor bytes.
+Usage: check_safetensors.py OUT_DIR DATA_DIR. Exits 77 (skip) when torch is not installed."""
+import glob
+import json
+import os
+import re
+import sys
+
+from export_check_util import SKIP, compare, cohort_results, test_set
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn as nn
+except ImportError as e:
+    print(f"SKIP: {e} (scripts/setup.sh installs python3-torch and python3-numpy)")
+    sys.exit(SKIP)
+
+
+def read_safetensors(path):
+    """{name: tensor} and the metadata, by the format's definition."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    metadata = header.pop("__metadata__")
+    tensors = {}
+    for name, e in header.items():
+        assert e["dtype"] == "F32", (name, e["dtype"])
+        begin, end = e["data_offsets"]
+        a = np.frombuffer(raw, dtype="<f4", count=(end - begin) // 4, offset=8 + n + begin)
+        tensors[name] = torch.from_numpy(a.reshape(e["shape"]).copy())
+    return tensors, metadata
+
+
+class PeerMlp(nn.Module):
+    """torch_peer.py's MLP for any sizes: fc1, fc2, ... with ReLU between."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        self.sizes = sizes
+        for i in range(1, len(sizes)):
+            setattr(self, f"fc{i}", nn.Linear(sizes[i - 1], sizes[i]))
+
+    def forward(self, x):
+        x = x.reshape(x.shape[0], self.sizes[0])
+        for i in range(1, len(self.sizes)):
+            x = getattr(self, f"fc{i}")(x)
+            if i + 1 < len(self.sizes):
+                x = torch.relu(x)
+        return x
+
+
+class PeerCnn(nn.Module):
+    """torch_peer.py's CNN, module for module."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(1, 32, 5)
+        self.c2 = nn.Conv2d(32, 64, 5)
+        self.fc1 = nn.Linear(1024, 256)
+        self.fc2 = nn.Linear(256, 10)
+
+    def forward(self, x):
+        x = x.reshape(x.shape[0], 1, 28, 28)
+        x = torch.max_pool2d(torch.relu(self.c1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.c2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def sequential(spec, input_shape):
+    """A layer list as nn.Sequential: layer i is module i (the export's 'sequential' naming)."""
+    modules, shape = [], list(input_shape)  # (C, H, W), or (F,) once flat
+    for token in spec.split("-"):
+        m = re.fullmatch(r"(\w+)(?:\(([^)]*)\))?", token)
+        kind, args = m.group(1), [a for a in (m.group(2) or "").split(",") if a]
+        if kind == "conv":
+            oc, k = int(args[0]), int(args[1])
+            stride = int(args[2]) if len(args) > 2 else 1
+            pad = int(args[3]) if len(args) > 3 else 0
+            modules.append(nn.Conv2d(shape[0], oc, k, stride, pad))
+            shape = [oc] + [(d + 2 * pad - k) // stride + 1 for d in shape[1:]]
+        elif kind in ("maxpool", "avgpool"):
+            k = int(args[0])
+            stride = int(args[1]) if len(args) > 1 else k
+            modules.append((nn.MaxPool2d if kind == "maxpool" else nn.AvgPool2d)(k, stride))
+            shape = [shape[0]] + [(d - k) // stride + 1 for d in shape[1:]]
+        elif kind == "relu":
+            modules.append(nn.ReLU())
+        elif kind == "flatten":
+            modules.append(nn.Flatten())
+            shape = [int(np.prod(shape))]
+        elif kind == "dropout":
+            modules.append(nn.Dropout(float(args[0])))  # the identity in eval()
+        elif kind == "linear":
+            modules.append(nn.Linear(shape[0], int(args[0])))
+            shape = [int(args[0])]
+        else:
+            raise ValueError(f"unknown layer {token!r} in {spec!r}")
+    return nn.Sequential(*modules)
+
+
+def build(metadata):
+    spec = metadata["model"]
+    if spec == "cnn":
+        assert metadata["naming"] == "peer"
+        return PeerCnn()
+    if spec.startswith("mlp:"):
+        assert metadata["naming"] == "peer"
+        return PeerMlp([int(s) for s in spec[4:].split("-")])
+    assert metadata["naming"] == "sequential"
+    return sequential(spec, [int(d) for d in metadata["input"].split(",")])
+
+
+def main():
+    out_dir, data_dir = sys.argv[1], sys.argv[2]
+    x, y = test_set(data_dir)
+    files = sorted(glob.glob(os.path.join(out_dir, "*.safetensors")))
+    if not files:
+        print(f"no .safetensors files in {out_dir}")
+        return 1
+    torch.set_num_threads(2)
+    ok = True
+    for path in files:
+        base = path[: -len(".safetensors")]
+        tensors, metadata = read_safetensors(path)
+        model = build(metadata)
+        model.load_state_dict(tensors, strict=True)  # every name and shape must match
+        model.eval()
+        with torch.no_grad():
+            logits = torch.cat([model(torch.from_numpy(x[i:i + 1000]))
+                                for i in range(0, x.shape[0], 1000)]).numpy()
+        cohort_logits, cohort_accuracy = cohort_results(base)
+        name = f"{os.path.basename(path)} ({metadata['model']}, step {metadata['step']})"
+        ok = compare(name, logits, cohort_logits, y, cohort_accuracy) and ok
+    print(f"{len(files)} checked" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
