@@ -5,11 +5,9 @@ inference included), the interface (input "input" with a symbolic batch dimensio
 Conv, MaxPool, AveragePool, Relu, Flatten; in float64) and requires its logits within 1e-4 of
 `cohort eval --logits` and its accuracy equal to cohort's.
 Usage: check_onnx.py OUT_DIR DATA_DIR. Exits 77 (skip) when onnx or numpy is not installed."""
-import glob
-import os
 import sys
 
-from export_check_util import SKIP, compare, cohort_results, test_set
+from export_check_util import SKIP, check_files
 
 try:
     import numpy as np
@@ -88,26 +86,17 @@ def check_interface(model, x):
     return x
 
 
+def evaluate(path, x):
+    model = onnx.load(path)
+    onnx.checker.check_model(model, full_check=True)
+    assert model.opset_import[0].version == 13
+    xin = check_interface(model, x)
+    logits = np.concatenate([run(model, xin[i:i + 500]) for i in range(0, xin.shape[0], 500)])
+    return logits, {p.key: p.value for p in model.metadata_props}
+
+
 def main():
-    out_dir, data_dir = sys.argv[1], sys.argv[2]
-    x, y = test_set(data_dir)
-    files = sorted(glob.glob(os.path.join(out_dir, "*.onnx")))
-    if not files:
-        print(f"no .onnx files in {out_dir}")
-        return 1
-    ok = True
-    for path in files:
-        model = onnx.load(path)
-        onnx.checker.check_model(model, full_check=True)
-        assert model.opset_import[0].version == 13
-        meta = {p.key: p.value for p in model.metadata_props}
-        xin = check_interface(model, x)
-        logits = np.concatenate([run(model, xin[i:i + 500]) for i in range(0, xin.shape[0], 500)])
-        cohort_logits, cohort_accuracy = cohort_results(path[: -len(".onnx")])
-        name = f"{os.path.basename(path)} ({meta['model']}, step {meta['step']})"
-        ok = compare(name, logits, cohort_logits, y, cohort_accuracy) and ok
-    print(f"{len(files)} checked" if ok else "FAILED")
-    return 0 if ok else 1
+    return check_files(sys.argv[1], sys.argv[2], ".onnx", evaluate)
 
 
 if __name__ == "__main__":

@@ -4,13 +4,11 @@ spec in the file's metadata, runs it on the test set and requires its logits wit
 `cohort eval --logits` and its accuracy equal to cohort's. The file is read by hand (no
 `safetensors` package): 8-byte little-endian header length, JSON header, raw tensor bytes.
 Usage: check_safetensors.py OUT_DIR DATA_DIR. Exits 77 (skip) when torch is not installed."""
-import glob
 import json
-import os
 import re
 import sys
 
-from export_check_util import SKIP, compare, cohort_results, test_set
+from export_check_util import SKIP, check_files
 
 try:
     import numpy as np
@@ -116,29 +114,20 @@ def build(metadata):
     return sequential(spec, [int(d) for d in metadata["input"].split(",")])
 
 
+def evaluate(path, x):
+    tensors, metadata = read_safetensors(path)
+    model = build(metadata)
+    model.load_state_dict(tensors, strict=True)  # every name and shape must match
+    model.eval()
+    with torch.no_grad():
+        logits = torch.cat([model(torch.from_numpy(x[i:i + 1000]))
+                            for i in range(0, x.shape[0], 1000)]).numpy()
+    return logits, metadata
+
+
 def main():
-    out_dir, data_dir = sys.argv[1], sys.argv[2]
-    x, y = test_set(data_dir)
-    files = sorted(glob.glob(os.path.join(out_dir, "*.safetensors")))
-    if not files:
-        print(f"no .safetensors files in {out_dir}")
-        return 1
     torch.set_num_threads(2)
-    ok = True
-    for path in files:
-        base = path[: -len(".safetensors")]
-        tensors, metadata = read_safetensors(path)
-        model = build(metadata)
-        model.load_state_dict(tensors, strict=True)  # every name and shape must match
-        model.eval()
-        with torch.no_grad():
-            logits = torch.cat([model(torch.from_numpy(x[i:i + 1000]))
-                                for i in range(0, x.shape[0], 1000)]).numpy()
-        cohort_logits, cohort_accuracy = cohort_results(base)
-        name = f"{os.path.basename(path)} ({metadata['model']}, step {metadata['step']})"
-        ok = compare(name, logits, cohort_logits, y, cohort_accuracy) and ok
-    print(f"{len(files)} checked" if ok else "FAILED")
-    return 0 if ok else 1
+    return check_files(sys.argv[1], sys.argv[2], ".safetensors", evaluate)
 
 
 if __name__ == "__main__":

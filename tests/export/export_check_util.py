@@ -1,11 +1,15 @@
 """Shared by check_safetensors.py and check_onnx.py: the fixture's test set read by hand (IDX,
 gzip), and cohort's own results for one exported model (`cohort eval --logits` and --summary).
 Not a test by itself."""
+import glob
 import gzip
 import json
 import os
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # the checks exit SKIP themselves before using it
+    np = None
 
 SKIP = 77  # ctest SKIP_RETURN_CODE: a framework this check needs is not installed
 
@@ -43,3 +47,21 @@ def compare(name, logits, cohort_logits, labels, cohort_accuracy, tolerance=1e-4
           f"{accuracy:.4f} ({correct}/{labels.shape[0]}) against cohort eval's "
           f"{cohort_accuracy:.4f}: {'ok' if ok else 'MISMATCH'}")
     return ok
+
+
+def check_files(out_dir, data_dir, ext, evaluate):
+    """Runs evaluate(path, x) -> (logits, metadata) on every OUT/*<ext> and compares each with
+    cohort's results; returns the exit code (1 on a mismatch or when there is no file)."""
+    x, y = test_set(data_dir)
+    files = sorted(glob.glob(os.path.join(out_dir, "*" + ext)))
+    if not files:
+        print(f"no {ext} files in {out_dir}")
+        return 1
+    ok = True
+    for path in files:
+        logits, meta = evaluate(path, x)
+        cohort_logits, cohort_accuracy = cohort_results(path[: -len(ext)])
+        name = f"{os.path.basename(path)} ({meta['model']}, step {meta['step']})"
+        ok = compare(name, logits, cohort_logits, y, cohort_accuracy) and ok
+    print(f"{len(files)} checked" if ok else "FAILED")
+    return 0 if ok else 1
