@@ -8,10 +8,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "cohort/config/job_config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/names.hpp"
+#include "cohort/version.hpp"
 
 namespace cohort::cli {
 
@@ -145,11 +148,12 @@ void write_trace(const std::string& path, const train::Trainer& trainer, const j
                       {"dur", std::max(0.0, s.end_us - s.begin_us)},
                       {"args", std::move(args)}});
   }
-  json trace{
-      {"traceEvents", std::move(events)},
-      {"displayTimeUnit", "ms"},
-      {"otherData",
-       {{"tool", "cohort 0.1.0"}, {"truncated", trainer.trace_truncated()}, {"config", config}}}};
+  json trace{{"traceEvents", std::move(events)},
+             {"displayTimeUnit", "ms"},
+             {"otherData",
+              {{"tool", "cohort " COHORT_VERSION},
+               {"truncated", trainer.trace_truncated()},
+               {"config", config}}}};
   write_atomically(path, trace.dump() + "\n");
 }
 
