@@ -20,6 +20,7 @@ endforeach()
 
 # cohort::cohort: everything, for `target_link_libraries(app PRIVATE cohort::cohort)`.
 add_library(cohort_all INTERFACE)
+add_library(cohort::cohort ALIAS cohort_all)  # the same name inside this build
 set_target_properties(cohort_all PROPERTIES EXPORT_NAME cohort)
 target_link_libraries(cohort_all INTERFACE ${cohort_module_targets})
 
