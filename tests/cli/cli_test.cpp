@@ -342,6 +342,7 @@ TEST_F(Cli, TraceIsAChromeTraceWithATrackPerReplica) {
   EXPECT_EQ(forwards, 12 * 4);  // 12 steps of 4 leaves
   EXPECT_EQ(backwards, 12 * 4);
   EXPECT_EQ(j["otherData"]["truncated"], false);
+  EXPECT_EQ(j["otherData"]["tool"], "cohort " COHORT_VERSION);  // project(VERSION), one place
 }
 
 TEST_F(Cli, PlainProgressLinesShowTheEta) {
