@@ -16,6 +16,17 @@ cmake --preset release
 cmake --build --preset release -j "$jobs"
 ctest --preset release -j "$jobs"
 
+# The installed package works from another CMake project: examples/embed, configured against
+# build/install only, trains a few steps and saves a checkpoint that the installed cohort reads.
+echo "== install, and a program built against the installed package (examples/embed)"
+rm -rf build/install build/embed
+cmake --install build/release --prefix build/install
+cmake -S examples/embed -B build/embed -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$PWD/build/install"
+cmake --build build/embed -j "$jobs"
+build/embed/embed datasets/fixture build/embed/embed.ckpt 5
+build/install/bin/cohort eval --checkpoint build/embed/embed.ckpt --data datasets/fixture
+
 echo "== ThreadSanitizer build of the reducer core and its tests"
 cmake --preset tsan
 cmake --build --preset tsan -j "$jobs"

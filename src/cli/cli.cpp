@@ -49,7 +49,7 @@ int run_args(std::vector<std::string> args, std::ostream& out, std::ostream& err
     CLI::App app{"cohort: synchronous data-parallel neural-network training on one CPU machine",
                  "cohort"};
     app.require_subcommand(1);
-    app.set_version_flag("--version", "cohort 0.1.0");
+    app.set_version_flag("--version", version_text());
     TrainOptions train;
     EvalOptions eval;
     PlotOptions plot;

@@ -26,6 +26,7 @@ CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
   cmd->add_option("--logits", o.logits_path,
                   "write the test set's logits to this .npy file (float32, (N, classes))");
   cmd->add_option("--workers", o.workers, "worker replicas (0: one per core)");
+  cmd->add_flag("--quiet", o.quiet, "print nothing (write only the --summary file)");
   return cmd;
 }
 
@@ -81,9 +82,10 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   trainer.restore(ck, o.checkpoint);
   auto [loss, accuracy] = trainer.evaluate_test();
   const std::string digest = train::weights_digest(trainer.weights(), ck.weights.size());
-  out << "cohort eval: " << o.checkpoint << " (" << ck.model << ", step " << ck.step << ") on "
-      << o.data_dir << ": test loss " << std::fixed << std::setprecision(4) << loss
-      << ", test accuracy " << accuracy << ", weights digest " << digest << "\n";
+  if (!o.quiet)
+    out << "cohort eval: " << o.checkpoint << " (" << ck.model << ", step " << ck.step << ") on "
+        << o.data_dir << ": test loss " << std::fixed << std::setprecision(4) << loss
+        << ", test accuracy " << accuracy << ", weights digest " << digest << "\n";
   if (!o.summary_path.empty())
     write_atomically(o.summary_path, json{{"checkpoint", o.checkpoint},
                                           {"model", ck.model},
@@ -105,6 +107,7 @@ CLI::App* add_plot_command(CLI::App& app, PlotOptions& o) {
   cmd->add_option("-o,--output", o.output, "the SVG file to write")->required();
   cmd->add_option("--title", o.title, "a title above the curves");
   cmd->add_option("--width", o.width, "image width in pixels")->capture_default_str();
+  cmd->add_flag("--quiet", o.quiet, "print nothing");
   return cmd;
 }
 
@@ -121,8 +124,9 @@ int plot_command(const PlotOptions& o, std::ostream& out) {
       if (i != j && runs[i].label == fs::path(o.files[j]).filename().string())
         runs[i].label = fs::path(o.files[i]).lexically_normal().string();
   write_atomically(o.output, report::render_svg(runs, {.width = o.width, .title = o.title}));
-  out << "cohort plot: " << runs.size() << (runs.size() == 1 ? " run" : " runs") << " -> "
-      << o.output << "\n";
+  if (!o.quiet)
+    out << "cohort plot: " << runs.size() << (runs.size() == 1 ? " run" : " runs") << " -> "
+        << o.output << "\n";
   return kExitOk;
 }
 

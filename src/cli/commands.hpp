@@ -24,6 +24,7 @@ struct EvalOptions {
   std::string summary_path;
   std::string logits_path;
   std::size_t workers = 0;
+  bool quiet = false;  // no result line (the --summary file still has it)
 };
 CLI::App* add_eval_command(CLI::App& app, EvalOptions& o);
 // `cohort eval`: a checkpoint's test loss, accuracy and weights digest; with --logits, the test
@@ -34,6 +35,7 @@ struct PlotOptions {
   std::vector<std::string> files;
   std::string output, title;
   int width = 1000;
+  bool quiet = false;  // no line naming the SVG written
 };
 CLI::App* add_plot_command(CLI::App& app, PlotOptions& o);
 // `cohort plot`: the curves of --metrics files as one SVG.

@@ -4,6 +4,8 @@
 // checks that need the data or each other (train::validate, train_command.cpp).
 #include "options.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -11,6 +13,9 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/names.hpp"
+#include "cohort/nn/version.hpp"
+#include "cohort/train/version.hpp"
+#include "cohort/version.hpp"
 
 namespace cohort::cli {
 
@@ -248,6 +253,18 @@ std::vector<TrainFlag> make_table() {
 
 }  // namespace
 
+std::string flag_group(const TrainFlag& row) {
+  const std::string& toml = row.key.toml;
+  std::string group = toml.empty() ? "run" : toml.substr(0, toml.find('.'));
+  group[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(group[0])));
+  return group;
+}
+
+std::string version_text() {
+  return "cohort " COHORT_VERSION "\noneDNN " + nn::onednn_version() + "\noneTBB " +
+         train::tbb_version();
+}
+
 TrainOptions::TrainOptions() {
   // The command's default recipe: SGD with momentum 0.9 at lr 0.1, a linear warmup over 200
   // updates, then cosine decay to 0 over the run. Measured (docs/engine_results.md) on 5 epochs
@@ -287,7 +304,16 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   // A flag given twice takes its last value, so a script's defaults can be overridden.
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->option_defaults()->always_capture_default();  // --help shows every default
-  for (const TrainFlag& row : train_flags()) row.add(*cmd, o, row);
+  // --help shows a group's flags together (CLI11 lists groups in the order of their first
+  // option), in this order and then any other group; within a group, in the table's order.
+  std::vector<std::string> groups{"Data", "Model",  "Optimizer", "Schedule",
+                                  "Run",  "Output", "Checkpoint"};
+  for (const TrainFlag& row : train_flags())
+    if (std::find(groups.begin(), groups.end(), flag_group(row)) == groups.end())
+      groups.push_back(flag_group(row));
+  for (const std::string& group : groups)
+    for (const TrainFlag& row : train_flags())
+      if (flag_group(row) == group) row.add(*cmd, o, row)->group(group);
   return cmd;
 }
 

@@ -42,6 +42,10 @@ struct TrainOptions {
   train::TrainConfig train_config() const;
 };
 
+// `cohort --version`: cohort's version (project(VERSION) in CMakeLists.txt) and the oneDNN and
+// oneTBB libraries it runs on, one a line.
+std::string version_text();
+
 // One row of the table.
 struct TrainFlag {
   config::Key key;  // flag, TOML key ("" for a command-line-only flag), type, range, choices
@@ -54,7 +58,12 @@ struct TrainFlag {
   double (*number)(const TrainOptions& o);
 };
 
-// The table, in --help's order.
+// The --help group of a row: its TOML section, capitalised ("Optimizer" for optimizer.lr), and
+// "Run" for the command-line-only flags (--config, --dry-run).
+std::string flag_group(const TrainFlag& row);
+
+// The table. --help lists it by group (data, model, optimizer, schedule, run, output,
+// checkpoint), each group's flags in the table's order.
 const std::vector<TrainFlag>& train_flags();
 
 // The `train` subcommand of `app` with every row's option, storing into `o` (which must

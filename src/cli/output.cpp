@@ -8,10 +8,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "cohort/config/job_config.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/names.hpp"
+#include "cohort/version.hpp"
 
 namespace cohort::cli {
 
@@ -42,7 +45,45 @@ double shortest(float f) {
   return std::strtod(std::string(text, end).c_str(), nullptr);
 }
 
+// A scalar as config_text shows it: strings without quotes, numbers as JSON writes them.
+std::string scalar_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
 }  // namespace
+
+std::string config_text(const json& config) {
+  // Top-level scalars other than model and data gather on two lines; an object (optimizer,
+  // schedule) is a line of its own, led by its kind.
+  std::vector<std::pair<std::string, std::string>> lines{
+      {"model", ""}, {"data", ""}, {"run", ""}, {"engine", ""}};
+  auto line = [&](const std::string& name) -> std::string& {
+    for (auto& [n, text] : lines)
+      if (n == name) return text;
+    return lines.emplace_back(name, "").second;
+  };
+  auto add = [](std::string& text, const std::string& item) {
+    text += (text.empty() ? "" : " ") + item;
+  };
+  for (const auto& [key, value] : config.items()) {
+    if (key == "model" || key == "data") {
+      line(key) = scalar_text(value);
+    } else if (value.is_object()) {
+      std::string& text = line(key);
+      if (value.contains("kind")) add(text, scalar_text(value["kind"]));
+      for (const auto& [k, v] : value.items())
+        if (k != "kind") add(text, k + "=" + scalar_text(v));
+    } else {
+      const bool engine = key == "reducer" || key == "weight_grads" || key == "blocked_layouts";
+      add(line(engine ? "engine" : "run"), key + "=" + scalar_text(value));
+    }
+  }
+  std::size_t width = 0;
+  for (const auto& l : lines) width = std::max(width, l.first.size());
+  std::string text;
+  for (const auto& [name, items] : lines)
+    if (!items.empty())
+      text += "  " + name + std::string(width + 2 - name.size(), ' ') + items + "\n";
+  return text;
+}
 
 void check_output_path(const std::string& flag, const std::string& path) {
   if (path.empty()) return;
@@ -145,11 +186,12 @@ void write_trace(const std::string& path, const train::Trainer& trainer, const j
                       {"dur", std::max(0.0, s.end_us - s.begin_us)},
                       {"args", std::move(args)}});
   }
-  json trace{
-      {"traceEvents", std::move(events)},
-      {"displayTimeUnit", "ms"},
-      {"otherData",
-       {{"tool", "cohort 0.1.0"}, {"truncated", trainer.trace_truncated()}, {"config", config}}}};
+  json trace{{"traceEvents", std::move(events)},
+             {"displayTimeUnit", "ms"},
+             {"otherData",
+              {{"tool", "cohort " COHORT_VERSION},
+               {"truncated", trainer.trace_truncated()},
+               {"config", config}}}};
   write_atomically(path, trace.dump() + "\n");
 }
 

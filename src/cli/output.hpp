@@ -25,6 +25,11 @@ void write_atomically(const std::string& path, const std::string& text);
 // checkpoint.
 json config_json(const train::TrainConfig& c, const std::string& data_dir);
 
+// The effective configuration as a run and --dry-run print it: a few aligned lines, one a
+// section ("  optimizer  sgd lr=0.1 momentum=0.9 ..."), each ending in a newline. The JSON
+// stays in the summary file, the trace and the checkpoint.
+std::string config_text(const json& config);
+
 // --summary's object: the run's figures and `config`.
 json summary_json(const train::Summary& s, const json& config);
 

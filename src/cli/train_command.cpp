@@ -59,7 +59,7 @@ int dry_run(const TrainOptions& o, const Checked& in, std::ostream& out) {
   out << "cohort train --dry-run: " << in.config.model << " (" << in.parameters
       << " parameters) on " << o.data_dir << " (" << in.data->train.count << " train, "
       << in.data->test.count << " test images): every input checked, nothing trained or written\n"
-      << "  config " << config_json(train::resolve_defaults(in.config), o.data_dir).dump() << "\n";
+      << config_text(config_json(train::resolve_defaults(in.config), o.data_dir));
   if (in.resume)
     out << "  would resume from " << o.checkpoint.resume << " at step " << in.resume->step << "\n";
   return kExitOk;
@@ -82,7 +82,7 @@ int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& o
     out << "cohort train: " << c.model << " on " << o.data_dir << " (" << in.data->train.count
         << " train, " << in.data->test.count << " test images, loaded in " << std::fixed
         << std::setprecision(2) << in.load_seconds << " s)\n"
-        << "  config " << effective << "\n"
+        << config_text(effective_json)
         << (in.resume ? "  resumed from " + ck.resume + " at step " +
                             std::to_string(in.resume->step) + "\n"
                       : "");

@@ -1,5 +1,6 @@
 // The command line: exit codes, messages that name the bad input, and the files it writes.
 #include "cohort/cli/cli.hpp"
+#include "cohort/version.hpp"
 #include "testing.hpp"
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -281,7 +283,8 @@ TEST_F(Cli, OptimizerAndScheduleReachTheSummaryAndMetrics) {
                            "--schedule", "cosine", "--warmup-steps", "3", "--clip-norm", "5",
                            "--summary", summary, "--metrics", metrics, "--log-every", "1"}));
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("\"kind\":\"adamw\""), std::string::npos) << "effective config printed";
+  EXPECT_NE(r.out.find("\n  optimizer  adamw lr=0.002 "), std::string::npos)
+      << "effective config printed: " << r.out;
   auto j = nlohmann::json::parse(std::ifstream(summary));
   EXPECT_EQ(j["config"]["optimizer"]["kind"], "adamw");
   EXPECT_EQ(j["config"]["schedule"]["kind"], "cosine");
@@ -339,6 +342,7 @@ TEST_F(Cli, TraceIsAChromeTraceWithATrackPerReplica) {
   EXPECT_EQ(forwards, 12 * 4);  // 12 steps of 4 leaves
   EXPECT_EQ(backwards, 12 * 4);
   EXPECT_EQ(j["otherData"]["truncated"], false);
+  EXPECT_EQ(j["otherData"]["tool"], "cohort " COHORT_VERSION);  // project(VERSION), one place
 }
 
 TEST_F(Cli, PlainProgressLinesShowTheEta) {
@@ -397,8 +401,39 @@ TEST_F(Cli, ExampleConfigsParse) {
 
 TEST_F(Cli, HelpAndVersionExitZero) {
   EXPECT_EQ(cohort({"--help"}).code, 0);
-  EXPECT_EQ(cohort({"--version"}).code, 0);
   EXPECT_NE(cohort({"train", "--help"}).out.find("--micro-batch"), std::string::npos);
+}
+
+// --version names cohort's version (from CMake's project(VERSION)) and the oneDNN and oneTBB
+// libraries it runs on, one a line.
+TEST_F(Cli, VersionNamesCohortOneDnnAndOneTbb) {
+  Result r = cohort({"--version"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("cohort " COHORT_VERSION "\n", 0), 0u) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\noneDNN \d+\.\d+\.\d+ \(.*cpu runtime )")))
+      << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\noneTBB \d+\.\d+)"))) << r.out;
+}
+
+// Every command takes --quiet; eval and plot then print nothing but still write their files.
+TEST_F(Cli, EveryCommandTakesQuiet) {
+  const auto ckpt = (dir_ / "c.ckpt").string(), metrics = (dir_ / "m.jsonl").string();
+  Result t = cohort(quick({"--quiet", "--save", ckpt, "--metrics", metrics}));
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_EQ(t.out, "");
+  const auto summary = (dir_ / "eval.json").string();
+  Result e = cohort({"eval", "--quiet", "--checkpoint", ckpt, "--data", COHORT_FIXTURE_DIR,
+                     "--summary", summary});
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_EQ(e.out, "");
+  EXPECT_TRUE(fs::exists(summary));
+  const auto svg = (dir_ / "c.svg").string();
+  Result p = cohort({"plot", "--quiet", metrics, "-o", svg});
+  ASSERT_EQ(p.code, 0) << p.err;
+  EXPECT_EQ(p.out, "");
+  EXPECT_TRUE(fs::exists(svg));
+  // Without --quiet they do print (so the test above can fail).
+  EXPECT_NE(cohort({"plot", metrics, "-o", svg}).out, "");
 }
 
 }  // namespace

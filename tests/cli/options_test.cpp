@@ -180,6 +180,27 @@ TEST(CliOptions, ReducerHelpNamesTheReproducibleStrategies) {
   EXPECT_NE(help.find("atomic and mutex add leaves in arrival order"), std::string::npos) << help;
 }
 
+// --help lists the flags under their TOML section's heading: each row's flag appears after its
+// group's heading and before the next heading.
+TEST(CliOptions, HelpGroupsTheFlagsBySection) {
+  const std::string help = cohort({"train", "--help"}).out;
+  const std::vector<std::string> groups{"Data", "Model",  "Optimizer", "Schedule",
+                                        "Run",  "Output", "Checkpoint"};
+  for (const std::string& group : groups)
+    EXPECT_NE(help.find("\n" + group + ":\n"), std::string::npos) << group << help;
+  for (const TrainFlag& row : train_flags()) {
+    const std::size_t heading = help.find("\n" + flag_group(row) + ":\n");
+    ASSERT_NE(heading, std::string::npos) << row.key.flag;
+    std::size_t next = std::string::npos;  // the next group's heading
+    for (const std::string& group : groups)
+      if (const std::size_t h = help.find("\n" + group + ":\n"); h > heading)
+        next = std::min(next, h);
+    const std::size_t at = help.find("  " + row.key.flag + " ", heading);
+    EXPECT_LT(at, next) << row.key.flag << " is not under " << flag_group(row) << "\n" << help;
+  }
+  EXPECT_EQ(flag_group(train_flags().front()), "Run");  // --config: command line only
+}
+
 // The flags of `cohort train --help`: the first word of each option line ("-h,--help" gives
 // --help, which CLI11 adds and the README does not list).
 std::set<std::string> help_flags() {

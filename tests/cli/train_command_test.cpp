@@ -51,11 +51,18 @@ TEST_F(CliDryRun, ChecksPrintsTheConfigAndWritesNothing) {
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_EQ(r.err, "");
   EXPECT_NE(r.out.find("every input checked, nothing trained or written"), std::string::npos);
-  EXPECT_NE(r.out.find("\"model\":\"mlp:784-32-10\""), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"batch\":64"), std::string::npos) << r.out;
+  // The config as aligned lines, one a section, not one JSON object.
+  EXPECT_NE(r.out.find("\n  model      mlp:784-32-10\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n  run        batch=64 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n  optimizer  sgd lr=0.1 momentum=0.9 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n  schedule   cosine warmup_steps=200 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n  engine     reducer=tree "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('{'), std::string::npos) << r.out;
   // workers and micro-batch resolved for this machine, as the run would use them.
-  EXPECT_EQ(r.out.find("\"workers\":0"), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("\"micro_batch\":0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" workers="), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" workers=0 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" micro_batch="), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" micro_batch=0 "), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("done: train loss"), std::string::npos) << "trained: " << r.out;
   EXPECT_EQ(r.out.find("\nsummary\n"), std::string::npos) << "trained: " << r.out;
   EXPECT_TRUE(nothing_written());
@@ -68,8 +75,8 @@ TEST_F(CliDryRun, ConfigFileAndFlagsGiveTheSameConfigAsARun) {
   Result r = cohort({"train", "--config", cfg.string(), "--data", COHORT_FIXTURE_DIR, "--lr",
                      "0.003", "--dry-run"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
-  EXPECT_NE(r.out.find("\"kind\":\"adamw\",\"lr\":0.003"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"reducer\":\"serial\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  optimizer  adamw lr=0.003 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" reducer=serial "), std::string::npos) << r.out;
   fs::remove(cfg);
   EXPECT_TRUE(nothing_written());
 }

@@ -1,0 +1,13 @@
+// The oneDNN library this process runs on, for `cohort --version` and bug reports. The nn
+// module is the only one that includes oneDNN, so the question is asked here.
+#pragma once
+
+#include <string>
+
+namespace cohort::nn {
+
+// "2.6.3 (cpu runtime OMP)", or "2.6.3 (commit abc1234, cpu runtime OMP)": the loaded library's
+// version (dnnl_version()), not the headers cohort was built with.
+std::string onednn_version();
+
+}  // namespace cohort::nn
