@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian 12 machine: installs what is missing, builds the
-# release preset and runs every test, builds the ThreadSanitizer preset (clang) of the
+# release preset and runs every test, installs it and builds and runs examples/embed against the
+# installed package, builds the ThreadSanitizer preset (clang) of the
 # dependency-free core (the reducers) and runs its tests, then runs every test again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, and fuzzes the IDX, checkpoint and job-config
 # readers and the `cohort train` command line (as a dry run) for a bounded time
@@ -26,6 +27,7 @@ cmake -S examples/embed -B build/embed -G Ninja -DCMAKE_BUILD_TYPE=Release \
 cmake --build build/embed -j "$jobs"
 build/embed/embed datasets/fixture build/embed/embed.ckpt 5
 build/install/bin/cohort eval --checkpoint build/embed/embed.ckpt --data datasets/fixture
+test -s build/embed/embed.ckpt.safetensors  # the example's export
 
 echo "== ThreadSanitizer build of the reducer core and its tests"
 cmake --preset tsan

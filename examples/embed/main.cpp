@@ -1,6 +1,7 @@
 // cohort as a library: build a model from a spec, train it on an image folder with an Observer
-// that prints progress, and save a checkpoint. Built against an installed cohort
-// (find_package(cohort), see CMakeLists.txt beside it); not a CLI (that is `cohort train`).
+// that prints progress, save a checkpoint and export it for PyTorch (safetensors). Built against an
+// installed cohort (find_package(cohort), see CMakeLists.txt beside it); not a CLI (that is `cohort
+// train`).
 //
 //   embed DATA_DIR CHECKPOINT [STEPS]
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/data/dataset.hpp"
+#include "cohort/export/export.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/train/trainer.hpp"
 
@@ -57,8 +59,10 @@ int main(int argc, char** argv) {
     cohort::checkpoint::save_checkpoint(argv[2], trainer.checkpoint(R"({"tool":"embed"})"));
     std::printf("checkpoint %s\n", argv[2]);
 
-    // EXPORT: the export module (cohort/export/, being written) goes here, e.g.
-    //   cohort::exporter::export_model(trainer.model(), trainer.weights(), "model.onnx");
+    const std::string exported = std::string(argv[2]) + ".safetensors";  // or Format::kOnnx
+    cohort::exporting::export_checkpoint(argv[2], cohort::exporting::Format::kSafetensors,
+                                         exported);
+    std::printf("exported %s\n", exported.c_str());
     return 0;
   } catch (const cohort::InputError& e) {
     std::fprintf(stderr, "embed: error: %s\n", e.what());

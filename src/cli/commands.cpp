@@ -136,14 +136,16 @@ CLI::App* add_export_command(CLI::App& app, ExportOptions& o) {
   cmd->add_option("--checkpoint", o.checkpoint, "the checkpoint to export")->required();
   cmd->add_option("--format", o.format, "safetensors or onnx")->required();
   cmd->add_option("-o,--output", o.output, "the file to write")->required();
+  cmd->add_flag("--quiet", o.quiet, "print nothing");
   return cmd;
 }
 
 int export_command(const ExportOptions& o, std::ostream& out) {
   const exporting::Format format = exporting::parse_format(o.format);
   exporting::export_checkpoint(o.checkpoint, format, o.output);
-  out << "cohort export: " << o.checkpoint << " -> " << o.output << " ("
-      << exporting::to_string(format) << ")\n";
+  if (!o.quiet)
+    out << "cohort export: " << o.checkpoint << " -> " << o.output << " ("
+        << exporting::to_string(format) << ")\n";
   return kExitOk;
 }
 

@@ -43,6 +43,7 @@ int plot_command(const PlotOptions& o, std::ostream& out);
 
 struct ExportOptions {
   std::string checkpoint, format, output;
+  bool quiet = false;
 };
 CLI::App* add_export_command(CLI::App& app, ExportOptions& o);
 // `cohort export`: a checkpoint's weights as safetensors or ONNX (cohort/export/export.hpp).

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "cohort/core/error.hpp"
+#include "cohort/version.hpp"
 
 namespace cohort::exporting {
 

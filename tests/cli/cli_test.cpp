@@ -432,8 +432,14 @@ TEST_F(Cli, EveryCommandTakesQuiet) {
   ASSERT_EQ(p.code, 0) << p.err;
   EXPECT_EQ(p.out, "");
   EXPECT_TRUE(fs::exists(svg));
+  const auto onnx = (dir_ / "c.onnx").string();
+  Result x = cohort({"export", "--quiet", "--checkpoint", ckpt, "--format", "onnx", "-o", onnx});
+  ASSERT_EQ(x.code, 0) << x.err;
+  EXPECT_EQ(x.out, "");
+  EXPECT_TRUE(fs::exists(onnx));
   // Without --quiet they do print (so the test above can fail).
   EXPECT_NE(cohort({"plot", metrics, "-o", svg}).out, "");
+  EXPECT_NE(cohort({"export", "--checkpoint", ckpt, "--format", "onnx", "-o", onnx}).out, "");
 }
 
 }  // namespace
