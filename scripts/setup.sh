@@ -14,6 +14,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
   clang libclang-rt-14-dev   # the ThreadSanitizer build of the reducer core
   dataset-fashion-mnist # the real Fashion-MNIST under /usr/share/datasets/fashion-mnist
+  python3-numpy         # scripts/convert_dataset.py and the --data format test
 )
 if [[ "${COHORT_SETUP_PLOTS:-0}" == 1 ]]; then packages+=(python3-matplotlib); fi
 
