@@ -9,28 +9,13 @@
 #include <limits>
 
 #include "cohort/core/error.hpp"
+#include "printable.hpp"
 
 namespace cohort::data {
 
 namespace {
 
-// Printable form of a cell for messages: at most 24 characters, non-ASCII escaped.
-std::string quote(std::string_view s) {
-  std::string out = "'";
-  for (std::size_t i = 0; i < s.size() && i < 24; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static const char* kHex = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  if (s.size() > 24) out += "...";
-  return out + "'";
-}
+std::string quote(std::string_view s) { return printable(s, 24); }
 
 // Splits `line` at commas into `cells` (views into the line).
 void split_cells(std::string_view line, std::vector<std::string_view>& cells) {

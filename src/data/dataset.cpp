@@ -48,14 +48,18 @@ std::filesystem::path find_file(const std::filesystem::path& dir, const std::str
   throw InputError(dir.string() + ": " + stem + "[.gz]: expected an existing file, found none " +
                    "(install Debian's dataset-fashion-mnist or pass --data DIR)");
 }
-}  // namespace
 
-Splits load_image_folder(const std::filesystem::path& dir, std::size_t num_classes) {
+void require_directory(const std::filesystem::path& dir) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec))
     throw InputError(dir.string() + ": data folder: expected a directory, found " +
                      (std::filesystem::exists(dir, ec) ? "a file" : "nothing") +
                      " (install Debian's dataset-fashion-mnist or pass --data DIR)");
+}
+}  // namespace
+
+Splits load_image_folder(const std::filesystem::path& dir, std::size_t num_classes) {
+  require_directory(dir);
   // Resolve the paths one by one so the first missing file is the one reported.
   auto train_images = find_file(dir, "train-images-idx3-ubyte");
   auto train_labels = find_file(dir, "train-labels-idx1-ubyte");
@@ -115,11 +119,8 @@ std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& path,
 }
 
 Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_classes) {
+  require_directory(dir);
   std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec))
-    throw InputError(dir.string() + ": data folder: expected a directory, found " +
-                     (std::filesystem::exists(dir, ec) ? "a file" : "nothing") +
-                     " (install Debian's dataset-fashion-mnist or pass --data DIR)");
   struct Set {
     const char* what;
     std::vector<std::string> files;

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "cohort/core/error.hpp"
+#include "printable.hpp"
 
 namespace cohort::data {
 
@@ -22,23 +23,7 @@ namespace {
   throw InputError(source + ": " + field + ": expected " + expected + ", found " + found);
 }
 
-// Printable form of header text for messages: at most 40 characters, non-ASCII escaped.
-std::string quote(std::string_view s) {
-  std::string out = "'";
-  for (std::size_t i = 0; i < s.size() && i < 40; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static const char* kHex = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  if (s.size() > 40) out += "...";
-  return out + "'";
-}
+std::string quote(std::string_view s) { return printable(s, 40); }
 
 // The header dict: {'descr': '<f4', 'fortran_order': False, 'shape': (N, F), }
 class HeaderParser {
