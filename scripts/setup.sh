@@ -15,8 +15,9 @@ packages=(
   clang libclang-rt-14-dev   # the ThreadSanitizer build of the reducer core
   dataset-fashion-mnist # the real Fashion-MNIST under /usr/share/datasets/fashion-mnist
   libonnx-dev libprotobuf-dev protobuf-compiler   # cohort export --format onnx (protobuf classes)
-  python3-torch libopenblas0-openmp python3-numpy  # tests/export: exports loaded in PyTorch
+  python3-torch libopenblas0-openmp  # tests/export: exports loaded in PyTorch
   python3-onnx          # tests/export: onnx.checker on exported ONNX files
+  python3-numpy         # scripts/convert_dataset.py, the --data format test, tests/export
 )
 if [[ "${COHORT_SETUP_PLOTS:-0}" == 1 ]]; then packages+=(python3-matplotlib); fi
 

@@ -41,10 +41,10 @@ ASAN_OPTIONS="detect_leaks=1" ctest --preset asan -j "$jobs"
 
 echo "== libFuzzer: replay the corpora, then fuzz each target for a bounded time"
 cmake --preset fuzz
-cmake --build --preset fuzz -j "$jobs" --target fuzz_idx fuzz_checkpoint fuzz_config fuzz_cli
+cmake --build --preset fuzz -j "$jobs" --target fuzz_idx fuzz_npy fuzz_csv fuzz_checkpoint fuzz_config fuzz_cli
 ctest --preset fuzz
 seconds=${COHORT_FUZZ_SECONDS:-60}
-for target in idx checkpoint config cli; do
+for target in idx npy csv checkpoint config cli; do
   work=$(mktemp -d)
   cp tests/fuzz/corpus/$target/* "$work"/
   build/fuzz/tests/fuzz/fuzz_$target -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \

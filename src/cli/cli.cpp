@@ -84,7 +84,7 @@ Loaders disk_loaders() {
       .config =
           [](const std::string& path) { return config::job_config_flags(path, train_schema()); },
       .data = [](const std::string& dir) -> std::shared_ptr<const data::Splits> {
-        return std::make_shared<const data::Splits>(data::load_image_folder(dir));
+        return std::make_shared<const data::Splits>(data::load_data_folder(dir));
       },
       .checkpoint = [](const std::string& path) { return checkpoint::load_checkpoint(path); },
   };

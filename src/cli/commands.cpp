@@ -21,7 +21,8 @@ namespace fs = std::filesystem;
 CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
   CLI::App* cmd = app.add_subcommand("eval", "evaluate a checkpoint on the test set");
   cmd->add_option("--checkpoint", o.checkpoint, "the checkpoint to evaluate")->required();
-  cmd->add_option("--data", o.data_dir, "folder with the four IDX files")->capture_default_str();
+  cmd->add_option("--data", o.data_dir, "folder with IDX, .npy or CSV files")
+      ->capture_default_str();
   cmd->add_option("--summary", o.summary_path, "write a JSON summary to this file");
   cmd->add_option("--logits", o.logits_path,
                   "write the test set's logits to this .npy file (float32, (N, classes))");
@@ -66,7 +67,7 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   check_output_path("--summary", o.summary_path);
   check_output_path("--logits", o.logits_path);
   const checkpoint::Checkpoint ck = checkpoint::load_checkpoint(o.checkpoint);
-  data::Splits data = data::load_image_folder(o.data_dir);
+  data::Splits data = data::load_data_folder(o.data_dir);
   train::TrainConfig config;
   config.model = ck.model;
   config.seed = ck.seed;

@@ -157,8 +157,10 @@ std::vector<TrainFlag> make_table() {
       string_flag<&O::config_path>(
           "--config", none, Type::kFileIn,
           "TOML job config (examples/); flags on the command line override it"),
-      string_flag<&O::data_dir>("--data", "data.dir", Type::kDir,
-                                "folder with the four IDX files (raw or .gz)"),
+      string_flag<&O::data_dir>(
+          "--data", "data.dir", Type::kDir,
+          "folder with IDX files (raw or .gz), train_x/train_y/test_x/test_y .npy "
+          "files, or train.csv and test.csv"),
       string_flag<&O::config, &TC::model>("--model", "model.spec", Type::kString,
                                           "mlp:784-512-256-10, cnn, or a layer list such as "
                                           "conv(32,5)-relu-maxpool(2)-flatten-linear(10)"),

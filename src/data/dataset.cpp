@@ -1,12 +1,16 @@
 // Dataset loading and validation, epoch ordering, batch assembly.
 #include "cohort/data/dataset.hpp"
 
+#include <array>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/rng.hpp"
+#include "cohort/data/csv.hpp"
 #include "cohort/data/idx.hpp"
+#include "cohort/data/npy.hpp"
 
 namespace cohort::data {
 
@@ -31,7 +35,7 @@ Dataset load_idx_pair(const std::filesystem::path& images_path,
   set.cols = images.dims[2];
   set.num_classes = num_classes;
   set.images = std::move(images.values);
-  set.labels = std::move(labels.values);
+  set.labels.assign(labels.values.begin(), labels.values.end());
   return set;
 }
 
@@ -44,14 +48,18 @@ std::filesystem::path find_file(const std::filesystem::path& dir, const std::str
   throw InputError(dir.string() + ": " + stem + "[.gz]: expected an existing file, found none " +
                    "(install Debian's dataset-fashion-mnist or pass --data DIR)");
 }
-}  // namespace
 
-Splits load_image_folder(const std::filesystem::path& dir, std::size_t num_classes) {
+void require_directory(const std::filesystem::path& dir) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec))
     throw InputError(dir.string() + ": data folder: expected a directory, found " +
                      (std::filesystem::exists(dir, ec) ? "a file" : "nothing") +
                      " (install Debian's dataset-fashion-mnist or pass --data DIR)");
+}
+}  // namespace
+
+Splits load_image_folder(const std::filesystem::path& dir, std::size_t num_classes) {
+  require_directory(dir);
   // Resolve the paths one by one so the first missing file is the one reported.
   auto train_images = find_file(dir, "train-images-idx3-ubyte");
   auto train_labels = find_file(dir, "train-labels-idx1-ubyte");
@@ -68,6 +76,95 @@ Splits load_image_folder(const std::filesystem::path& dir, std::size_t num_class
   return s;
 }
 
+std::string Dataset::describe_shape() const {
+  if (tabular) return std::to_string(features()) + " tabular features";
+  return (channels != 1 ? std::to_string(channels) + "x" : std::string()) + std::to_string(rows) +
+         "x" + std::to_string(cols) + " images";
+}
+
+void check_splits(Splits& s, const std::string& test_source) {
+  const Dataset &train = s.train, &test = s.test;
+  if (test.channels != train.channels || test.rows != train.rows || test.cols != train.cols ||
+      test.tabular != train.tabular)
+    throw InputError(test_source + ": sample shape: expected " + train.describe_shape() +
+                     " (as in the training split), found " + test.describe_shape());
+  if (test.images.empty() != train.images.empty())
+    throw InputError(
+        test_source + ": dtype: expected " + (train.images.empty() ? "float32" : "uint8") +
+        " (as in the training split), found " + (test.images.empty() ? "float32" : "uint8"));
+  const std::size_t classes = std::max(train.num_classes, test.num_classes);
+  s.train.num_classes = s.test.num_classes = classes;
+}
+
+std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& path,
+                                          std::uint64_t max_bytes) {
+  auto fail = [&](const std::string& expected, const std::string& found) {
+    throw InputError(path.string() + ": file: expected " + expected + ", found " + found);
+  };
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status)) fail("an existing file", "no such file");
+  if (!std::filesystem::is_regular_file(status))
+    fail("a regular file", "a directory or special file");
+  const std::uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec) fail("a readable file", ec.message());
+  if (size == 0) fail("a non-empty file", "0 bytes (empty)");
+  if (size > max_bytes)
+    fail("at most " + std::to_string(max_bytes) + " bytes", std::to_string(size) + " bytes");
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(size));
+  std::ifstream in(path, std::ios::binary);
+  if (!in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size)))
+    fail(std::to_string(size) + " readable bytes", "a read error");
+  return bytes;
+}
+
+Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_classes) {
+  require_directory(dir);
+  std::error_code ec;
+  struct Set {
+    const char* what;
+    std::vector<std::string> files;
+  };
+  const std::array<Set, 3> sets{{
+      {"IDX",
+       {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte",
+        "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte", "t10k-labels-idx1-ubyte.gz"}},
+      {"NumPy", {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}},
+      {"CSV", {"train.csv", "test.csv"}},
+  }};
+  // A set is present when any of its files is; the loader then names the first missing one.
+  std::vector<std::size_t> present;
+  for (std::size_t i = 0; i < sets.size(); ++i)
+    for (const auto& f : sets[i].files)
+      if (std::filesystem::exists(dir / f, ec)) {
+        present.push_back(i);
+        break;
+      }
+  if (present.size() > 1) {
+    std::string found;
+    for (std::size_t i : present)
+      found += (found.empty() ? "" : " and ") + std::string(sets[i].what);
+    throw InputError(dir.string() + ": data folder: expected the files of one format, found " +
+                     found + " files (keep one set per folder)");
+  }
+  if (present.empty())
+    throw InputError(
+        dir.string() +
+        ": data folder: expected one of: the IDX files train-images-idx3-ubyte, "
+        "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (each "
+        "optionally .gz); the NumPy files train_x.npy, train_y.npy, test_x.npy, test_y.npy; or "
+        "train.csv and test.csv; found none of them");
+  switch (present[0]) {
+    case 0:
+      return load_image_folder(dir, idx_num_classes);
+    case 1:
+      return load_npy_folder(dir);
+    default:
+      return load_csv_folder(dir);
+  }
+}
+
 std::vector<std::uint32_t> Sampler::epoch_order(std::uint64_t epoch) const {
   std::vector<std::uint32_t> order(count_);
   std::iota(order.begin(), order.end(), 0u);
@@ -82,12 +179,17 @@ void assemble_batch(const Dataset& set, std::span<const std::uint32_t> ids, floa
   const std::size_t f = set.features();
   for (std::size_t r = 0; r < ids.size(); ++r) {
     COHORT_CHECK(ids[r] < set.count, "sample id out of range");
-    const std::uint8_t* __restrict src = set.images.data() + static_cast<std::size_t>(ids[r]) * f;
+    const std::size_t offset = static_cast<std::size_t>(ids[r]) * f;
     float* __restrict dst = x + r * f;
-    // A true division, as torch_peer.py's `/ 255.0` in float32 (x * (1/255) differs in the last
-    // bit for some pixels); it vectorises (convert + divide), unlike a table lookup.
-    for (std::size_t i = 0; i < f; ++i) dst[i] = static_cast<float>(src[i]) / 255.0f;
-    y[r] = set.labels[ids[r]];
+    if (set.images.empty()) {
+      std::memcpy(dst, set.float_features.data() + offset, f * sizeof(float));
+    } else {
+      const std::uint8_t* __restrict src = set.images.data() + offset;
+      // A true division, as torch_peer.py's `/ 255.0` in float32 (x * (1/255) differs in the
+      // last bit for some pixels); it vectorises (convert + divide), unlike a table lookup.
+      for (std::size_t i = 0; i < f; ++i) dst[i] = static_cast<float>(src[i]) / 255.0f;
+    }
+    y[r] = static_cast<std::int32_t>(set.labels[ids[r]]);
   }
 }
 

@@ -47,10 +47,15 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
   if (c.epochs == 0 && c.steps == 0) bad("--epochs", "at least 1 (or --steps N)", "0");
   if (c.eval_batch == 0 || c.eval_batch > kMaxEvalBatch)
     bad("eval batch", "1 .. " + std::to_string(kMaxEvalBatch), std::to_string(c.eval_batch));
+  // The model's input is (1, rows, cols) (trainer.cpp, train_command.cpp): more channels would
+  // need a C-channel model input there.
+  if (data.train.channels != 1)
+    bad("--data", "1 channel per image (the model's input is (1, H, W))",
+        data.train.describe_shape() + "; save X as (N, C*H*W) for an mlp");
   if (static_cast<std::size_t>(model.input_features()) != data.train.features())
     bad("--model",
         "an input size of " + std::to_string(data.train.features()) + " (" +
-            std::to_string(data.train.rows) + "x" + std::to_string(data.train.cols) + " images)",
+            data.train.describe_shape() + ")",
         std::to_string(model.input_features()) + " in '" + model.spec() + "'");
   if (static_cast<std::size_t>(model.num_classes()) != data.train.num_classes)
     bad("--model", "an output size of " + std::to_string(data.train.num_classes) + " (classes)",

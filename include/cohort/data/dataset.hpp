@@ -1,6 +1,7 @@
-// An image-classification dataset held as uint8 pixels and uint8 labels, loaded from an IDX pair
-// and validated (counts agree, every label below the class count) before training starts;
-// the Sampler that orders each epoch; and batch assembly (pixels / 255 -> float).
+// A classification dataset held as uint8 pixels (IDX, uint8 .npy) or float32 features (float32
+// .npy, CSV) with integer labels, loaded from a folder and validated (counts agree, every label
+// below the class count, every feature finite) before training starts; the Sampler that orders
+// each epoch; and batch assembly (pixels / 255 -> float; float features as given).
 // Not a streaming loader: Fashion-MNIST is 55 MB and lives in memory.
 #pragma once
 
@@ -16,12 +17,21 @@ namespace cohort::data {
 struct Dataset {
   std::string name;                // "train", "test"
   std::size_t count = 0;           // N
-  std::size_t rows = 0, cols = 0;  // image height, width
+  std::size_t channels = 1;        // C: only (N, C, H, W) .npy files have C > 1
+  std::size_t rows = 0, cols = 0;  // image height, width; tabular data: 1, features
+  bool tabular = false;            // (N, features) .npy or CSV: no image shape
   std::size_t num_classes = 0;
-  std::vector<std::uint8_t> images;  // (N, rows, cols)
-  std::vector<std::uint8_t> labels;  // (N)
-  std::size_t features() const { return rows * cols; }
+  std::vector<std::uint8_t> images;   // (N, C, rows, cols) pixels, scaled by 1/255; or empty
+  std::vector<float> float_features;  // (N, C, rows, cols) as given, when `images` is empty
+  std::vector<std::uint32_t> labels;  // (N), each < num_classes
+  std::size_t features() const { return channels * rows * cols; }
+  // "28x28 images", "3x32x32 images" or "784 tabular features", for messages.
+  std::string describe_shape() const;
 };
+
+// The largest class count a dataset may have (labels are checked against it before anything
+// is sized by it).
+inline constexpr std::size_t kMaxClasses = std::size_t{1} << 16;
 
 // Loads one split from an images/labels IDX pair and validates it. Throws InputError.
 Dataset load_idx_pair(const std::filesystem::path& images, const std::filesystem::path& labels,
@@ -35,6 +45,23 @@ struct Splits {
 // train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte.
 // Also checks that train and test images have the same size.
 Splits load_image_folder(const std::filesystem::path& dir, std::size_t num_classes = 10);
+
+// `--data DIR`: dispatches on what `dir` holds -- the four IDX files (load_image_folder), the
+// four .npy files train_x/train_y/test_x/test_y (load_npy_folder, npy.hpp) or train.csv and
+// test.csv (load_csv_folder, csv.hpp). A folder with files of more than one set, or of none, is
+// refused naming what was looked for. For .npy and CSV the class count is the largest label of
+// both splits + 1; IDX keeps `num_classes`. Throws InputError.
+Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_classes = 10);
+
+// Checks what every loader promises: both splits non-empty, the same features per sample, the
+// labels of both below `num_classes`, which both get. `test_source` names the test split's
+// file(s) in messages.
+void check_splits(Splits& s, const std::string& test_source);
+
+// Reads a whole file into memory after checking it is a regular, non-empty file no larger than
+// `max_bytes`. Throws InputError naming the path.
+std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& path,
+                                          std::uint64_t max_bytes);
 
 // Debian's dataset-fashion-mnist package installs here.
 inline const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
@@ -54,7 +81,8 @@ class Sampler {
   bool shuffle_;
 };
 
-// Copies the samples `ids` into a batch: x (n, features) as float in [0, 1] (pixel / 255),
+// Copies the samples `ids` into a batch: x (n, features) as float, pixel / 255 for `images`,
+// as given for `float_features`;
 // y (n) as int32 class ids. x and y must have room for ids.size() rows.
 void assemble_batch(const Dataset& set, std::span<const std::uint32_t> ids, float* x,
                     std::int32_t* y);
