@@ -44,9 +44,7 @@ Checked check_inputs(const TrainOptions& o, const Loaders& loaders) {
   in.load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   const data::Dataset& train_set = in.data->train;
-  const nn::Model model = nn::Model::parse(
-      in.config.model,
-      {1, static_cast<std::int64_t>(train_set.rows), static_cast<std::int64_t>(train_set.cols)});
+  const nn::Model model = nn::Model::parse(in.config.model, train::input_shape(train_set));
   train::validate(in.config, model, *in.data);
   if (in.resume) train::check_resume(in.config, model, *in.data, *in.resume, ck.resume);
   in.parameters = model.layout().numel();
@@ -58,7 +56,8 @@ Checked check_inputs(const TrainOptions& o, const Loaders& loaders) {
 int dry_run(const TrainOptions& o, const Checked& in, std::ostream& out) {
   out << "cohort train --dry-run: " << in.config.model << " (" << in.parameters
       << " parameters) on " << o.data_dir << " (" << in.data->train.count << " train, "
-      << in.data->test.count << " test images): every input checked, nothing trained or written\n"
+      << in.data->test.count << " test samples of " << in.data->train.describe_shape()
+      << "): every input checked, nothing trained or written\n"
       << config_text(config_json(train::resolve_defaults(in.config), o.data_dir));
   if (in.resume)
     out << "  would resume from " << o.checkpoint.resume << " at step " << in.resume->step << "\n";
@@ -80,8 +79,9 @@ int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& o
   auto save = [&] { checkpoint::save_checkpoint(ck.save, trainer.checkpoint(effective), ck.keep); };
   if (!o.quiet)
     out << "cohort train: " << c.model << " on " << o.data_dir << " (" << in.data->train.count
-        << " train, " << in.data->test.count << " test images, loaded in " << std::fixed
-        << std::setprecision(2) << in.load_seconds << " s)\n"
+        << " train, " << in.data->test.count << " test samples of "
+        << in.data->train.describe_shape() << ", loaded in " << std::fixed << std::setprecision(2)
+        << in.load_seconds << " s)\n"
         << config_text(effective_json)
         << (in.resume ? "  resumed from " + ck.resume + " at step " +
                             std::to_string(in.resume->step) + "\n"

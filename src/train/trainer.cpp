@@ -34,8 +34,7 @@ struct StepOutcome {
 };
 
 nn::Model parse_model(const std::string& spec, const data::Splits& d) {
-  return nn::Model::parse(
-      spec, {1, static_cast<std::int64_t>(d.train.rows), static_cast<std::int64_t>(d.train.cols)});
+  return nn::Model::parse(spec, input_shape(d.train));
 }
 
 TrainConfig checked(TrainConfig c, const nn::Model& model, const data::Splits& data) {

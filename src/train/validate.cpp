@@ -22,6 +22,11 @@ double physical_memory() {
 }
 }  // namespace
 
+nn::SampleShape input_shape(const data::Dataset& set) {
+  return {static_cast<std::int64_t>(set.channels), static_cast<std::int64_t>(set.rows),
+          static_cast<std::int64_t>(set.cols)};
+}
+
 TrainConfig resolve_defaults(TrainConfig c) {
   if (c.workers == 0) c.workers = cores();
   // One leaf per core of this machine, the fastest decomposition measured (docs/architecture.md,
@@ -47,11 +52,6 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
   if (c.epochs == 0 && c.steps == 0) bad("--epochs", "at least 1 (or --steps N)", "0");
   if (c.eval_batch == 0 || c.eval_batch > kMaxEvalBatch)
     bad("eval batch", "1 .. " + std::to_string(kMaxEvalBatch), std::to_string(c.eval_batch));
-  // The model's input is (1, rows, cols) (trainer.cpp, train_command.cpp): more channels would
-  // need a C-channel model input there.
-  if (data.train.channels != 1)
-    bad("--data", "1 channel per image (the model's input is (1, H, W))",
-        data.train.describe_shape() + "; save X as (N, C*H*W) for an mlp");
   if (static_cast<std::size_t>(model.input_features()) != data.train.features())
     bad("--model",
         "an input size of " + std::to_string(data.train.features()) + " (" +

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -133,6 +134,45 @@ TEST(Trainer, LeafAndBatchWeightGradientsAgreeToRounding) {
   for (std::size_t i = 0; i < leaf.losses.size(); ++i)
     EXPECT_NEAR(leaf.losses[i], batch.losses[i], 1e-4) << "step " << i + 1;
   EXPECT_NE(a.weights_digest, b.weights_digest);  // a different order, as documented
+}
+
+// Images with three channels (a (N, 3, H, W) .npy): the model's input is (C, H, W) from the data,
+// so the first convolution has three input channels, and the run is reproducible across W.
+TEST(Trainer, MultiChannelImagesTrainWithTheDatasChannels) {
+  std::printf("seed 13\n");
+  auto split = [](const char* name, std::size_t count, std::uint64_t seed) {
+    data::Dataset d;
+    d.name = name;
+    d.count = count;
+    d.channels = 3;
+    d.rows = d.cols = 8;
+    d.num_classes = 4;
+    std::mt19937_64 rng(seed);
+    d.images.resize(count * d.features());
+    for (auto& p : d.images) p = static_cast<std::uint8_t>(rng() % 256);
+    d.labels.resize(count);
+    for (auto& l : d.labels) l = static_cast<std::uint32_t>(rng() % 4);
+    return d;
+  };
+  const data::Splits data{split("train", 64, 13), split("test", 32, 14)};
+  TrainConfig c;
+  c.model = "conv(4,3)-relu-maxpool(2)-flatten-linear(4)";
+  c.batch = 16;
+  c.micro_batch = 4;
+  c.steps = 8;
+  c.seed = 13;
+  c.workers = 1;
+  Recorder one, two;
+  Trainer t1(c, data);
+  EXPECT_EQ(t1.model().layout().entries()[0].shape.str(), "(4, 3, 3, 3)");  // (OC, IC, KH, KW)
+  const Summary a = t1.run(one);
+  c.workers = 2;
+  const Summary b = Trainer(c, data).run(two);
+  ASSERT_EQ(one.losses.size(), 8u);
+  ASSERT_EQ(two.losses.size(), 8u);
+  EXPECT_EQ(one.losses, two.losses);
+  EXPECT_EQ(a.weights_digest, b.weights_digest);
+  for (double l : one.losses) EXPECT_TRUE(std::isfinite(l));
 }
 
 TEST(Trainer, BadConfigsAreRefusedBeforeWork) {

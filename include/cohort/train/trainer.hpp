@@ -89,6 +89,9 @@ inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
 // Throws InputError (naming the flag, expected and found value) for a config that cannot run on
 // `data`, before any work starts: nothing is sized from a config this has not accepted.
 void validate(const TrainConfig& config, const nn::Model& model, const data::Splits& data);
+// The shape of one sample of `set` as a model's input: (C, H, W) for images, (1, 1, features)
+// for tabular data.
+nn::SampleShape input_shape(const data::Dataset& set);
 // The config with the machine's defaults filled in: workers 0 -> one per core, micro_batch 0 ->
 // batch / cores, rounded up.
 TrainConfig resolve_defaults(TrainConfig config);
