@@ -1,4 +1,4 @@
-// cohort as a library: build a model from a spec, train it on an image folder with an Observer
+// cohort as a library: build a model from a spec, train it on a data folder with an Observer
 // that prints progress, save a checkpoint and export it for PyTorch (safetensors). Built against an
 // installed cohort (find_package(cohort), see CMakeLists.txt beside it); not a CLI (that is `cohort
 // train`).
@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const cohort::data::Splits data = cohort::data::load_image_folder(argv[1]);
+    const cohort::data::Splits data = cohort::data::load_data_folder(argv[1]);  // IDX, .npy or CSV
     train::TrainConfig config;
     config.model = "mlp:784-64-10";  // any spec `cohort train --model` takes
     config.batch = 64;
