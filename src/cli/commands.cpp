@@ -135,7 +135,7 @@ CLI::App* add_export_command(CLI::App& app, ExportOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "export", "write a checkpoint's weights for PyTorch (safetensors) or ONNX runtimes");
   cmd->add_option("--checkpoint", o.checkpoint, "the checkpoint to export")->required();
-  cmd->add_option("--format", o.format, "safetensors or onnx")->required();
+  cmd->add_option("--format", o.format, names_text(exporting::kFormatNames))->required();
   cmd->add_option("-o,--output", o.output, "the file to write")->required();
   cmd->add_flag("--quiet", o.quiet, "print nothing");
   return cmd;

@@ -17,13 +17,9 @@ namespace cohort::exporting {
 
 namespace fs = std::filesystem;
 
-Format parse_format(const std::string& name) {
-  if (name == "safetensors") return Format::kSafetensors;
-  if (name == "onnx") return Format::kOnnx;
-  throw InputError("--format: expected 'safetensors' or 'onnx', found '" + name + "'");
-}
+Format parse_format(const std::string& name) { return parse_name(kFormatNames, name, "--format"); }
 
-const char* to_string(Format f) { return f == Format::kSafetensors ? "safetensors" : "onnx"; }
+const char* to_string(Format f) { return name_of(kFormatNames, f).data(); }
 
 Naming naming_for(const std::string& spec) {
   return spec == "cnn" || spec.rfind("mlp:", 0) == 0 ? Naming::kPeer : Naming::kSequential;

@@ -12,13 +12,16 @@
 #include <vector>
 
 #include "cohort/checkpoint/checkpoint.hpp"
+#include "cohort/core/names.hpp"
 #include "cohort/nn/model.hpp"
 
 // `export` is a C++ keyword, so the module's namespace is `exporting`.
 namespace cohort::exporting {
 
 enum class Format { kSafetensors, kOnnx };
-// "safetensors" or "onnx"; anything else throws InputError naming --format and the choices.
+inline constexpr Named<Format> kFormatNames[] = {{Format::kSafetensors, "safetensors"},
+                                                 {Format::kOnnx, "onnx"}};
+// kFormatNames; anything else throws InputError naming --format and the choices.
 Format parse_format(const std::string& name);
 const char* to_string(Format f);
 
