@@ -74,6 +74,7 @@ std::string meta_text(const Checkpoint& c) {
     << "\nskipped=" << c.skipped << "\nseed=" << c.seed << "\nbatch=" << c.batch
     << "\nmicro_batch=" << c.micro_batch << "\ntrain_count=" << c.train_count
     << "\ndrop_last=" << (c.drop_last ? 1 : 0) << "\noptimizer=" << c.optimizer
+    << "\ninput=" << c.input[0] << "," << c.input[1] << "," << c.input[2]
     << "\nconfig=" << c.config_json << "\n";
   return s.str();
 }
@@ -126,6 +127,25 @@ std::uint64_t parse_u64(const std::string& name, const std::string& key, const s
     throw InputError(name + ": section META, field " + key + ": expected an integer, found '" + v +
                      "'");
   return out;
+}
+
+// "C,H,W": three integers in [1, 2^20].
+std::array<std::uint64_t, 3> parse_shape(const std::string& name, const std::string& v) {
+  std::array<std::uint64_t, 3> shape{};
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < 3; ++i) {
+    const std::size_t end = i < 2 ? v.find(',', at) : v.size();
+    const std::string part = end == std::string::npos ? "" : v.substr(at, end - at);
+    const bool digits = !part.empty() && part.size() <= 7 &&
+                        part.find_first_not_of("0123456789") == std::string::npos;
+    shape[i] = digits ? std::stoull(part) : 0;
+    if (shape[i] == 0 || shape[i] > (std::uint64_t{1} << 20))
+      throw InputError(name +
+                       ": section META, field input: expected C,H,W (three integers in 1 .. " +
+                       std::to_string(std::uint64_t{1} << 20) + "), found '" + v + "'");
+    at = end == std::string::npos ? v.size() : end + 1;
+  }
+  return shape;
 }
 
 void fsync_path(const std::filesystem::path& p, bool directory) {
@@ -212,6 +232,7 @@ Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::
   c.train_count = parse_u64(name, "train_count", kv["train_count"]);
   c.drop_last = parse_u64(name, "drop_last", kv["drop_last"]) != 0;
   c.config_json = kv["config"];
+  if (kv.count("input")) c.input = parse_shape(name, kv["input"]);
   if (version >= 2) {
     c.updates = parse_u64(name, "updates", kv["updates"]);
     c.skipped = parse_u64(name, "skipped", kv["skipped"]);

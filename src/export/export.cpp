@@ -120,10 +120,12 @@ void write_atomically(const fs::path& out, const void* data, std::size_t size) {
 
 }  // namespace
 
-void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path& out,
-                       nn::SampleShape input) {
+void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path& out) {
   check_output(out);
   const checkpoint::Checkpoint ck = checkpoint::load_checkpoint(checkpoint);
+  const nn::SampleShape input{static_cast<std::int64_t>(ck.input[0]),
+                              static_cast<std::int64_t>(ck.input[1]),
+                              static_cast<std::int64_t>(ck.input[2])};
   const nn::Model model = nn::Model::parse(ck.model, input);
   if (ck.weights.size() != model.layout().total())
     throw InputError(

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <thread>
 
@@ -100,6 +101,15 @@ void check_resume(const TrainConfig& unresolved, const nn::Model& model, const d
     mismatch("--micro-batch", std::to_string(config.micro_batch), std::to_string(c.micro_batch));
   if (c.drop_last != config.drop_last)
     mismatch("--keep-last", config.drop_last ? "off" : "on", c.drop_last ? "off" : "on");
+  const nn::SampleShape in = input_shape(data.train);
+  const std::array<std::uint64_t, 3> shape{static_cast<std::uint64_t>(in.C),
+                                           static_cast<std::uint64_t>(in.H),
+                                           static_cast<std::uint64_t>(in.W)};
+  auto text = [](const std::array<std::uint64_t, 3>& s) {
+    return "(" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) +
+           ")";
+  };
+  if (c.input != shape) mismatch("input shape (C, H, W)", text(shape), text(c.input));
   if (c.train_count != data.train.count)
     mismatch("training set size", std::to_string(data.train.count), std::to_string(c.train_count));
   if (c.optimizer != optim::to_string(config.optimizer.kind))

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -137,10 +138,11 @@ TEST_F(Checkpoints, ForeignAndFutureFilesAreRefusedWithReasons) {
   EXPECT_THROW(load_checkpoint(dir_), InputError);
 }
 
-// Version 1 (before Adam): META without updates/skipped/optimizer, then PARM and MOMN. Built
-// byte by byte here as cohort 0.1 wrote it; it loads as SGD with every step an update.
-std::vector<std::uint8_t> version1_file(const std::vector<float>& weights,
-                                        const std::vector<float>& momentum) {
+// A checkpoint file built byte by byte: magic, version, section count, then each section as
+// {tag, u64 length, payload, crc32}, as cohort writes them.
+std::vector<std::uint8_t> file_of(
+    std::uint32_t version, const std::string& meta,
+    const std::vector<std::pair<const char*, std::vector<float>>>& arrays) {
   std::vector<std::uint8_t> out{'C', 'O', 'H', 'O', 'R', 'T', 'C', 'K'};
   auto put = [&](std::uint64_t v, int bytes) {
     for (int i = 0; i < bytes; ++i) out.push_back(std::uint8_t(v >> (8 * i)));
@@ -152,15 +154,49 @@ std::vector<std::uint8_t> version1_file(const std::vector<float>& weights,
     out.insert(out.end(), b, b + n);
     put(crc32(crc32(0L, Z_NULL, 0), b, static_cast<uInt>(n)), 4);
   };
-  put(1, 4);
-  put(3, 4);
-  const std::string meta =
-      "model=mlp:2-2\nstep=3\nseed=1\nbatch=4\nmicro_batch=2\ntrain_count=8\ndrop_last=1\n"
-      "config={}\n";
+  put(version, 4);
+  put(1 + arrays.size(), 4);
   section("META", meta.data(), meta.size());
-  section("PARM", weights.data(), weights.size() * 4);
-  section("MOMN", momentum.data(), momentum.size() * 4);
+  for (const auto& [tag, v] : arrays) section(tag, v.data(), v.size() * 4);
   return out;
+}
+
+// Version 1 (before Adam): META without updates/skipped/optimizer, then PARM and MOMN, as
+// cohort 0.1 wrote it; it loads as SGD with every step an update.
+std::vector<std::uint8_t> version1_file(const std::vector<float>& weights,
+                                        const std::vector<float>& momentum) {
+  return file_of(1,
+                 "model=mlp:2-2\nstep=3\nseed=1\nbatch=4\nmicro_batch=2\ntrain_count=8\n"
+                 "drop_last=1\nconfig={}\n",
+                 {{"PARM", weights}, {"MOMN", momentum}});
+}
+
+// The input shape (C, H, W) round-trips; a version-2 file written before the field loads as
+// (1, 28, 28); a malformed one is refused naming the field.
+TEST_F(Checkpoints, InputShapeRoundTripsDefaultsAndIsChecked) {
+  Checkpoint c = small_checkpoint();
+  c.input = {3, 32, 30};
+  EXPECT_EQ(decode_checkpoint(encode_checkpoint(c), "mem").input, c.input);
+  const std::string meta =
+      "model=mlp:2-2\nstep=3\nupdates=3\nskipped=0\nseed=1\nbatch=4\nmicro_batch=2\n"
+      "train_count=8\ndrop_last=1\noptimizer=sgd\nconfig={}\n";
+  const std::vector<float> w{1, 2, 3, 4, 5, 6, 7, 8};
+  const std::array<std::uint64_t, 3> fashion{1, 28, 28};
+  EXPECT_EQ(decode_checkpoint(file_of(2, meta, {{"PARM", w}}), "old.ckpt").input, fashion);
+  EXPECT_EQ(decode_checkpoint(file_of(2, meta + "input=1,1,784\n", {{"PARM", w}}), "t.ckpt").input,
+            (std::array<std::uint64_t, 3>{1, 1, 784}));
+  for (const char* bad :
+       {"0,28,28", "1,28", "1,28,28,1", "a,b,c", "1,-2,3", "1,,3", "9999999,1,1"}) {
+    SCOPED_TRACE(bad);
+    try {
+      decode_checkpoint(file_of(2, meta + "input=" + bad + "\n", {{"PARM", w}}), "bad.ckpt");
+      ADD_FAILURE() << "accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("bad.ckpt: section META, field input"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST_F(Checkpoints, Version1FilesStillLoad) {

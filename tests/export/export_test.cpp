@@ -269,6 +269,34 @@ TEST_F(ExportCommand, MissingOutputFolderExitsTwo) {
   EXPECT_NE(r.err.find("--output"), std::string::npos) << r.err;
 }
 
+// A checkpoint of 3-channel 8x8 images (its META input) exports with that input: the first
+// convolution's weight is (OC, 3, KH, KW) and the ONNX input (N, 3, 8, 8).
+TEST_F(ExportCommand, UsesTheCheckpointsInputShape) {
+  const std::string spec = "conv(4,3)-relu-flatten-linear(5)";
+  const nn::Model m = nn::Model::parse(spec, {3, 8, 8});
+  checkpoint::Checkpoint c;
+  c.model = spec;
+  c.input = {3, 8, 8};
+  c.weights = canonical_weights(m);
+  const auto path = (dir_ / "rgb.ckpt").string();
+  checkpoint::save_checkpoint(path, c);
+  const auto st = (dir_ / "rgb.safetensors").string(), ox = (dir_ / "rgb.onnx").string();
+  ASSERT_EQ(cohort({"export", "--checkpoint", path, "--format", "safetensors", "-o", st}).code,
+            cli::kExitOk);
+  const auto header = parse_safetensors(read(st)).header;
+  EXPECT_EQ(header["__metadata__"]["input"], "3,8,8");
+  EXPECT_EQ(header["0.weight"]["shape"], json::array({4, 3, 3, 3}));
+  ASSERT_EQ(cohort({"export", "--checkpoint", path, "--format", "onnx", "-o", ox}).code,
+            cli::kExitOk);
+  onnx::ModelProto proto;
+  const auto bytes = read(ox);
+  ASSERT_TRUE(proto.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())));
+  const auto& dims = proto.graph().input(0).type().tensor_type().shape().dim();
+  ASSERT_EQ(dims.size(), 4);
+  EXPECT_EQ(dims[1].dim_value(), 3);
+  EXPECT_EQ(dims[2].dim_value(), 8);
+}
+
 TEST_F(ExportCommand, WeightsOfAnotherModelAreRefused) {
   const nn::Model small = nn::Model::parse("mlp:784-10");
   checkpoint::Checkpoint c;

@@ -143,6 +143,18 @@ TEST(ResumeRefusals, AnotherRunsCheckpointIsRefusedNamingTheField) {
   c = resume_config("mlp:784-64-10", 1);
   c.optimizer.momentum = 0;
   EXPECT_NE(message(c).find("momentum"), std::string::npos);
+  // A checkpoint of samples of another shape (same parameter count: an mlp on 784 features).
+  Checkpoint tabular = ck;
+  tabular.input = {1, 1, 784};
+  try {
+    Trainer(resume_config("mlp:784-64-10", 1), fixture()).restore(tabular, "t.ckpt");
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("input shape (C, H, W): this run has (1, 28, 28), the "
+                                         "checkpoint (1, 1, 784)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 class CrashSafety : public ::testing::Test {

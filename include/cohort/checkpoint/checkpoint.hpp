@@ -7,6 +7,7 @@
 // or future file is refused whole (InputError naming the file, section and field).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -28,8 +29,11 @@ struct Checkpoint {
   std::uint64_t batch = 0, micro_batch = 0, train_count = 0;
   bool drop_last = true;
   std::string optimizer = "sgd";  // optim::to_string(kind)
-  std::string config_json;        // the effective configuration, for people and `cohort eval`
-  std::vector<float> weights;     // the flat parameter array (layout().total() floats)
+  // One sample's shape (C, H, W) as the model's input; tabular data (1, 1, features). META field
+  // `input` (optional: files written before it hold Fashion-MNIST's (1, 28, 28)).
+  std::array<std::uint64_t, 3> input{1, 28, 28};
+  std::string config_json;     // the effective configuration, for people and `cohort eval`
+  std::vector<float> weights;  // the flat parameter array (layout().total() floats)
   // The optimizer's per-parameter arrays, each as large as `weights`: SGD momentum (one, or none
   // without momentum), Adam's first and second moments (two).
   std::vector<std::vector<float>> state;

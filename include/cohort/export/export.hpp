@@ -72,11 +72,11 @@ std::vector<std::uint8_t> encode_safetensors(const nn::Model& model, const float
 std::string encode_onnx(const nn::Model& model, const float* canonical, const Metadata& m);
 
 // Reads and validates a checkpoint, checks its weights against its model spec (parsed for
-// samples of shape `input`), encodes it and writes `out` through a temporary file in the same
-// folder and a rename. InputError naming the file or flag: a bad checkpoint, weights that do
-// not match the spec, an output folder that does not exist or cannot be written.
+// samples of the checkpoint's input shape), encodes it and writes `out` through a temporary file in
+// the same folder and a rename. InputError naming the file or flag: a bad checkpoint, weights that
+// do not match the spec, an output folder that does not exist or cannot be written.
 void export_checkpoint(const std::filesystem::path& checkpoint, Format format,
-                       const std::filesystem::path& out, nn::SampleShape input = {1, 28, 28});
+                       const std::filesystem::path& out);
 
 // The version recorded in exported files ("0.1.0", the CMake project's).
 const char* cohort_version();
