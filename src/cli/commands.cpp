@@ -6,6 +6,7 @@
 #include <iomanip>
 #include <ostream>
 
+#include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/data/dataset.hpp"
 #include "cohort/export/export.hpp"
@@ -88,16 +89,16 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
         << o.data_dir << ": test loss " << std::fixed << std::setprecision(4) << loss
         << ", test accuracy " << accuracy << ", weights digest " << digest << "\n";
   if (!o.summary_path.empty())
-    write_atomically(o.summary_path, json{{"checkpoint", o.checkpoint},
-                                          {"model", ck.model},
-                                          {"step", ck.step},
-                                          {"test_loss", loss},
-                                          {"test_accuracy", accuracy},
-                                          {"weights_digest", digest}}
-                                             .dump(2) +
-                                         "\n");
+    write_file_atomically(o.summary_path, json{{"checkpoint", o.checkpoint},
+                                               {"model", ck.model},
+                                               {"step", ck.step},
+                                               {"test_loss", loss},
+                                               {"test_accuracy", accuracy},
+                                               {"weights_digest", digest}}
+                                                  .dump(2) +
+                                              "\n");
   if (!o.logits_path.empty())
-    write_atomically(o.logits_path, logits_npy(trainer.model(), trainer.weights(), data.test));
+    write_file_atomically(o.logits_path, logits_npy(trainer.model(), trainer.weights(), data.test));
   return kExitOk;
 }
 
@@ -124,7 +125,7 @@ int plot_command(const PlotOptions& o, std::ostream& out) {
     for (std::size_t j = 0; j < runs.size(); ++j)
       if (i != j && runs[i].label == fs::path(o.files[j]).filename().string())
         runs[i].label = fs::path(o.files[i]).lexically_normal().string();
-  write_atomically(o.output, report::render_svg(runs, {.width = o.width, .title = o.title}));
+  write_file_atomically(o.output, report::render_svg(runs, {.width = o.width, .title = o.title}));
   if (!o.quiet)
     out << "cohort plot: " << runs.size() << (runs.size() == 1 ? " run" : " runs") << " -> "
         << o.output << "\n";

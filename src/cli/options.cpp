@@ -16,6 +16,7 @@
 #include "cohort/nn/version.hpp"
 #include "cohort/train/version.hpp"
 #include "cohort/version.hpp"
+#include "output.hpp"
 
 namespace cohort::cli {
 
@@ -42,12 +43,6 @@ auto& follow(T& t) {
     return t.*First;
   else
     return follow<Rest...>(t.*First);
-}
-
-// The shortest decimal that reads back as the float (0.05f as 0.05).
-std::string float_text(float f) {
-  char text[32];
-  return std::string(text, std::to_chars(text, text + sizeof text, f).ptr);
 }
 
 template <auto... Path>

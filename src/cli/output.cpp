@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cohort/config/job_config.hpp"
+#include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/names.hpp"
 #include "cohort/version.hpp"
@@ -37,13 +38,9 @@ json to_json(const train::TimeBreakdown& t) {
           {"idle", t.idle}};
 }
 
-// A float as the shortest decimal that reads back as it (0.05f prints as 0.05, not as the
-// double 0.05000000074505806).
-double shortest(float f) {
-  char text[32];
-  const auto end = std::to_chars(text, text + sizeof text, f).ptr;
-  return std::strtod(std::string(text, end).c_str(), nullptr);
-}
+// A float as the shortest decimal that reads back as it (0.05f as 0.05, not as the double
+// 0.05000000074505806), for the config JSON.
+double shortest(float f) { return std::strtod(float_text(f).c_str(), nullptr); }
 
 // A scalar as config_text shows it: strings without quotes, numbers as JSON writes them.
 std::string scalar_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
@@ -85,22 +82,16 @@ std::string config_text(const json& config) {
   return text;
 }
 
+std::string float_text(float f) {
+  char text[32];
+  return std::string(text, std::to_chars(text, text + sizeof text, f).ptr);
+}
+
 void check_output_path(const std::string& flag, const std::string& path) {
   if (path.empty()) return;
   if (const std::string problem = config::path_problem(config::Type::kFileOut, path);
       !problem.empty())
     throw InputError(flag + ": " + problem);
-}
-
-void write_atomically(const std::string& path, const std::string& text) {
-  fs::path tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) throw InputError(path + ": writing failed (disk full?)");
-  }
-  fs::rename(tmp, path);
 }
 
 json config_json(const train::TrainConfig& c, const std::string& data_dir) {
@@ -192,7 +183,7 @@ void write_trace(const std::string& path, const train::Trainer& trainer, const j
               {{"tool", "cohort " COHORT_VERSION},
                {"truncated", trainer.trace_truncated()},
                {"config", config}}}};
-  write_atomically(path, trace.dump() + "\n");
+  write_file_atomically(path, trace.dump() + "\n");
 }
 
 }  // namespace cohort::cli

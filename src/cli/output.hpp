@@ -17,9 +17,8 @@ using json = nlohmann::ordered_json;
 // InputError "<flag>: expected ..., found ..." ("" is no file: nothing to check).
 void check_output_path(const std::string& flag, const std::string& path);
 
-// Writes the whole text to `path` through a temporary file and a rename, so a reader never sees
-// half a file and an earlier file survives a crash.
-void write_atomically(const std::string& path, const std::string& text);
+// The shortest decimal that reads back as the float (0.05f as "0.05").
+std::string float_text(float f);
 
 // The effective configuration, as printed at the start and stored in the summary and the
 // checkpoint.

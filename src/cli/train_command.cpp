@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 
+#include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
 #include "commands.hpp"
 #include "output.hpp"
@@ -117,7 +118,7 @@ int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& o
   }
   if (!o.quiet) print_summary(out, s);
   if (!o.summary_path.empty())
-    write_atomically(o.summary_path, summary_json(s, effective_json).dump(2) + "\n");
+    write_file_atomically(o.summary_path, summary_json(s, effective_json).dump(2) + "\n");
   return kExitOk;
 }
 

@@ -3,13 +3,9 @@
 // onnx.cpp.
 #include "cohort/export/export.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-
+#include "cohort/config/job_config.hpp"
+#include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/version.hpp"
 
@@ -73,49 +69,9 @@ namespace {
 // The output's folder must exist and be writable before anything is encoded.
 void check_output(const fs::path& out) {
   if (out.empty()) throw InputError("-o/--output: expected a file name, found ''");
-  const fs::path dir = out.parent_path().empty() ? fs::path(".") : out.parent_path();
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    throw InputError("-o/--output: " + out.string() + ": the folder '" + dir.string() +
-                     "' does not exist (create it first)");
-  if (fs::is_directory(out, ec))
-    throw InputError("-o/--output: " + out.string() + " is a folder, expected a file name");
-  if (::access(dir.c_str(), W_OK) != 0)
-    throw InputError("-o/--output: " + out.string() + ": the folder '" + dir.string() +
-                     "' is not writable");
-}
-
-// Temporary file in the same folder, fsync, rename: a reader never sees half a file, and an
-// earlier file survives a crash.
-void write_atomically(const fs::path& out, const void* data, std::size_t size) {
-  const fs::path tmp = out.string() + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw InputError("-o/--output: cannot create " + tmp.string() + ": " + std::strerror(errno));
-  const auto* p = static_cast<const char*>(data);
-  std::size_t left = size;
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw InputError("-o/--output: cannot write " + tmp.string() + ": " + std::strerror(e));
-    }
-    p += n;
-    left -= static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    throw InputError("-o/--output: cannot write " + tmp.string() + ": " + std::strerror(errno));
-  }
-  if (::rename(tmp.c_str(), out.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    throw InputError("-o/--output: cannot rename " + tmp.string() + " to " + out.string() + ": " +
-                     std::strerror(e));
-  }
+  if (const std::string problem = config::path_problem(config::Type::kFileOut, out.string());
+      !problem.empty())
+    throw InputError("-o/--output: " + problem);
 }
 
 }  // namespace
@@ -135,10 +91,9 @@ void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path
   const Metadata meta{.model = ck.model, .step = ck.step, .input = model.input()};
   if (format == Format::kSafetensors) {
     const std::vector<std::uint8_t> bytes = encode_safetensors(model, ck.weights.data(), meta);
-    write_atomically(out, bytes.data(), bytes.size());
+    write_file_atomically(out, {reinterpret_cast<const char*>(bytes.data()), bytes.size()});
   } else {
-    const std::string bytes = encode_onnx(model, ck.weights.data(), meta);
-    write_atomically(out, bytes.data(), bytes.size());
+    write_file_atomically(out, encode_onnx(model, ck.weights.data(), meta));
   }
 }
 

@@ -24,7 +24,6 @@ class BatchGrads {
   // Room for `batch` rows of every linear layer of `model`.
   BatchGrads(const nn::Model& model, std::size_t batch);
 
-  std::size_t linear_layers() const { return linear_.size(); }
   // Where the leaf starting at batch row `first` keeps its rows: one entry per linear layer, in
   // model order (Net::forward_backward's linear_rows).
   void leaf_rows(std::size_t first, std::vector<nn::LinearRows>& rows);

@@ -403,9 +403,7 @@ checkpoint::Checkpoint Trainer::checkpoint(std::string config_json) const {
   c.micro_batch = m.config.micro_batch;
   c.train_count = m.data.train.count;
   c.drop_last = m.config.drop_last;
-  const nn::SampleShape in = input_shape(m.data.train);  // the data's (an mlp: spec is flat)
-  c.input = {static_cast<std::uint64_t>(in.C), static_cast<std::uint64_t>(in.H),
-             static_cast<std::uint64_t>(in.W)};
+  c.input = {m.data.train.channels, m.data.train.rows, m.data.train.cols};  // the data's
   c.config_json = std::move(config_json);
   // In canonical (PyTorch's) order, so a checkpoint does not depend on how this build stores
   // linear weights.

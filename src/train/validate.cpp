@@ -101,10 +101,7 @@ void check_resume(const TrainConfig& unresolved, const nn::Model& model, const d
     mismatch("--micro-batch", std::to_string(config.micro_batch), std::to_string(c.micro_batch));
   if (c.drop_last != config.drop_last)
     mismatch("--keep-last", config.drop_last ? "off" : "on", c.drop_last ? "off" : "on");
-  const nn::SampleShape in = input_shape(data.train);
-  const std::array<std::uint64_t, 3> shape{static_cast<std::uint64_t>(in.C),
-                                           static_cast<std::uint64_t>(in.H),
-                                           static_cast<std::uint64_t>(in.W)};
+  const std::array<std::uint64_t, 3> shape{data.train.channels, data.train.rows, data.train.cols};
   auto text = [](const std::array<std::uint64_t, 3>& s) {
     return "(" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) +
            ")";

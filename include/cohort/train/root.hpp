@@ -67,7 +67,6 @@ class Root {
 
   Mode mode() const { return mode_; }
   std::size_t chunk() const { return chunk_; }
-  std::size_t chunks() const { return stats_.size(); }
 
   // Before a step: the scalars the fused sweep applies (grad_scale = 1 / rows), and with batch
   // weight gradients the batch's row count and its staged input (rows, features).
