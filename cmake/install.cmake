@@ -7,9 +7,10 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 # Dependency order, users first: a module lists only modules to its right.
-set(cohort_modules core tensor reduce optim data checkpoint report config)
+set(cohort_modules core tensor reduce optim data checkpoint report config dist)
 if(COHORT_ENGINE)
   list(PREPEND cohort_modules cli export train nn)
+  # (train uses dist: dist stays after it)
 endif()
 set(cohort_module_targets)
 foreach(module IN LISTS cohort_modules)

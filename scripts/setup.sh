@@ -17,6 +17,7 @@ packages=(
   libonnx-dev libprotobuf-dev protobuf-compiler   # cohort export --format onnx (protobuf classes)
   python3-torch libopenblas0-openmp  # tests/export: exports loaded in PyTorch
   python3-onnx          # tests/export: onnx.checker on exported ONNX files
+  openmpi-bin libopenmpi-dev   # multi-rank runs: mpirun -np R cohort train (src/dist)
   python3-numpy         # scripts/convert_dataset.py, the --data format test, tests/export
 )
 if [[ "${COHORT_SETUP_PLOTS:-0}" == 1 ]]; then packages+=(python3-matplotlib); fi

@@ -9,6 +9,7 @@
 #include <ostream>
 
 #include "cohort/core/error.hpp"
+#include "cohort/dist/comm.hpp"
 #include "commands.hpp"
 #include "options.hpp"
 
@@ -42,8 +43,13 @@ std::optional<int> parse(CLI::App& app, const std::vector<std::string>& args, st
   return std::nullopt;
 }
 
-int run_args(std::vector<std::string> args, std::ostream& out, std::ostream& err,
-             const Loaders& loaders, Mode mode) {
+// Several ranks: rank 0 alone prints what every rank would print alike (help, parse errors,
+// input errors, progress); other ranks print only their own failures.
+int run_args(std::vector<std::string> args, std::ostream& all_out, std::ostream& all_err,
+             const Loaders& loaders, Mode mode, dist::Comm& comm) {
+  std::ostream null_stream(nullptr);
+  std::ostream& out = comm.rank() == 0 ? all_out : null_stream;
+  std::ostream& err = comm.rank() == 0 ? all_err : null_stream;
   try {
     args = with_config_flags(std::move(args), loaders);
     CLI::App app{"cohort: synchronous data-parallel neural-network training on one CPU machine",
@@ -62,17 +68,24 @@ int run_args(std::vector<std::string> args, std::ostream& out, std::ostream& err
     if (train_cmd->parsed()) {
       check_train_flags(*train_cmd, train);
       if (mode == Mode::kCheckTrain) train.dry_run = true;
-      return train_command(train, loaders, out);
+      return train_command(train, loaders, out, comm);
     }
     if (eval_cmd && eval_cmd->parsed()) return eval_command(eval, out);
     if (plot_cmd && plot_cmd->parsed()) return plot_command(plot, out);
     if (export_cmd && export_cmd->parsed()) return export_command(exp, out);
     return kExitBadInput;
+  } catch (const PeerInputError&) {
+    return kExitBadInput;  // rank 0 prints it
+  } catch (const RankInputError& e) {
+    all_err << "cohort: error: " << e.what() << "\n";
+    return kExitBadInput;
   } catch (const InputError& e) {
     err << "cohort: error: " << e.what() << "\n";
     return kExitBadInput;
   } catch (const std::exception& e) {
-    err << "cohort: internal error: " << e.what() << "\n";
+    all_err << "cohort: "
+            << (comm.size() > 1 ? "rank " + std::to_string(comm.rank()) + ": " : std::string())
+            << "internal error: " << e.what() << "\n";
     return kExitInternal;
   }
 }
@@ -91,15 +104,26 @@ Loaders disk_loaders() {
 }
 
 int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  std::unique_ptr<dist::Comm> world;
+  try {
+    world = dist::world(nullptr, nullptr);  // MPI takes no flags of ours
+  } catch (const InputError& e) {
+    err << "cohort: error: " << e.what() << "\n";
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    err << "cohort: internal error: " << e.what() << "\n";
+    return kExitInternal;
+  }
   return run_args(std::vector<std::string>(argv, argv + argc), out, err, disk_loaders(),
-                  Mode::kRun);
+                  Mode::kRun, *world);
 }
 
 int check_train(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
                 const Loaders& loaders) {
   std::vector<std::string> all{"cohort", "train"};
   all.insert(all.end(), args.begin(), args.end());
-  return run_args(std::move(all), out, err, loaders, Mode::kCheckTrain);
+  const std::unique_ptr<dist::Comm> one = dist::local_comm();
+  return run_args(std::move(all), out, err, loaders, Mode::kCheckTrain, *one);
 }
 
 }  // namespace cohort::cli

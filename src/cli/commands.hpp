@@ -10,13 +10,30 @@
 #include <vector>
 
 #include "cohort/cli/cli.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/dist/comm.hpp"
 #include "options.hpp"
 
 namespace cohort::cli {
 
 // `cohort train`: checks every input, then (unless --dry-run) trains with progress, Ctrl-C
 // handling, checkpoints and the files asked for.
-int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& out);
+// With several ranks (`comm`, every rank runs this with the same options): the inputs are checked
+// on every rank and agreed on before any other collective; only rank 0 prints and writes files;
+// after the agreement any failure ends the whole job (Comm::abort) with the rank in its message.
+int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& out,
+                  dist::Comm& comm);
+
+// Several ranks: an input error only this rank found (rank 0's inputs were fine), which this
+// rank prints; and one rank 0 reports, on which this rank exits 2 silently.
+class RankInputError : public InputError {
+ public:
+  using InputError::InputError;
+};
+class PeerInputError : public InputError {
+ public:
+  PeerInputError() : InputError("another rank refused its inputs") {}
+};
 
 struct EvalOptions {
   std::string checkpoint;

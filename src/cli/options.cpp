@@ -13,6 +13,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/names.hpp"
+#include "cohort/dist/comm.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/train/version.hpp"
 #include "cohort/version.hpp"
@@ -242,6 +243,10 @@ std::vector<TrainFlag> make_table() {
       number_flag<&O::log_every>("--log-every", "output.log_every", {1, 1e9},
                                  "steps between progress lines / step metrics"),
       bool_flag<&O::quiet>("--quiet", "output.quiet", "no progress and no summary table"),
+      number_flag<&O::stall_timeout>(
+          "--stall-timeout", "run.stall_timeout", {0, 1e9},
+          "several MPI ranks: end the whole job if no step finishes for this many seconds "
+          "(0: never)"),
       bool_flag<&O::dry_run>("--dry-run", none,
                              "check every input, print the effective config, train nothing, write "
                              "nothing"),
@@ -259,7 +264,8 @@ std::string flag_group(const TrainFlag& row) {
 
 std::string version_text() {
   return "cohort " COHORT_VERSION "\noneDNN " + nn::onednn_version() + "\noneTBB " +
-         train::tbb_version();
+         train::tbb_version() + "\nMPI " +
+         (dist::built_with_mpi() ? "yes (mpirun -np R cohort train ...)" : "no (one process)");
 }
 
 TrainOptions::TrainOptions() {
@@ -297,7 +303,11 @@ const config::Schema& train_schema() {
 }
 
 CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
-  CLI::App* cmd = app.add_subcommand("train", "train a model on an image dataset");
+  CLI::App* cmd = app.add_subcommand(
+      "train", std::string("train a model on an image dataset; ") +
+                   (dist::built_with_mpi()
+                        ? "several machines: mpirun -np R cohort train ... (this build has MPI)"
+                        : "one process (this build has no MPI)"));
   // A flag given twice takes its last value, so a script's defaults can be overridden.
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->option_defaults()->always_capture_default();  // --help shows every default

@@ -32,6 +32,7 @@ struct TrainOptions {
   std::string summary_path, metrics_path, trace_path;
   CheckpointOptions checkpoint;
   std::size_t log_every = 50;
+  double stall_timeout = 300;  // several ranks: seconds without a finished step that end the job
   bool quiet = false;
   bool keep_last = false;      // config.drop_last is its negation
   bool plain_layouts = false;  // config.blocked_layouts is its negation

@@ -12,6 +12,7 @@
 
 #include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/dist/watchdog.hpp"
 #include "commands.hpp"
 #include "output.hpp"
 #include "progress.hpp"
@@ -65,30 +66,85 @@ int dry_run(const TrainOptions& o, const Checked& in, std::ostream& out) {
   return kExitOk;
 }
 
-}  // namespace
+// Several ranks: the workers and micro-batch a single process would take from its cores come
+// from this rank's share of its node's cores (its affinity mask split between the node's ranks)
+// and from the job's total, so the leaves are those of one process with as many cores.
+void apply_rank_defaults(train::TrainConfig& c, dist::Comm& comm) {
+  const auto local = static_cast<std::size_t>(comm.local_size());
+  const std::size_t mine = std::max<std::size_t>(1, dist::affinity_cores() / local);
+  const std::uint64_t total = comm.sum(mine);
+  if (c.workers == 0) c.workers = mine;
+  if (c.micro_batch == 0 && c.batch != 0)
+    c.micro_batch = static_cast<std::size_t>((c.batch + total - 1) / total);
+}
 
-int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& out) {
-  const Checked in = check_inputs(o, loaders);
-  if (o.dry_run) return dry_run(o, in, out);
+// Several ranks: every rank checks its own inputs, then all agree before anything else is
+// exchanged. Rank 0's problem is the one printed; if only other ranks failed, each prints its
+// own (as RankInputError) and rank 0 says how many.
+Checked agreed_inputs(const TrainOptions& o, const Loaders& loaders, dist::Comm& comm) {
+  if (comm.size() == 1) return check_inputs(o, loaders);
+  std::optional<Checked> in;
+  std::optional<std::string> problem;
+  try {
+    in = check_inputs(o, loaders);
+  } catch (const InputError& e) {
+    problem = e.what();
+  }
+  const std::uint64_t failed = problem ? 1 : 0;
+  const std::uint64_t total = comm.sum(comm.rank() == 0 ? failed << 32 : failed);
+  const bool rank0_failed = (total >> 32) != 0;
+  const std::uint64_t others = total & 0xffffffffu;
+  if (!rank0_failed && others == 0) return std::move(*in);
+  if (comm.rank() == 0)
+    throw InputError(problem ? *problem
+                             : std::to_string(others) +
+                                   " other rank(s) refused their inputs (their messages follow)");
+  if (problem && !rank0_failed)
+    throw RankInputError("rank " + std::to_string(comm.rank()) + ": " + *problem);
+  throw PeerInputError();
+}
+
+int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_out,
+                  dist::Comm& comm) {
+  const bool writer = comm.rank() == 0;  // prints and writes files
+  std::ostream null_out(nullptr);
+  std::ostream& out = writer ? all_out : null_out;
   const CheckpointOptions& ck = o.checkpoint;
   StopSignals signals;  // before any thread exists, so every thread inherits the blocked mask
-  train::Trainer trainer(in.config, *in.data);  // validates again, then builds the replicas
+  // Validates again, then builds the replicas.
+  train::Trainer trainer(in.config, *in.data, &comm);
   const auto& c = trainer.config();
   if (in.resume) trainer.restore(*in.resume, ck.resume);
   const json effective_json = config_json(c, o.data_dir);
   const std::string effective = effective_json.dump();
-  auto save = [&] { checkpoint::save_checkpoint(ck.save, trainer.checkpoint(effective), ck.keep); };
+  auto save = [&] {
+    checkpoint::Checkpoint snapshot = trainer.checkpoint(effective);  // every rank: a collective
+    if (writer) checkpoint::save_checkpoint(ck.save, snapshot, ck.keep);
+  };
   if (!o.quiet)
     out << "cohort train: " << c.model << " on " << o.data_dir << " (" << in.data->train.count
         << " train, " << in.data->test.count << " test samples of "
         << in.data->train.describe_shape() << ", loaded in " << std::fixed << std::setprecision(2)
         << in.load_seconds << " s)\n"
+        << (comm.size() > 1 ? "  " + comm.describe() + ", " + std::to_string(c.workers) +
+                                  " workers per rank; rank 0 reports for all\n"
+                            : "")
         << config_text(effective_json)
         << (in.resume ? "  resumed from " + ck.resume + " at step " +
                             std::to_string(in.resume->step) + "\n"
                       : "");
+  // Several ranks: a peer that hangs leaves this rank waiting where no error reaches it.
+  std::optional<dist::Watchdog> watchdog;
+  if (comm.size() > 1)
+    watchdog.emplace(std::chrono::duration<double>(o.stall_timeout), [&comm](double idle) {
+      std::cerr << "cohort: rank " << comm.rank() << " of " << comm.size() << ": no step finished in "
+                << std::fixed << std::setprecision(0) << idle
+                << " s (--stall-timeout); ending the job\n"
+                << std::flush;
+      comm.abort(kExitInternal);
+    });
   std::optional<std::ofstream> metrics;
-  if (!o.metrics_path.empty()) {
+  if (writer && !o.metrics_path.empty()) {
     metrics.emplace(o.metrics_path, std::ios::trunc);
     if (!*metrics) throw InputError("--metrics " + o.metrics_path + ": cannot open for writing");
   }
@@ -98,6 +154,7 @@ int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& o
   const std::size_t epochs_planned =
       c.steps ? (c.steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;
   auto every_step = [&](std::uint64_t step) {
+    if (watchdog) watchdog->beat();
     if (ck.save_every != 0 && step % ck.save_every == 0) save();
   };
   Progress progress(out, o.quiet, &out == &std::cout && ::isatty(STDOUT_FILENO), o.log_every,
@@ -106,10 +163,11 @@ int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& o
   try {
     s = trainer.run(progress);
   } catch (...) {
-    if (!o.trace_path.empty()) write_trace(o.trace_path, trainer, effective_json);  // to the fault
+    if (writer && !o.trace_path.empty())
+      write_trace(o.trace_path, trainer, effective_json);  // to the fault
     throw;
   }
-  if (!o.trace_path.empty()) write_trace(o.trace_path, trainer, effective_json);
+  if (writer && !o.trace_path.empty()) write_trace(o.trace_path, trainer, effective_json);
   if (!ck.save.empty()) save();  // the final weights (also after Ctrl-C: a whole step's)
   if (s.stopped) {
     out << "\nstopped by a signal after step " << s.steps
@@ -117,9 +175,31 @@ int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& o
     return kExitInterrupted;
   }
   if (!o.quiet) print_summary(out, s);
-  if (!o.summary_path.empty())
+  if (writer && !o.summary_path.empty())
     write_file_atomically(o.summary_path, summary_json(s, effective_json).dump(2) + "\n");
   return kExitOk;
+}
+
+}  // namespace
+
+int train_command(const TrainOptions& given, const Loaders& loaders, std::ostream& out,
+                  dist::Comm& comm) {
+  TrainOptions o = given;
+  if (comm.size() > 1) apply_rank_defaults(o.config, comm);
+  const Checked in = agreed_inputs(o, loaders, comm);
+  if (o.dry_run) return dry_run(o, in, out);
+  if (comm.size() == 1) return train_checked(o, in, out, comm);
+  // From here every rank is in the job's collectives: a failure on one rank must end them all.
+  try {
+    return train_checked(o, in, out, comm);
+  } catch (const std::exception& e) {
+    std::cerr << "cohort: rank " << comm.rank() << " of " << comm.size() << ": "
+              << (dynamic_cast<const InputError*>(&e) ? "error: " : "internal error: ") << e.what()
+              << "; ending the job\n"
+              << std::flush;
+    comm.abort(dynamic_cast<const InputError*>(&e) ? kExitBadInput : kExitInternal);
+  }
+  return kExitInternal;  // not reached: abort ends the process
 }
 
 }  // namespace cohort::cli

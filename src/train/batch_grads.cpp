@@ -41,6 +41,36 @@ void BatchGrads::leaf_rows(std::size_t first, std::vector<nn::LinearRows>& rows)
   }
 }
 
+std::vector<BatchGrads::RowArray> BatchGrads::row_arrays() {
+  std::vector<RowArray> out;
+  for (std::size_t o = 0; o < linear_.size(); ++o) {
+    Linear& l = linear_[o];
+    std::size_t wb = 0, we = 0, bb = 0, be = 0;
+    for (const Range& r : ranges_) {
+      if (r.linear != o) continue;
+      (r.bias ? bb : wb) = r.begin;
+      (r.bias ? be : we) = r.end;
+    }
+    // X is read by the weight's gradient only; dY by the weight's and the bias's.
+    if (!l.reads_input)
+      out.push_back({l.x.data(), static_cast<std::size_t>(l.in), {wb, 0}, {we, 0}});
+    out.push_back({l.dy.data(), static_cast<std::size_t>(l.out), {wb, bb}, {we, be}});
+  }
+  return out;
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> BatchGrads::computed_ranges() const {
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  for (const Range& r : ranges_) out.emplace_back(r.begin, r.end);
+  return out;
+}
+
+std::pair<std::size_t, std::size_t> BatchGrads::input_reader() const {
+  for (const Range& r : ranges_)
+    if (!r.bias && linear_[r.linear].reads_input) return {r.begin, r.end};
+  return {0, 0};
+}
+
 // A chunk end inside a weight row computes the whole rows into `scratch` and copies its part.
 double BatchGrads::gradient(const float* const* sources, std::size_t k, std::size_t begin,
                             std::size_t end, std::size_t rows, const float* staged_input,

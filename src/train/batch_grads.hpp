@@ -38,6 +38,21 @@ class BatchGrads {
   double gradient(const float* const* sources, std::size_t k, std::size_t begin, std::size_t end,
                   std::size_t rows, const float* staged_input, float* out, float* scratch) const;
 
+  // For a rank that computes the gradient of part of the flat array (src/train/sharded.hpp):
+  // every row array (B rows of `width` floats), with the ranges of the flat array whose
+  // gradient reads it; the first linear layer's input is the staged batch, not listed.
+  struct RowArray {
+    float* data;
+    std::size_t width;
+    std::size_t reader_begin[2], reader_end[2];  // the weight's range, and (dY only) the bias's
+  };
+  std::vector<RowArray> row_arrays();
+  // The ranges [begin, end) of the flat array computed from rows (sorted, disjoint).
+  std::vector<std::pair<std::size_t, std::size_t>> computed_ranges() const;
+  // The weight range of the linear layer that reads the staged batch (the model's first), or an
+  // empty range.
+  std::pair<std::size_t, std::size_t> input_reader() const;
+
  private:
   struct Linear {
     std::int64_t in = 0, out = 0;

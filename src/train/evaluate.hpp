@@ -1,16 +1,33 @@
 // Evaluation of the current weights on a whole split: forward passes in inference mode over
 // chunks of `eval_rows` rows spread over the replicas. Per-chunk results are added in chunk order,
-// so the figures do not depend on the number of workers. Not training: no gradients, no reducer.
+// so the figures do not depend on the number of workers (or, split over ranks and gathered, on
+// the number of ranks). Not training: no gradients, no reducer.
 #pragma once
 
+#include <span>
 #include <utility>
+#include <vector>
 
 #include "cohort/data/dataset.hpp"
 #include "step_graph.hpp"
 
 namespace cohort::train {
 
-// Mean loss and accuracy of `weights` on `set`.
+// Per-chunk results: summed loss and correct count of chunk c (rows [c * eval_rows, ...)).
+struct EvalParts {
+  std::vector<double> loss, correct;  // correct counts are exact in a double (< 2^53)
+};
+
+// The number of chunks of `set`.
+std::size_t eval_chunks(const data::Dataset& set, std::size_t eval_rows);
+// Chunks [first, last) of `set` into parts (sized eval_chunks); the others are left as they are.
+void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const float* weights,
+                     std::size_t eval_rows, int classes, std::size_t first, std::size_t last,
+                     EvalParts& parts);
+// Mean loss and accuracy from every chunk's parts, added in chunk order.
+std::pair<double, double> eval_totals(const EvalParts& parts, std::size_t count);
+
+// Mean loss and accuracy of `weights` on `set` (every chunk here).
 std::pair<double, double> evaluate(StepGraph& graph, const data::Dataset& set, const float* weights,
                                    std::size_t eval_rows, int classes);
 

@@ -151,8 +151,19 @@ double Root::sum_squares() const {
   return total;
 }
 
+void Root::import_chunk(std::size_t c, std::size_t first_bad, double sum_squares) {
+  stats_.at(c).first_bad = first_bad;
+  stats_[c].sum_squares = sum_squares;
+}
+
 void Root::apply_summed(const optim::StepScalars& scalars, reduce::Executor& executor) {
-  executor.parallel_for(stats_.size(), [&](std::size_t c) {
+  apply_summed(scalars, executor, 0, stats_.size());
+}
+
+void Root::apply_summed(const optim::StepScalars& scalars, reduce::Executor& executor,
+                        std::size_t first, std::size_t last) {
+  executor.parallel_for(last - first, [&, first](std::size_t i) {
+    const std::size_t c = first + i;
     const auto t0 = Clock::now();
     const std::size_t begin = c * chunk_, end = std::min(n_, begin + chunk_);
     COHORT_CHECK(stats_[c].grad != nullptr, "second phase: a chunk was never summed");

@@ -16,7 +16,9 @@
 #include "batch_grads.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/train/root.hpp"
+#include "cohort/dist/comm.hpp"
 #include "evaluate.hpp"
+#include "sharded.hpp"
 #include "step_graph.hpp"
 #include "time_account.hpp"
 #include "trace.hpp"
@@ -62,12 +64,15 @@ struct Trainer::Impl {
     std::uint64_t number = 0;             // 1-based
     std::span<const std::uint32_t> ids;   // this step's samples, assembled into `staged_*`
     std::size_t leaves = 0, workers = 0;  // workers: replicas with leaves this step
+    std::size_t first_leaf = 0;           // this rank's leaves: [first_leaf, end_leaf)
+    std::size_t end_leaf = 0;
     reduce::Reducer* reducer = nullptr;
     // Next unclaimed leaf (replicas claim leaves one by one).
     alignas(kCacheLine) std::atomic<std::size_t> next_leaf{0};
   };
 
   const data::Splits& data;
+  dist::Comm& comm;  // the run's process group: one process, or MPI ranks
   const nn::Model model;
   const TrainConfig config;  // validated, defaults resolved: everything below is sized from it
   const std::size_t features;
@@ -85,14 +90,17 @@ struct Trainer::Impl {
   std::map<std::size_t, std::unique_ptr<reduce::Reducer>> reducers;  // by leaf count
   const float base_lr;  // --lr after the linear scaling rule
   TimeAccount time;
+  std::unique_ptr<ShardedStep> sharded;  // more than one rank
   StepPlan plan;
+  Observer* run_observer = nullptr;  // of the current run(), for the ranks' stop agreement
   std::uint64_t steps_done = 0;    // training steps done (batches consumed)
   std::uint64_t updates_done = 0;  // optimizer updates applied to `weights`
   std::uint64_t skipped_total = 0, skipped_in_a_row = 0;
   std::uint64_t total_steps = 0;  // of the current run(): the schedule's horizon
 
-  Impl(TrainConfig c, const data::Splits& d)
+  Impl(TrainConfig c, const data::Splits& d, dist::Comm& world)
       : data(d),
+        comm(world),
         model(parse_model(c.model, d)),
         config(checked(std::move(c), model, d)),
         features(static_cast<std::size_t>(model.input_features())),
@@ -116,6 +124,10 @@ struct Trainer::Impl {
     const std::size_t max_leaves = leaves_for(config.batch);
     for (std::size_t i = 0; i < max_leaves; ++i) leaf_grads.emplace_back(model.layout().total());
     leaf_loss.resize(max_leaves);
+    if (comm.size() > 1)
+      sharded = std::make_unique<ShardedStep>(comm, root, model.layout().total(), leaf_grads,
+                                              leaf_loss, weights.data(), batch_grads.get(),
+                                              config.micro_batch, config.trace ? &tracer : nullptr);
   }
 
   // The optimizer's state array i (allocated here, during construction), or null if it keeps none.
@@ -159,9 +171,11 @@ struct Trainer::Impl {
       for (;;) {
         // relaxed: the counter only hands out distinct indices; the plan was published to this
         // node by the graph's start message.
-        const std::size_t leaf = plan.next_leaf.fetch_add(1, std::memory_order_relaxed);
-        if (leaf >= plan.leaves) break;
+        const std::size_t leaf =
+            plan.first_leaf + plan.next_leaf.fetch_add(1, std::memory_order_relaxed);
+        if (leaf >= plan.end_leaf) break;
         compute_leaf(r, track, leaf);
+        if (!plan.reducer) continue;  // several ranks: the sharded root takes the leaves
         const auto t0 = Clock::now();
         {
           ReducerCall call;
@@ -170,6 +184,7 @@ struct Trainer::Impl {
         r.clock.reduce += seconds_since(t0);
         if (tracer.on()) tracer.record("combine", track, "leaf", leaf, t0, Clock::now());
       }
+      if (!plan.reducer) return;
       const auto t0 = Clock::now();
       {
         ReducerCall call;
@@ -177,7 +192,7 @@ struct Trainer::Impl {
       }
       r.clock.reduce += seconds_since(t0);
     } catch (...) {
-      plan.reducer->abort_step();
+      if (plan.reducer) plan.reducer->abort_step();
       throw;
     }
   }
@@ -222,28 +237,65 @@ struct Trainer::Impl {
     const std::size_t rows = ids.size();
     plan.ids = ids;
     plan.leaves = leaves_for(rows);
-    plan.workers = std::min(config.workers, plan.leaves);
-    plan.reducer = &reducer_for(plan.leaves);
+    plan.first_leaf = 0;
+    plan.end_leaf = plan.leaves;
+    plan.reducer = nullptr;
+    if (sharded) {
+      const dist::Range mine = sharded->begin_step(rows);
+      plan.first_leaf = mine.begin;
+      plan.end_leaf = mine.end;
+    } else {
+      plan.reducer = &reducer_for(plan.leaves);
+    }
+    plan.workers = std::min(config.workers, plan.end_leaf - plan.first_leaf);
     plan.next_leaf.store(0, std::memory_order_relaxed);  // ordered before the nodes by try_put
     tracer.begin_step(plan.number);
     StepOutcome out;
     out.lr = optim::lr_at(config.schedule, base_lr, updates_done, total_steps);
     const float inv_rows = 1.0f / static_cast<float>(rows);
     root.begin_step(optimizer.scalars(out.lr, inv_rows, updates_done + 1), rows, staged_x.data());
-    plan.reducer->begin_step(root.sink());
+    if (plan.reducer) plan.reducer->begin_step(root.sink());
     try {
       graph.run_replicas([this](std::size_t w) { run_replica(w); });
-      plan.reducer->wait_step();  // the parameter server completes on its own thread
+      if (plan.reducer) plan.reducer->wait_step();  // the parameter server: on its own thread
     } catch (...) {
-      plan.reducer->reset();  // the root never ran whole: it needs every leaf
+      if (plan.reducer) plan.reducer->reset();  // the root never ran whole: it needs every leaf
       rethrow_at_step(plan.number);
+    }
+    if (sharded) {
+      try {
+        sharded->reduce(graph.executor(), run_observer && run_observer->stop_requested(),
+                        [&] { assemble_other_ranks_rows(); });
+      } catch (...) {
+        rethrow_at_step(plan.number);
+      }
     }
     time.add_root(root.stats());
     for (std::size_t leaf = 0; leaf < plan.leaves; ++leaf) out.loss += leaf_loss[leaf];
     out.loss /= static_cast<double>(rows);  // in leaf order
-    if (std::string reason = non_finite_reason(); !reason.empty()) return refuse(out, reason);
-    if (root.mode() == Root::Mode::kTwoPhase) out.grad_norm = apply_second_phase(out.lr, inv_rows);
+    if (std::string reason = non_finite_reason(); !reason.empty()) {
+      out = refuse(out, reason);  // (or throws: the run stops)
+    } else if (root.mode() == Root::Mode::kTwoPhase) {
+      out.grad_norm = apply_second_phase(out.lr, inv_rows);
+    }
+    if (sharded) sharded->end_step();
     return out;
+  }
+
+  // Several ranks, batch weight gradients: a first linear layer's gradient reads the whole
+  // staged batch, so this rank assembles the other ranks' rows too (data is never sent).
+  void assemble_other_ranks_rows() {
+    if (!batch_grads || !sharded->needs_staged_input()) return;
+    const std::size_t rows = plan.ids.size();
+    auto assemble = [&](std::size_t first, std::size_t last) {
+      first = std::min(first, rows);
+      last = std::min(last, rows);
+      if (first < last)
+        data::assemble_batch(data.train, plan.ids.subspan(first, last - first),
+                             staged_x.data() + first * features, staged_y.data() + first);
+    };
+    assemble(0, plan.first_leaf * config.micro_batch);
+    assemble(plan.end_leaf * config.micro_batch, rows);
   }
 
   // The two-phase root's second phase: the norm of the mean gradient, the clip factor, and the
@@ -254,8 +306,15 @@ struct Trainer::Impl {
     if (config.clip_norm > 0)
       clip = std::min(1.0, static_cast<double>(config.clip_norm) / (norm + 1e-6));
     const auto t0 = Clock::now();
-    root.apply_summed(optimizer.scalars(lr, static_cast<float>(inv_rows * clip), updates_done + 1),
-                      graph.executor());
+    if (sharded) {
+      const dist::Range owned = sharded->owned_chunks();
+      root.apply_summed(optimizer.scalars(lr, static_cast<float>(inv_rows * clip), updates_done + 1),
+                        graph.executor(), owned.begin, owned.end);
+      sharded->share_weights();
+    } else {
+      root.apply_summed(optimizer.scalars(lr, static_cast<float>(inv_rows * clip), updates_done + 1),
+                        graph.executor());
+    }
     time.add_second_phase(seconds_since(t0));
     return norm;
   }
@@ -301,8 +360,35 @@ struct Trainer::Impl {
     time.end_step(wall, config.workers);
   }
 
+  // Several ranks: each evaluates a contiguous run of the chunks; the parts are all-gathered
+  // and added in chunk order, as one process adds them.
   std::pair<double, double> evaluate_set(const data::Dataset& set) {
-    return evaluate(graph, set, weights.data(), config.eval_batch, model.num_classes());
+    if (!sharded) return evaluate(graph, set, weights.data(), config.eval_batch, model.num_classes());
+    const std::size_t chunks = eval_chunks(set, config.eval_batch);
+    const auto ranks = static_cast<std::size_t>(comm.size());
+    const dist::Range mine = dist::even_part(chunks, ranks, static_cast<std::size_t>(comm.rank()));
+    EvalParts parts;
+    evaluate_chunks(graph, set, weights.data(), config.eval_batch, model.num_classes(), mine.begin,
+                    mine.end, parts);
+    std::vector<std::size_t> bytes(ranks);
+    for (std::size_t r = 0; r < ranks; ++r)
+      bytes[r] = dist::even_part(chunks, ranks, r).size() * sizeof(double);
+    comm.allgatherv(parts.loss.data(), bytes);
+    comm.allgatherv(parts.correct.data(), bytes);
+    return eval_totals(parts, set.count);
+  }
+
+  // Several ranks: every rank's owned chunks of `array` (n floats) to every rank, in place.
+  void gather_owned(float* array) {
+    if (!sharded) return;
+    const auto ranks = static_cast<std::size_t>(comm.size());
+    const std::size_t n = model.layout().total(), chunk = root.chunk();
+    std::vector<std::size_t> bytes(ranks);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      const dist::Range c = dist::even_part(root.chunks(), ranks, r);
+      bytes[r] = (std::min(n, c.end * chunk) - std::min(n, c.begin * chunk)) * sizeof(float);
+    }
+    comm.allgatherv(array, bytes);
   }
 
   Summary run(Observer& observer);
@@ -311,6 +397,8 @@ struct Trainer::Impl {
 // Epochs of steps from the current step (0, or a checkpoint's) to --steps or --epochs; evaluation
 // after each epoch; observers between steps.
 Summary Trainer::Impl::run(Observer& observer) {
+  run_observer = &observer;
+  const std::uint64_t bytes_at_start = comm.bytes_sent();
   data::Sampler sampler(data.train.count, config.seed);
   const std::size_t B = config.batch;
   const std::size_t steps_per_epoch =
@@ -353,7 +441,9 @@ Summary Trainer::Impl::run(Observer& observer) {
       observer.on_step({step_number, epoch, b + 1, steps_per_epoch, o.loss, ids.size(),
                         time.total().step, o.lr, o.grad_norm, o.skipped, o.skip_reason,
                         skipped_total, total_steps});
-      if (observer.stop_requested()) {  // between steps: the weights are a whole step's
+      // Between steps: the weights are a whole step's. Several ranks stop together, at the
+      // step where any of them asked (gathered within the step).
+      if (sharded ? sharded->stop_agreed() : observer.stop_requested()) {
         stopped = true;
         break;
       }
@@ -383,6 +473,10 @@ Summary Trainer::Impl::run(Observer& observer) {
   s.time = time.total();
   s.samples_per_second = s.time.step > 0 ? s.samples_per_second / s.time.step : 0;
   s.workers = config.workers;
+  s.ranks = static_cast<std::size_t>(comm.size());
+  if (step_number > steps_done_at_start)
+    s.bytes_sent_per_step = static_cast<double>(comm.bytes_sent() - bytes_at_start) /
+                            static_cast<double>(step_number - steps_done_at_start);
   s.batch = config.batch;
   s.micro_batch = config.micro_batch;
   s.parameters = model.layout().numel();
@@ -391,7 +485,7 @@ Summary Trainer::Impl::run(Observer& observer) {
 }
 
 checkpoint::Checkpoint Trainer::checkpoint(std::string config_json) const {
-  const Impl& m = *impl_;
+  Impl& m = *impl_;  // (several ranks: gathers the owned optimizer state into the arrays)
   checkpoint::Checkpoint c;
   c.model = m.config.model;
   c.step = m.steps_done;
@@ -415,6 +509,7 @@ checkpoint::Checkpoint Trainer::checkpoint(std::string config_json) const {
       throw InternalError("step " + std::to_string(m.steps_done) +
                           ": the weights are not finite (the run diverged); not saving them");
   for (std::size_t i = 0; i < m.optimizer.state_buffers(); ++i) {
+    m.gather_owned(m.state[i].data());  // several ranks: each owns its chunks' state
     c.state.emplace_back(m.state[i].size());
     m.model.to_canonical(m.state[i].data(), c.state.back().data());
   }
@@ -440,8 +535,9 @@ std::vector<std::string> Trainer::trace_tracks() const { return impl_->tracer.tr
 bool Trainer::trace_truncated() const { return impl_->tracer.truncated(); }
 std::pair<double, double> Trainer::evaluate_test() { return impl_->evaluate_set(impl_->data.test); }
 
-Trainer::Trainer(TrainConfig config, const data::Splits& data)
-    : impl_(std::make_unique<Impl>(std::move(config), data)) {}
+Trainer::Trainer(TrainConfig config, const data::Splits& data, dist::Comm* comm)
+    : local_(comm ? nullptr : dist::local_comm()),
+      impl_(std::make_unique<Impl>(std::move(config), data, comm ? *comm : *local_)) {}
 Trainer::~Trainer() = default;
 Summary Trainer::run(Observer& observer) { return impl_->run(observer); }
 const TrainConfig& Trainer::config() const { return impl_->config; }

@@ -93,6 +93,13 @@ class Root {
   // every chunk's kept sum, chunk-parallel through `executor`.
   double sum_squares() const;
   void apply_summed(const optim::StepScalars& scalars, reduce::Executor& executor);
+  // The same on chunks [first, last) only (a rank's owned chunks, src/train/sharded.hpp).
+  void apply_summed(const optim::StepScalars& scalars, reduce::Executor& executor,
+                    std::size_t first, std::size_t last);
+  // Another rank ran chunk c this step: its first non-finite element (or n) and sum of squares,
+  // for first_non_finite() and sum_squares().
+  void import_chunk(std::size_t c, std::size_t first_bad, double sum_squares);
+  std::size_t chunks() const { return stats_.size(); }
 
  private:
   const float* batch_gradient(const float* const* sources, std::size_t k, std::size_t begin,

@@ -23,6 +23,7 @@
 #include "cohort/optim/optimizer.hpp"
 #include "cohort/optim/schedule.hpp"
 #include "cohort/reduce/reducer.hpp"
+#include "cohort/dist/comm.hpp"
 
 namespace cohort::train {
 
@@ -155,6 +156,8 @@ struct Summary {
   std::uint64_t skipped = 0;
   double epochs = 0;  // fractional when --steps stops mid-epoch
   std::size_t workers = 0, batch = 0, micro_batch = 0, parameters = 0;
+  std::size_t ranks = 1;           // processes of the run (MPI ranks); `workers` is per rank
+  double bytes_sent_per_step = 0;  // by this rank, over the process group, mean of the run's steps
   double samples_per_second = 0;
   double train_loss = 0;  // mean over the last epoch's samples (or the partial epoch's)
   double test_loss = 0, test_accuracy = 0;
@@ -189,8 +192,12 @@ class Observer {
 
 class Trainer {
  public:
-  // `data` must outlive the trainer. Validates (InputError) and builds replicas.
-  Trainer(TrainConfig config, const data::Splits& data);
+  // `data` must outlive the trainer. Validates (InputError) and builds replicas. `comm`: the
+  // process group (must outlive the trainer); null: this process alone. With several ranks every
+  // rank constructs a trainer from the same config and data and calls run, checkpoint, restore
+  // and evaluate_test together (they exchange data); the weights are then the same on every rank,
+  // and the same as one process's, bit for bit.
+  Trainer(TrainConfig config, const data::Splits& data, dist::Comm* comm = nullptr);
   ~Trainer();
 
   // Trains from the current step (0, or the restored checkpoint's) to --steps or --epochs.
@@ -214,6 +221,7 @@ class Trainer {
 
  private:
   struct Impl;
+  std::unique_ptr<dist::Comm> local_;  // when no process group is given
   std::unique_ptr<Impl> impl_;
 };
 
