@@ -125,9 +125,10 @@ def table(name, t1, params, coef, coef_source, a):
         # the step is shortest where the compute saved by one more rank equals the latency added.
         r_max = min(a.batch, leaves or a.batch)  # a rank needs a leaf, a leaf a row
         r_best = min(range(1, r_max + 1), key=lambda r: predict(t1, params, coef, r, a)["step"])
-        print(f"the step is shortest at R = {r_best} of 1..{r_max} "
-              f"(≈ sqrt(T1 / (phases x latency)) = {(t1 / (a.phases * a.latency_us * 1e-6)) ** 0.5:.0f}); "
-              f"the bandwidth term never exceeds a G / bandwidth = "
+        root = (t1 / (a.phases * a.latency_us * 1e-6)) ** 0.5
+        print(f"the step is shortest at R = {r_best} of 1..{r_max}"
+              + (f" (≈ sqrt(T1 / (phases x latency)) = {root:.0f})" if a.overlap == 0 else "")
+              + f"; the bandwidth term never exceeds a G / bandwidth = "
               f"{1e3 * coef * 4 * params / (a.bandwidth_gbps * 1e9 / 8):.3f} ms")
     return out
 
