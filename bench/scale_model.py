@@ -130,7 +130,6 @@ def table(name, t1, params, coef, coef_source, a):
               + (f" (≈ sqrt(T1 / (phases x latency)) = {root:.0f})" if a.overlap == 0 else "")
               + f"; the bandwidth term never exceeds a G / bandwidth = "
               f"{1e3 * coef * 4 * params / (a.bandwidth_gbps * 1e9 / 8):.3f} ms")
-    return out
 
 
 def main():
