@@ -9,11 +9,19 @@ peer's figure is its `tput` median (20 warm-up steps excluded).
 
 Usage: bench/peer_compare.py [--reps 5] [--steps 300] [--cases mlp256,mlp32,scaling,micro,wgrads,cnn,layouts]
        bench/peer_compare.py --cases versions --baseline OLD/cohort   (this build against another)
-Needs: python3-torch and libopenblas0-openmp (see the peer's header), build/release/cohort.
+       bench/peer_compare.py --cases mpi [--mpirun mpirun] [--mpirun-args="..."]
+                             (2 ranks x 1 worker vs 1 process x 2 workers vs PyTorch DDP)
+Every child runs in its own process group under --timeout seconds (default 300); on expiry the
+whole group (mpirun and its ranks, DDP's spawned processes) is terminated and the script stops.
+Needs: python3-torch and libopenblas0-openmp (see the peer's header), build/release/cohort
+(--cohort another binary); for --cases mpi an MPI-enabled build and Open MPI's mpirun.
 """
 import argparse
+import itertools
 import json
 import os
+import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -22,22 +30,85 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COHORT = os.path.join(ROOT, "build/release/cohort")
 PEER = os.path.join(ROOT, "../shared/peers/torch_peer.py")
+TIMEOUT = 300  # seconds per child process (--timeout)
+# Open MPI on this machine: oversubscribe the 2 cores, no cross-memory-attach single copy (the
+# container forbids it), and as root the two variables set in mpi_env().
+MPIRUN = "mpirun"
+MPIRUN_ARGS = "--oversubscribe --mca btl_vader_single_copy_mechanism none"
+MPI_RANKS = 2  # the mpi case is 2 ranks x 1 worker, as the peer's DDP is 2 processes x 1 thread
+DDP_PORTS = itertools.count(29511)  # a fresh rendezvous port per DDP run: no TIME_WAIT clash
 
 
-def cohort(args, steps, binary=COHORT):
+def run(cmd, env=None, capture=False):
+    """Runs cmd in a process group of its own under TIMEOUT; on expiry terminates the whole group
+    (mpirun's ranks, DDP's spawned children) and raises. Returns stdout when capture is set."""
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if capture else None, text=True,
+                         start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                p.communicate(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        raise SystemExit(f"timed out after {TIMEOUT} s: {shlex.join(cmd)}")
+    if p.returncode:
+        raise subprocess.CalledProcessError(p.returncode, cmd, out)
+    return out
+
+
+def mpi_env():
+    env = dict(os.environ)
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+def summary(args, steps, binary=None, launcher=(), env=None):
+    """cohort train's summary JSON (rank 0 writes it under mpirun)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [binary, "train", "--quiet", "--steps", str(steps), "--summary", f.name] + args
-        subprocess.run(cmd, check=True)
-        s = json.load(open(f.name))
-    t = s["time"]
-    return s["samples_per_second"], t
+        cmd = list(launcher) + [binary or COHORT, "train", "--quiet", "--steps", str(steps),
+                                "--summary", f.name] + args
+        run(cmd, env)
+        return json.load(open(f.name))
 
 
-def peer(args, steps):
-    cmd = ["/usr/bin/python3", PEER, "tput", "--steps", str(steps), "--reps", "1"] + args
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+def cohort(args, steps, binary=None):
+    s = summary(args, steps, binary)
+    return s["samples_per_second"], s["time"]
+
+
+def cohort_mpi(args, steps):
+    """cohort train under mpirun -np MPI_RANKS; refuses a summary that is not one job of
+    MPI_RANKS ranks (a build without MPI runs MPI_RANKS independent trainings instead)."""
+    launcher = [MPIRUN] + shlex.split(MPIRUN_ARGS) + ["-np", str(MPI_RANKS)]
+    s = summary(args, steps, launcher=launcher, env=mpi_env())
+    if s.get("ranks") != MPI_RANKS:
+        raise SystemExit(f"{COHORT} under mpirun -np {MPI_RANKS} wrote ranks = {s.get('ranks')} "
+                         f"in its summary: is it built with MPI?")
+    return s
+
+
+def peer(args, steps, command="tput"):
+    cmd = ["/usr/bin/python3", PEER, command, "--steps", str(steps), "--reps", "1"] + args
+    out = run(cmd, capture=True)
     line = [l for l in out.splitlines() if l.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])["median"], None
+
+
+def bytes_fields(d, prefix=""):
+    """Every numeric field of a summary whose name mentions bytes, as (dotted name, value)."""
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from bytes_fields(v, f"{prefix}{k}.")
+        elif "bytes" in k and isinstance(v, (int, float)):
+            yield prefix + k, v
 
 
 def side_by_side(title, runners, reps, steps):
@@ -49,7 +120,7 @@ def side_by_side(title, runners, reps, steps):
         for label, fn in runners:
             r, t = fn(steps)
             rates[label].append(r)
-            if t:
+            if t and t.get("step"):
                 # The root's wall share (sum + optimizer on the critical path; with batch weight
                 # gradients it also holds the root's GEMMs), and the share of all workers' time
                 # spent reducing and in the optimizer (the GEMMs count as compute).
@@ -79,12 +150,19 @@ def paired(rates, num, dens, what):
 
 
 def main():
+    global COHORT, TIMEOUT, MPIRUN, MPIRUN_ARGS
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--cases", default="mlp256,mlp32,scaling,micro,wgrads,cnn,layouts")
     p.add_argument("--baseline", help="another cohort binary, for --cases versions")
+    p.add_argument("--cohort", default=COHORT, help="the cohort binary to measure")
+    p.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds per child process")
+    p.add_argument("--mpirun", default=MPIRUN, help="mpirun for --cases mpi")
+    p.add_argument("--mpirun-args", default=MPIRUN_ARGS,
+                   help='mpirun options before -np, one string: --mpirun-args="..." (--cases mpi)')
     a = p.parse_args()
+    COHORT, TIMEOUT, MPIRUN, MPIRUN_ARGS = a.cohort, a.timeout, a.mpirun, a.mpirun_args
     cases = a.cases.split(",")
     print(f"reps {a.reps}, steps {a.steps}, cohort {COHORT}")
     if "mlp256" in cases:
@@ -167,6 +245,46 @@ def main():
              ("--plain-layouts", lambda s: cohort(["--model", "cnn", "--workers", "2", "--plain-layouts"], s // 4))],
             a.reps, a.steps)
         print(f"\nratio plain / blocked: **{med['--plain-layouts'] / med['blocked (default)']:.2f}**")
+    if "mpi" in cases:
+        # The default MLP at batch 256 with the micro-batch pinned to 128 (one leaf per worker in
+        # both layouts, the single process's default on 2 cores), so (a) and (b) run the same
+        # leaf tree and must end on the same weights digest. The same --steps for all three;
+        # cohort's rate includes its first step, DDP's excludes its 20 warm-up steps.
+        mlp = ["--model", "mlp:784-512-256-10", "--batch", "256", "--micro-batch", "128"]
+        A = f"(a) cohort mpirun -np {MPI_RANKS} --workers 1"
+        B = "(b) cohort --workers 2"
+        C = "(c) torch ddp 2 procs x 1 thread"
+        kept = {A: [], B: []}
+
+        def keep(label, s):
+            kept[label].append(s)
+            return s["samples_per_second"], s["time"]
+
+        med, rates = side_by_side(
+            f"MPI, MLP batch 256: cohort {MPI_RANKS} ranks x 1 worker vs 1 process x 2 workers "
+            f"vs PyTorch DDP (gloo)",
+            [(A, lambda s: keep(A, cohort_mpi(mlp + ["--workers", "1"], s))),
+             (B, lambda s: keep(B, summary(mlp + ["--workers", "2"], s))),
+             (C, lambda s: peer(["--model", "mlp", "--batch", "256", "--port", str(next(DDP_PORTS))],
+                                s, "ddp"))],
+            a.reps, a.steps)
+        for num, den, target in ((A, C, 2.5), (A, B, 0.85)):
+            r = med[num] / med[den]
+            print(f"\nratio {num[:3]} / {den[:3]}: **{r:.2f}x** (target ≥ {target}x: "
+                  f"{'met' if r >= target else 'not met'})")
+            paired(rates, num, [den], f"{num[:3]} / {den[:3]}")
+        same = [x["weights_digest"] == y["weights_digest"] for x, y in zip(kept[A], kept[B])]
+        print(f"\nweights digest (a) == (b) in {sum(same)} of {len(same)} rounds "
+              f"({kept[A][0]['weights_digest']} vs {kept[B][0]['weights_digest']})")
+        s = kept[A][-1]
+        print(f"(a)'s summary: ranks {s.get('ranks')}, workers_per_rank {s.get('workers_per_rank')}")
+        # Traffic against a ring all-reduce's 2 (R-1)/R x gradient bytes per rank per step.
+        allreduce = 2 * (MPI_RANKS - 1) / MPI_RANKS * 4 * s["parameters"]
+        fields = list(bytes_fields(s))
+        for name, v in fields:
+            print(f"(a) {name}: {v:,.0f}")
+        print(f"all-reduce's 2 (R-1)/R x gradient bytes at R = {MPI_RANKS}: {allreduce:,.0f} per rank per "
+              f"step{'' if fields else ' (the summary has no bytes field to set against it)'}")
 
 
 if __name__ == "__main__":
