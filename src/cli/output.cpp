@@ -35,7 +35,8 @@ json to_json(const train::TimeBreakdown& t) {
           {"reduce_critical", t.reduce_critical},
           {"optimizer", t.optimizer},
           {"weight_grad", t.weight_grad},
-          {"idle", t.idle}};
+          {"idle", t.idle},
+          {"exchange", t.exchange}};
 }
 
 // A float as the shortest decimal that reads back as it (0.05f as 0.05, not as the double

@@ -153,7 +153,8 @@ void print_summary(std::ostream& out, const train::Summary& s) {
   const auto& t = s.time;
   const double capacity = t.step * double(s.workers);  // worker-seconds available
   out << "\nsummary\n"
-      << "  steps " << s.steps << ", epochs " << std::setprecision(3) << s.epochs << ", workers "
+      << "  steps " << s.steps << ", epochs " << std::setprecision(3) << s.epochs << ", "
+      << (s.ranks > 1 ? std::to_string(s.ranks) + " ranks x " : std::string()) << "workers "
       << s.workers << ", batch " << s.batch << " (micro-batch " << s.micro_batch << "), "
       << s.parameters << " parameters\n"
       << "  samples/s " << std::fixed << std::setprecision(0) << s.samples_per_second
@@ -178,6 +179,7 @@ void print_summary(std::ostream& out, const train::Summary& s) {
   row("  optimizer alone", t.optimizer, capacity);
   row("idle / wait", t.idle, capacity);
   row("root, critical path (wall)", t.reduce_critical, t.step);
+  if (s.ranks > 1) row("rank exchange, waits (wall)", t.exchange, t.step);
 }
 
 }  // namespace cohort::cli

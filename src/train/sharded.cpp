@@ -91,6 +91,7 @@ dist::Range ShardedStep::begin_step(std::size_t rows) {
     }
   }
   rows_in_step_ = rows;
+  exchange_seconds_ = 0;
   mine_ = plan_->leaves_of(me_);
   groups_.clear();
   for (dist::Range g : groups_of(me_)) groups_.push_back({g, {}});
@@ -216,10 +217,12 @@ void ShardedStep::reduce(reduce::Executor& executor, bool stop,
   if (fused) post_weight_receives();
   const std::uint32_t track = tracer_ ? tracer_->controller_track() : 0;
   if (tracer_) tracer_->record("send", track, nullptr, 0, t0, Clock::now());
+  exchange_seconds_ += seconds_since(t0);
   meanwhile();
   auto wait = [&](std::span<const dist::Comm::Handle> h, std::size_t index) {
     const auto w0 = Clock::now();
     comm_.wait(h);
+    exchange_seconds_ += seconds_since(w0);
     if (tracer_) tracer_->record("wait", track, "chunk", index, w0, Clock::now());
   };
   wait(row_inputs_, owned_.begin);
@@ -232,13 +235,16 @@ void ShardedStep::reduce(reduce::Executor& executor, bool stop,
 }
 
 void ShardedStep::share_weights() {
+  const auto t0 = Clock::now();
   post_weight_receives();
   for (const Group& g : groups_) send_weights(g.chunks);
+  exchange_seconds_ += seconds_since(t0);
 }
 
 void ShardedStep::end_step() {
   const auto t0 = Clock::now();
   comm_.wait_all();
+  exchange_seconds_ += seconds_since(t0);
   if (tracer_) tracer_->record("wait", tracer_->controller_track(), nullptr, 0, t0, Clock::now());
 }
 
@@ -265,6 +271,7 @@ void ShardedStep::gather_stats(bool stop) {
   *out = stop ? 1.0 : 0.0;
   const auto t0 = Clock::now();
   comm_.allgatherv(gathered_.data(), bytes);
+  exchange_seconds_ += seconds_since(t0);
   if (tracer_) tracer_->record("gather", tracer_->controller_track(), nullptr, 0, t0, Clock::now());
   const double* in = gathered_.data();
   stop_agreed_ = false;

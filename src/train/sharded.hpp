@@ -57,6 +57,8 @@ class ShardedStep {
   bool needs_staged_input() const { return needs_staged_input_; }
   bool stop_agreed() const { return stop_agreed_; }  // some rank asked to stop at this step
   std::uint64_t bytes_sent() const { return comm_.bytes_sent(); }
+  // Seconds this step's controller spent posting, waiting for and gathering messages.
+  double exchange_seconds() const { return exchange_seconds_; }
 
  private:
   struct Group {  // a run of owned chunks whose root work and weights go out together
@@ -92,6 +94,7 @@ class ShardedStep {
   std::vector<Group> groups_;
   std::vector<dist::Comm::Handle> row_inputs_;
   bool stop_agreed_ = false;
+  double exchange_seconds_ = 0;
   // Trees wider than one root (more than kMaxArity leaves): the internal nodes' sums.
   std::unique_ptr<reduce::TreeShape> shape_;
   std::vector<AlignedBuffer<float>> node_sums_;

@@ -35,6 +35,7 @@ class TimeAccount {
   void add_root(std::span<const ChunkStats> chunks);
   // The second phase of the two-phase root (optimizer over every chunk), wall seconds.
   void add_second_phase(double seconds);
+  void add_exchange(double seconds) { total_.exchange += seconds; }
   // Collects and clears one replica's accounts of the step (its clock and its Net's times).
   void add_replica(ReplicaClock& clock, nn::Net& net);
   // Ends the step: idle = workers x wall - everything collected since the last end_step.

@@ -278,7 +278,10 @@ struct Trainer::Impl {
     } else if (root.mode() == Root::Mode::kTwoPhase) {
       out.grad_norm = apply_second_phase(out.lr, inv_rows);
     }
-    if (sharded) sharded->end_step();
+    if (sharded) {
+      sharded->end_step();
+      time.add_exchange(sharded->exchange_seconds());
+    }
     return out;
   }
 

@@ -122,6 +122,8 @@ struct TimeBreakdown {
   double weight_grad = 0;      // batch weight gradients: the root's GEMMs, summed over chunks
                                // (also counted in matmul and compute, not in reduce)
   double idle = 0;             // workers x step - (compute + data + reduce): waiting, scheduling
+  double exchange = 0;         // several ranks: wall time the controller spent posting, waiting
+                               // for and gathering messages between ranks (within `idle`)
 };
 
 struct StepEvent {
