@@ -43,7 +43,7 @@ class Model {
   // expected and what was found. Forms:
   //   "mlp:784-512-256-10"   Linear(784,512)-ReLU-Linear(512,256)-ReLU-Linear(256,10); its first
   //                          size is the input (checked against the data by the trainer)
-  //   "cnn"                  the PyTorch peer's CNN (below), 315,722 parameters on 1x28x28
+  //   "cnn"                  the PyTorch peer's CNN (below), 317,066 parameters on 1x28x28
   //   a layer list joined by '-':  conv(OC,K[,stride[,pad]])  relu  maxpool(K[,stride])
   //                          avgpool(K[,stride])  flatten  dropout(P)  linear(OC)
   //   e.g.
