@@ -81,6 +81,13 @@ class MpiComm final : public Comm {
     requests_.clear();
   }
 
+  void progress() override {
+    // Any MPI call runs the progress engine; a probe touches no request of ours, so any thread
+    // may make it (MPI_THREAD_MULTIPLE).
+    int flag = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
+  }
+
   void allgatherv(void* data, std::span<const std::size_t> bytes) override {
     COHORT_CHECK(bytes.size() == static_cast<std::size_t>(size_), "allgatherv: a size per rank");
     std::vector<int> counts(bytes.size()), offsets(bytes.size());

@@ -205,6 +205,7 @@ void ShardedStep::run_group(reduce::Executor& executor, const Group& g) {
     } else {
       root_.summed_chunk(sources, sources_.size(), begin, end);
     }
+    comm_.progress();  // the weights sent so far move while the next chunk runs
   });
 }
 

@@ -290,12 +290,15 @@ struct Trainer::Impl {
   void assemble_other_ranks_rows() {
     if (!batch_grads || !sharded->needs_staged_input()) return;
     const std::size_t rows = plan.ids.size();
+    constexpr std::size_t kRowsBetweenProgress = 32;  // the messages move while rows are staged
     auto assemble = [&](std::size_t first, std::size_t last) {
-      first = std::min(first, rows);
       last = std::min(last, rows);
-      if (first < last)
-        data::assemble_batch(data.train, plan.ids.subspan(first, last - first),
-                             staged_x.data() + first * features, staged_y.data() + first);
+      for (std::size_t at = first; at < last; at += kRowsBetweenProgress) {
+        const std::size_t n = std::min(kRowsBetweenProgress, last - at);
+        data::assemble_batch(data.train, plan.ids.subspan(at, n), staged_x.data() + at * features,
+                             staged_y.data() + at);
+        comm.progress();
+      }
     };
     assemble(0, plan.first_leaf * config.micro_batch);
     assemble(plan.end_leaf * config.micro_batch, rows);

@@ -37,6 +37,9 @@ class Comm {
   virtual void wait(std::span<const Handle> handles) = 0;
   // Completes every posted handle.
   virtual void wait_all() = 0;
+  // Lets posted messages move without waiting for them (MPI moves large messages only inside
+  // MPI calls). Unlike the calls above, any thread may call it, at any time.
+  virtual void progress() {}
 
   // In place: rank r's `bytes[r]` bytes lie at offset bytes[0] + ... + bytes[r-1] of `data`;
   // afterwards every rank has every part.
