@@ -28,14 +28,18 @@ MPIRUN = ["mpirun", "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 RUN_TIMEOUT = 120  # seconds for any one launch that should finish by itself
 
-# The matrix's common flags: batch 64 in micro-batches of 8 (8 leaves: 4 ranks get 2 each).
-BASE = ["--batch", "64", "--micro-batch", "8", "--steps", "6", "--warmup-steps", "0", "--quiet",
+# The matrix's common flags: batch 64, in micro-batches of 8 unless the config says otherwise
+# (8 leaves: 4 ranks get 2 each).
+BASE = ["--batch", "64", "--steps", "6", "--warmup-steps", "0", "--quiet",
         "--log-every", "1"]
 CONFIGS = {
     "mlp": [],
-    "cnn": ["--model", "cnn", "--steps", "4"],
+    "cnn": ["--model", "cnn"],
     "adam": ["--optimizer", "adam", "--lr", "0.001"],
     "clip": ["--clip-norm", "0.05"],
+    "leaf": ["--weight-grads", "leaf"],
+    # 2 leaves: 3 and 4 ranks leave ranks without leaves (they still own chunks of the root).
+    "few_leaves": ["--micro-batch", "32"],
 }
 SPLITS = [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (4, 1)]  # (ranks, workers per rank)
 
@@ -89,7 +93,10 @@ class Runs:
             tag = f"{config}_{ranks}x{workers}_{len(cls.cache)}"
             summary = os.path.join(cls.tmp, tag + ".json")
             metrics = os.path.join(cls.tmp, tag + ".jsonl")
-            args = (BASE + CONFIGS[config] + list(extra) +
+            flags = CONFIGS[config]
+            if "--micro-batch" not in flags:
+                flags = ["--micro-batch", "8"] + flags
+            args = (BASE + flags + list(extra) +
                     ["--seed", str(SEED), "--workers", str(workers),
                      "--summary", summary, "--metrics", metrics])
             # 1x1 is a plain process, no mpirun: the oracle.
@@ -125,6 +132,16 @@ def rank_pids(mpirun_pid, want, timeout=30):
             return pids
         time.sleep(0.1)
     raise AssertionError(f"did not find {want} cohort ranks under mpirun {mpirun_pid}")
+
+
+def running(pid):
+    """Whether pid is alive and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
 
 
 def wait_for_line(path, proc, timeout=60):
@@ -190,6 +207,15 @@ class MpiTest(unittest.TestCase):
                     self.assertGreater(summary["bytes_sent_per_step"], 0)
                 else:
                     self.assertEqual(summary["bytes_sent_per_step"], 0)
+
+    def test_only_rank0_prints(self):
+        """Without --quiet, the header and progress come once (from rank 0), nothing on stderr."""
+        rc, out, err, _ = run(launch(3, ["--batch", "64", "--micro-batch", "8", "--steps", "3",
+                                         "--workers", "1"]))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.count("cohort train:"), 1, out)
+        self.assertIn("3 ranks", out)
+        self.assertEqual(err.strip(), "")
 
     # c ------------------------------------------------------------------------------------------
     def resume_case(self, optimizer, first, second, k=3, n=7):
@@ -299,9 +325,7 @@ class MpiTest(unittest.TestCase):
         finally:
             self.cleanup(proc, pids.values())
         for pid in pids.values():
-            self.assertFalse(os.path.exists(f"/proc/{pid}") and
-                             open(f"/proc/{pid}/stat").read().split()[2] != "Z",
-                             f"rank pid {pid} still running")
+            self.assertFalse(running(pid), f"rank pid {pid} still running")
 
     def test_kill_rank1_ends_job(self):
         self.kill_case(1)
@@ -328,6 +352,8 @@ class MpiTest(unittest.TestCase):
                 except ProcessLookupError:
                     pass
             self.cleanup(proc, pids.values())
+        for pid in pids.values():
+            self.assertFalse(running(pid), f"rank pid {pid} still running")
 
     # h, i ---------------------------------------------------------------------------------------
     def test_trace(self):
