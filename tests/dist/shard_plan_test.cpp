@@ -58,8 +58,8 @@ TEST_P(EvenPartTest, TilesEveryCountContiguously) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Parts, EvenPartTest, ::testing::ValuesIn(all_ranks()),
-                         [](const ::testing::TestParamInfo<std::size_t>& info) {
-                           return "parts_" + std::to_string(info.param);
+                         [](const ::testing::TestParamInfo<std::size_t>& param_info) {
+                           return "parts_" + std::to_string(param_info.param);
                          });
 
 // Leaf counts (at least one) and chunk counts (zero allowed), against every rank count 1..64.
@@ -111,7 +111,9 @@ void check_plan(std::size_t ranks, std::size_t leaves, std::size_t chunks) {
   for (std::size_t l = 0; l < leaves; ++l) ASSERT_EQ(leaf_seen[l], 1) << "leaf " << l;
   for (std::size_t c = 0; c < chunks; ++c) ASSERT_EQ(chunk_seen[c], 1) << "chunk " << c;
   EXPECT_LE(leaf_max - leaf_min, 1u);
-  if (chunks > 0) EXPECT_LE(chunk_max - chunk_min, 1u);
+  if (chunks > 0) {
+    EXPECT_LE(chunk_max - chunk_min, 1u);
+  }
 
   // intersect: each window of [0, chunks + 5) meets the ranks' runs in pieces that tile it.
   const std::vector<std::size_t> cuts = {0, 1, chunks / 3, chunks / 2, chunks > 0 ? chunks - 1 : 0,
@@ -125,7 +127,7 @@ void check_plan(std::size_t ranks, std::size_t leaves, std::size_t chunks) {
         const Range x = intersect(run, b, e);
         ASSERT_LE(x.begin, x.end);
         if (x.empty()) {
-          EXPECT_TRUE(run.empty() || run.end <= b || run.begin >= e)
+          EXPECT_TRUE(b == e || run.empty() || run.end <= b || run.begin >= e)
               << "rank " << r << " window [" << b << ", " << e << ")";
           continue;
         }
@@ -155,8 +157,8 @@ TEST_P(ShardPlanTest, CoversEachLeafAndChunkOnceInRankOrder) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ShardPlanTest, ::testing::ValuesIn(all_ranks()),
-                         [](const ::testing::TestParamInfo<std::size_t>& info) {
-                           return "R" + std::to_string(info.param);
+                         [](const ::testing::TestParamInfo<std::size_t>& param_info) {
+                           return "R" + std::to_string(param_info.param);
                          });
 
 TEST(IntersectTest, Cases) {
