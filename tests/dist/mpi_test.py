@@ -208,6 +208,15 @@ class MpiTest(unittest.TestCase):
                 else:
                     self.assertEqual(summary["bytes_sent_per_step"], 0)
 
+    def test_quiet_prints_nothing(self):
+        """--quiet: no rank prints anything, whatever the split (mpirun binds each of 2 ranks to
+        one core, so 2x2 asks for more workers than the rank's cores)."""
+        for ranks, workers in SPLITS:
+            with self.subTest(ranks=ranks, workers=workers):
+                _, _, out, err = Runs.get("mlp", ranks, workers)
+                self.assertEqual(out, "")
+                self.assertEqual(err, "")
+
     def test_only_rank0_prints(self):
         """Without --quiet, the header and progress come once (from rank 0), nothing on stderr."""
         rc, out, err, _ = run(launch(3, ["--batch", "64", "--micro-batch", "8", "--steps", "3",
