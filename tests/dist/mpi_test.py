@@ -265,10 +265,15 @@ class MpiTest(unittest.TestCase):
     # d ------------------------------------------------------------------------------------------
     def test_bad_input_refused_once(self):
         """Bad input: exit 2 on every rank, one "cohort: error" line, no training output."""
+        garbage = os.path.join(self.tmp, "garbage.ck")
+        with open(garbage, "w") as f:
+            f.write("not a checkpoint\n")
         cases = {
             "batch 0": (2, ["--batch", "0"]),
             "missing data": (3, ["--steps", "2", "--data", os.path.join(self.tmp, "no-such")]),
             "missing resume": (2, ["--steps", "2", "--resume", os.path.join(self.tmp, "no.ck")]),
+            "corrupt resume": (2, ["--steps", "2", "--resume", garbage]),
+            "model mismatch": (3, ["--steps", "2", "--model", "mlp:10-10"]),
         }
         for name, (ranks, args) in cases.items():
             with self.subTest(name, ranks=ranks):
