@@ -9,6 +9,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
@@ -67,11 +68,15 @@ int dry_run(const TrainOptions& o, const Checked& in, std::ostream& out) {
 }
 
 // Several ranks: the workers and micro-batch a single process would take from its cores come
-// from this rank's share of its node's cores (its affinity mask split between the node's ranks)
-// and from the job's total, so the leaves are those of one process with as many cores.
+// from this rank's share of its node's cores and from the job's total, so the leaves are those
+// of one process with as many cores. The share: the affinity mask if the launcher bound the rank
+// to part of the node (Open MPI binds up to 2 ranks to a core each by default), else the mask
+// split between the node's ranks (--bind-to none).
 void apply_rank_defaults(train::TrainConfig& c, dist::Comm& comm) {
   const auto local = static_cast<std::size_t>(comm.local_size());
-  const std::size_t mine = std::max<std::size_t>(1, dist::affinity_cores() / local);
+  const std::size_t mask = dist::affinity_cores();
+  const bool bound = mask < std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t mine = std::max<std::size_t>(1, bound ? mask : mask / local);
   const std::uint64_t total = comm.sum(mine);
   if (c.workers == 0) c.workers = mine;
   if (c.micro_batch == 0 && c.batch != 0)

@@ -5,6 +5,8 @@
 #include <omp.h>
 #include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/info.h>
 #include <oneapi/tbb/task_arena.h>
 
 namespace cohort::train {
@@ -43,7 +45,18 @@ Replica::Replica(const nn::Model& model, std::size_t eval_rows, bool blocked_lay
       eval_x(eval_rows * static_cast<std::size_t>(model.input_features())),
       eval_y(eval_rows) {}
 
+// More workers than this process may use cores (--workers above the affinity mask, e.g. an MPI
+// rank bound to one core): TBB would cap the arena at the mask and warn on stderr. The user asked
+// for W replica threads: raise TBB's limit to W while the graph lives (oversubscribed, as asked).
+std::unique_ptr<oneapi::tbb::global_control> parallelism_for(std::size_t workers) {
+  const auto available = static_cast<std::size_t>(oneapi::tbb::info::default_concurrency());
+  if (workers <= available) return nullptr;
+  return std::make_unique<oneapi::tbb::global_control>(
+      oneapi::tbb::global_control::max_allowed_parallelism, workers);
+}
+
 struct StepGraph::Impl {
+  std::unique_ptr<oneapi::tbb::global_control> parallelism;  // before the arena
   oneapi::tbb::task_arena arena;
   ArenaExecutor executor{arena};
   // Set by run_replicas before the start message, read by the nodes (try_put orders the two).
@@ -53,7 +66,8 @@ struct StepGraph::Impl {
   std::unique_ptr<flow::broadcast_node<flow::continue_msg>> start;
   std::vector<std::unique_ptr<flow::continue_node<flow::continue_msg>>> nodes;
 
-  explicit Impl(std::size_t workers) : arena(static_cast<int>(workers)) {
+  explicit Impl(std::size_t workers)
+      : parallelism(parallelism_for(workers)), arena(static_cast<int>(workers)) {
     arena.execute([&] {
       graph = std::make_unique<flow::graph>();
       start = std::make_unique<flow::broadcast_node<flow::continue_msg>>(*graph);
