@@ -480,8 +480,10 @@ Summary Trainer::Impl::run(Observer& observer) {
   s.samples_per_second = s.time.step > 0 ? s.samples_per_second / s.time.step : 0;
   s.workers = config.workers;
   s.ranks = static_cast<std::size_t>(comm.size());
+  // The mean over ranks (a collective: every rank ends run() together).
+  const std::uint64_t bytes = comm.sum(comm.bytes_sent() - bytes_at_start);
   if (step_number > steps_done_at_start)
-    s.bytes_sent_per_step = static_cast<double>(comm.bytes_sent() - bytes_at_start) /
+    s.bytes_sent_per_step = static_cast<double>(bytes) / static_cast<double>(comm.size()) /
                             static_cast<double>(step_number - steps_done_at_start);
   s.batch = config.batch;
   s.micro_batch = config.micro_batch;

@@ -159,7 +159,7 @@ struct Summary {
   double epochs = 0;  // fractional when --steps stops mid-epoch
   std::size_t workers = 0, batch = 0, micro_batch = 0, parameters = 0;
   std::size_t ranks = 1;           // processes of the run (MPI ranks); `workers` is per rank
-  double bytes_sent_per_step = 0;  // by this rank, over the process group, mean of the run's steps
+  double bytes_sent_per_step = 0;  // by a rank to the others, mean over ranks and the run's steps
   double samples_per_second = 0;
   double train_loss = 0;  // mean over the last epoch's samples (or the partial epoch's)
   double test_loss = 0, test_accuracy = 0;
