@@ -2,13 +2,30 @@
 """Predicted samples/s and parallel efficiency of cohort on R nodes (one MPI rank per node), for the
 MLP and the CNN, from a node's measured step time, the measured bytes each rank sends per step, and
 a link's bandwidth and latency. It is a model for machines we do not have, not a measurement:
-nothing here runs cohort. Every per-model default is a PLACEHOLDER until replaced by the figures of
-the real MPI run (flags below; docs/scaling.md says where they come from).
+nothing here runs cohort. The per-model defaults are measurements, all from one machine on
+2026-12-01 (an Intel Xeon VM, family 6 model 167, 2 cores, AVX-512; Open MPI 4.1 over shared
+memory with --mca btl_vader_single_copy_mechanism none; batch 256, micro-batch 128):
+  --mlp-step-seconds 256/93,013 = 2.752 ms: cohort train, 1 process x 2 workers, median of 7
+      rounds of `bench/peer_compare.py --cases mpi --reps 7 --steps 300`, case (b)
+  --cnn-step-seconds 256/8,700 = 29.4 ms: cohort train --model cnn, 1 process x 2 workers (runs
+      of 8,745, 8,425 and 8,907 samples/s; 2 ranks x 1 worker: 8,272, 8,669, 8,672)
+  --mlp-bytes 1,598,766 and --cnn-bytes 1,461,958 at --measured-ranks 2: the summary's
+      bytes_sent_per_step (the mean over ranks) of `mpirun -np 2 cohort train --workers 1`,
+      default --weight-grads batch (a = 1.492 and 2.305; a ring all-reduce is a = 2)
+The link (--bandwidth-gbps 25, --latency-us 5) is an assumption, not a measurement, and so is
+--overlap 0 (conservative: the shared-memory run measured the exchange's wall time, 4-8% of the
+MLP's step at 2 ranks x 1 worker, not how much of it a real link would hide). docs/scaling.md
+gives the commands.
 
 The exchange (../shared/DESIGN.md, "Past one machine"): the root's chunks are sharded over the R
-ranks (ZeRO stage 1). Per step each rank sends what the owners of the other R-1 shards need of its
-leaves (phase 1), each owner updates its chunks, and the owners all-gather the updated weights
-(phase 2). Each phase sends one message to each other rank.
+ranks (ZeRO stage 1). Per step, phase 1: each rank sends each chunk owner what it needs of this
+rank's leaves: for ranges summed from leaves (convolutions, or everything under --weight-grads
+leaf) every leaf's slice of the owner's chunks; for linear layers with batch weight gradients the
+rank's rows (X and dY) of the layers the owner holds part of, which scale with the rows per rank
+(batch/R) and go to each owner that needs them; the first layer's input is never sent (each owner
+assembles it from the data). Phase 2: each owner updates its chunks and sends the updated weights
+to every other rank ((R-1)/R x G per rank on average). Each phase sends one message to each other
+rank; one small all-gather per step (leaf losses, per-chunk stats) is left out of the time.
 
 Model, per step, for R ranks:
   G         = 4 * parameters                         gradient (and weight) bytes, f32
@@ -16,9 +33,13 @@ Model, per step, for R ranks:
               a: the per-model traffic coefficient (--mlp-coef); a = 2 is a ring all-reduce's
               2 (R-1)/R * G. Or from a measurement: --mlp-bytes B at --measured-ranks Rm gives
               a = B / ((Rm-1)/Rm * G).
+              The 1 is phase 2's weights; a-1 is phase 1, fitted at Rm and carried to other R
+              by the same (R-1)/R. That assumes one leaf per rank (micro-batch = batch / R): a
+              rank with k leaves sends k slices of each summed-from-leaves range.
               g(R) = global batch / --batch: 1, except under --weak --traffic rows, where the
-              phase-1 part (a-1) is a row set of the whole batch (--weight-grads batch) and grows
-              with the global batch, g = R; the weight all-gather (the 1) never does
+              phase-1 part (a-1) is taken to be rows (--weight-grads batch) and grows with the
+              global batch, g = R (an upper bound for the CNN, whose convolutions' slices do not
+              grow); the weights (the 1) never do
   T_bw(R)   = bytes(R) / bandwidth                   (full-duplex link: receiving overlaps sending)
   T_lat(R)  = phases * (R-1) * latency               (R-1 messages per phase, 2 phases)
   T_comm(R) = T_bw + T_lat                           (0 at R = 1)
@@ -49,12 +70,13 @@ Prints one markdown table per model.
 import argparse
 import sys
 
-# PLACEHOLDERS until the MPI run's figures replace them (TODO(measured) in docs/scaling.md):
-# one node's step at batch 256 = this 2-core machine's single process, 2 workers
-# (docs/engine_results.md: ~70,000 samples/s for the MLP, ~7,000 for the cnn preset), and the
-# all-reduce-equivalent traffic the design aims at (a = 2).
-PLACEHOLDER_STEP_SECONDS = {"mlp": 256 / 70_000, "cnn": 256 / 7_000}
-PLACEHOLDER_COEF = 2.0
+# Measured defaults (the docstring says where each comes from; 2026-12-01, this 2-core Xeon VM).
+# One node's step at batch 256: 1 process x 2 workers, median samples/s -> seconds per step.
+STEP_SECONDS = {"mlp": 256 / 93_013, "cnn": 256 / 8_700}
+# Bytes sent per rank per step at MEASURED_RANKS (the summary's bytes_sent_per_step, mean over
+# ranks; --weight-grads batch, batch 256, micro-batch 128).
+MEASURED_BYTES = {"mlp": 1_598_766, "cnn": 1_461_958}
+MEASURED_RANKS = 2
 # Exact: mlp:784-512-256-10 and the cnn preset (832 + 51,264 + 262,400 + 2,570; README).
 PARAMETERS = {"mlp": 535_818, "cnn": 317_066}
 # Rows per worker below which compute per sample is known to drop (see the docstring).
@@ -137,20 +159,28 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for m in ("mlp", "cnn"):
         p.add_argument(f"--{m}-step-seconds", type=float,
-                       help=f"one node's step at --batch, 1 rank (PLACEHOLDER "
-                            f"{PLACEHOLDER_STEP_SECONDS[m]:.5f} until measured)")
+                       default=STEP_SECONDS[m],
+                       help=f"one node's step at --batch, 1 rank (default "
+                            f"{STEP_SECONDS[m]:.6f}: measured, 1 process x 2 workers, "
+                            f"2026-12-01, see above)")
         p.add_argument(f"--{m}-params", type=int, default=PARAMETERS[m])
         g = p.add_mutually_exclusive_group()
         g.add_argument(f"--{m}-coef", type=float,
-                       help=f"traffic coefficient a (PLACEHOLDER {PLACEHOLDER_COEF} until measured)")
-        g.add_argument(f"--{m}-bytes", type=float,
-                       help="measured bytes sent per rank per step at --measured-ranks")
-    p.add_argument("--measured-ranks", type=int, default=2, help="R of the --*-bytes measurements")
-    p.add_argument("--bandwidth-gbps", type=float, default=25.0, help="link bandwidth, Gbit/s")
-    p.add_argument("--latency-us", type=float, default=5.0, help="per-message latency, µs")
+                       help="traffic coefficient a (overrides the measured --" + m + "-bytes; "
+                            "2 = a ring all-reduce)")
+        g.add_argument(f"--{m}-bytes", type=float, default=MEASURED_BYTES[m],
+                       help=f"bytes sent per rank per step at --measured-ranks (default "
+                            f"{MEASURED_BYTES[m]:,}: measured at R = 2, 2026-12-01, see above)")
+    p.add_argument("--measured-ranks", type=int, default=MEASURED_RANKS,
+                   help="R of the --*-bytes measurements (2 for the measured defaults)")
+    p.add_argument("--bandwidth-gbps", type=float, default=25.0,
+                   help="link bandwidth, Gbit/s (an assumption: no such link was measured)")
+    p.add_argument("--latency-us", type=float, default=5.0,
+                   help="per-message latency, µs (an assumption: no such link was measured)")
     p.add_argument("--phases", type=int, default=2, help="exchange phases per step, R-1 messages each")
     p.add_argument("--overlap", type=float, default=0.0,
-                   help="fraction of min(compute, communication) hidden by overlap, 0..1")
+                   help="fraction of min(compute, communication) hidden by overlap, 0..1 "
+                        "(default 0: conservative, not measured)")
     p.add_argument("--batch", type=int, default=256,
                    help="global batch (strong) or batch per rank (--weak); the step's batch")
     p.add_argument("--weak", action="store_true", help="fixed batch per rank: global batch R * batch")
@@ -180,16 +210,14 @@ def main():
         t1 = getattr(a, f"{m}_step_seconds")
         params = getattr(a, f"{m}_params")
         coef, measured = getattr(a, f"{m}_coef"), getattr(a, f"{m}_bytes")
-        if measured is not None:
-            rm = a.measured_ranks
-            coef, source = measured / ((rm - 1) / rm * 4 * params), f"from {measured:,.0f} B at R = {rm}"
-        elif coef is not None:
+        if coef is not None:
             source = "given"
         else:
-            coef, source = PLACEHOLDER_COEF, "PLACEHOLDER: all-reduce's traffic"
-        if t1 is None:
-            t1 = PLACEHOLDER_STEP_SECONDS[m]
-            name += " — PLACEHOLDER step time"
+            rm = a.measured_ranks
+            coef = measured / ((rm - 1) / rm * 4 * params)
+            source = (f"from {measured:,.0f} B at R = {rm}"
+                      + (", measured" if measured == MEASURED_BYTES[m] and rm == MEASURED_RANKS
+                         else ""))
         table(name, t1, params, coef, source, a)
 
 
