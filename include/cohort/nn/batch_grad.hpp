@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "cohort/tensor/bf16.hpp"
+
 namespace cohort::nn {
 
 // dw (i1 - i0, OC), row-major, = sum over rows r of x[r, i0 .. i1)^T dy[r, :], where x is
@@ -24,6 +26,13 @@ void linear_weight_grad(const float* x, const float* dy, std::int64_t rows, std:
 
 // db[o - o0] = sum over rows r, in row order, of dy[r, o], for o in [o0, o1).
 void linear_bias_grad(const float* dy, std::int64_t rows, std::int64_t out, std::int64_t o0,
+                      std::int64_t o1, float* db);
+
+// The same with bf16 rows (a bf16 Net's): products of bf16 values accumulated in f32, dw and db
+// in f32 (oneDNN's gemm_bf16bf16f32; the bias sums in f32, in row order).
+void linear_weight_grad(const bf16* x, const bf16* dy, std::int64_t rows, std::int64_t in,
+                        std::int64_t out, std::int64_t i0, std::int64_t i1, float* dw);
+void linear_bias_grad(const bf16* dy, std::int64_t rows, std::int64_t out, std::int64_t o0,
                       std::int64_t o1, float* db);
 
 }  // namespace cohort::nn

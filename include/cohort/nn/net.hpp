@@ -15,8 +15,10 @@
 #include <memory>
 #include <span>
 
+#include "cohort/core/names.hpp"
 #include "cohort/nn/dropout.hpp"
 #include "cohort/nn/model.hpp"
+#include "cohort/tensor/bf16.hpp"
 
 namespace cohort::nn {
 
@@ -33,17 +35,27 @@ struct PhaseTimes {
 // of the layer's weight and bias gradients. x: (N, IC), the layer's input rows; null when the
 // caller already holds them (the Net's own input of a first linear layer). dy: (N, OC), the
 // gradient of the summed loss with respect to the layer's output.
+// Elements are floats, or bf16 for a bf16 Net.
 struct LinearRows {
-  float* x = nullptr;
-  float* dy = nullptr;
+  void* x = nullptr;
+  void* dy = nullptr;
 };
+
+// The arithmetic of a Net's primitives. kBf16: activations, weights and the input in bf16
+// (AVX512_BF16 dot products accumulating in f32); forward and backward-data in bf16; weight and
+// bias gradients, logits and the loss in f32.
+enum class Precision { kF32, kBf16 };
+inline constexpr Named<Precision> kPrecisionNames[] = {{Precision::kF32, "f32"},
+                                                       {Precision::kBf16, "bf16"}};
 
 class Net {
  public:
   // blocked_layouts: let oneDNN choose (format_tag::any) the layouts of convolution and
   // pooling activations and weights; false forces plain nchw / oihw everywhere (to measure the
   // choice). The model must outlive the Net.
-  explicit Net(const Model& model, bool blocked_layouts = true);
+  explicit Net(const Model& model, bool blocked_layouts = true,
+               Precision precision = Precision::kF32);
+  Precision precision() const;
   ~Net();
   Net(Net&&) noexcept;
   Net& operator=(Net&&) noexcept;
@@ -62,6 +74,14 @@ class Net {
   // Forward only, in inference mode (dropout is the identity); returns the logits
   // (N, num_classes), valid until the next call.
   const float* forward(const float* params, const float* x, std::int64_t N);
+
+  // The same for a bf16 Net: params is the bf16 copy of the flat parameter array (same offsets),
+  // x the input rows in bf16; grad, the loss and the logits stay f32. Calling the f32 functions
+  // on a bf16 Net, or these on an f32 Net, is an InternalError.
+  double forward_backward(const bf16* params, const bf16* x, const std::int32_t* labels,
+                          std::int64_t N, float* grad, const StreamKey& key = {},
+                          std::span<const LinearRows> linear_rows = {});
+  const float* forward(const bf16* params, const bf16* x, std::int64_t N);
 
   const PhaseTimes& times() const;
   // When the last forward_backward finished the loss and began backward (for traces).

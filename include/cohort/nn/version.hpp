@@ -10,4 +10,10 @@ namespace cohort::nn {
 // version (dnnl_version()), not the headers cohort was built with.
 std::string onednn_version();
 
+// The instruction set oneDNN dispatches to on this CPU (dnnl::get_effective_cpu_isa), e.g.
+// "avx512_core_amx", for the run's header.
+std::string onednn_isa();
+// Whether this CPU has native bf16 dot products (AVX512_BF16, from cpuid).
+bool cpu_has_bf16();
+
 }  // namespace cohort::nn
