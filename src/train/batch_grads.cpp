@@ -11,7 +11,9 @@
 
 namespace cohort::train {
 
-BatchGrads::BatchGrads(const nn::Model& model, std::size_t batch) {
+BatchGrads::BatchGrads(const nn::Model& model, std::size_t batch, nn::Precision precision)
+    : precision_(precision) {
+  const bool b16 = precision == nn::Precision::kBf16;
   const auto& layers = model.layers();
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const nn::LayerSpec& l = layers[i];
@@ -21,8 +23,12 @@ BatchGrads::BatchGrads(const nn::Model& model, std::size_t batch) {
     b.out = l.out.C;
     b.reads_input = i == 0;  // its input is the staged batch (a linear layer's input is flat)
     const auto in = static_cast<std::size_t>(b.in), out = static_cast<std::size_t>(b.out);
-    if (!b.reads_input) b.x = AlignedBuffer<float>(batch * in);  // (B, IC)
-    b.dy = AlignedBuffer<float>(batch * out);                    // (B, OC)
+    if (!b.reads_input) {  // (B, IC)
+      if (b16) b.x16 = AlignedBuffer<bf16>(batch * in);
+      else b.x = AlignedBuffer<float>(batch * in);
+    }
+    if (b16) b.dy16 = AlignedBuffer<bf16>(batch * out);  // (B, OC)
+    else b.dy = AlignedBuffer<float>(batch * out);
     ranges_.push_back({l.weight, l.weight + in * out, linear_.size(), false});
     ranges_.push_back({l.bias, l.bias + out, linear_.size(), true});
     widest_ = std::max(widest_, out);
@@ -36,8 +42,13 @@ void BatchGrads::leaf_rows(std::size_t first, std::vector<nn::LinearRows>& rows)
   rows.resize(linear_.size());
   for (std::size_t o = 0; o < linear_.size(); ++o) {
     Linear& l = linear_[o];
-    rows[o] = {l.reads_input ? nullptr : l.x.data() + first * static_cast<std::size_t>(l.in),
-               l.dy.data() + first * static_cast<std::size_t>(l.out)};
+    const std::size_t in = first * static_cast<std::size_t>(l.in),
+                      out = first * static_cast<std::size_t>(l.out);
+    if (precision_ == nn::Precision::kBf16) {
+      rows[o] = {l.reads_input ? nullptr : l.x16.data() + in, l.dy16.data() + out};
+    } else {
+      rows[o] = {l.reads_input ? nullptr : l.x.data() + in, l.dy.data() + out};
+    }
   }
 }
 
@@ -52,9 +63,12 @@ std::vector<BatchGrads::RowArray> BatchGrads::row_arrays() {
       (r.bias ? be : we) = r.end;
     }
     // X is read by the weight's gradient only; dY by the weight's and the bias's.
-    if (!l.reads_input)
-      out.push_back({l.x.data(), static_cast<std::size_t>(l.in), {wb, 0}, {we, 0}});
-    out.push_back({l.dy.data(), static_cast<std::size_t>(l.out), {wb, bb}, {we, be}});
+    const bool b16 = precision_ == nn::Precision::kBf16;
+    const std::size_t bytes = b16 ? sizeof(bf16) : sizeof(float);
+    void* x = b16 ? static_cast<void*>(l.x16.data()) : static_cast<void*>(l.x.data());
+    void* dy = b16 ? static_cast<void*>(l.dy16.data()) : static_cast<void*>(l.dy.data());
+    if (!l.reads_input) out.push_back({x, static_cast<std::size_t>(l.in), bytes, {wb, 0}, {we, 0}});
+    out.push_back({dy, static_cast<std::size_t>(l.out), bytes, {wb, bb}, {we, be}});
   }
   return out;
 }
@@ -73,8 +87,9 @@ std::pair<std::size_t, std::size_t> BatchGrads::input_reader() const {
 
 // A chunk end inside a weight row computes the whole rows into `scratch` and copies its part.
 double BatchGrads::gradient(const float* const* sources, std::size_t k, std::size_t begin,
-                            std::size_t end, std::size_t rows, const float* staged_input,
+                            std::size_t end, std::size_t rows, const void* staged_input,
                             float* out, float* scratch) const {
+  const bool b16 = precision_ == nn::Precision::kBf16;
   const auto n_rows = static_cast<std::int64_t>(rows);
   std::size_t pos = begin;
   auto leaf_sum = [&](std::size_t a, std::size_t b) {
@@ -96,13 +111,19 @@ double BatchGrads::gradient(const float* const* sources, std::size_t k, std::siz
     const auto lo = static_cast<std::int64_t>(a - r.begin),
                hi = static_cast<std::int64_t>(b - r.begin);
     if (r.bias) {
-      nn::linear_bias_grad(l.dy.data(), n_rows, l.out, lo, hi, dst);
+      if (b16) nn::linear_bias_grad(l.dy16.data(), n_rows, l.out, lo, hi, dst);
+      else nn::linear_bias_grad(l.dy.data(), n_rows, l.out, lo, hi, dst);
     } else {
-      const float* x = l.reads_input ? staged_input : l.x.data();
       const std::int64_t r0 = lo / l.out, r1 = (hi + l.out - 1) / l.out;
       const bool whole_rows = lo % l.out == 0 && hi % l.out == 0;
-      nn::linear_weight_grad(x, l.dy.data(), n_rows, l.in, l.out, r0, r1,
-                             whole_rows ? dst : scratch);
+      float* dw = whole_rows ? dst : scratch;
+      if (b16) {
+        const bf16* x = l.reads_input ? static_cast<const bf16*>(staged_input) : l.x16.data();
+        nn::linear_weight_grad(x, l.dy16.data(), n_rows, l.in, l.out, r0, r1, dw);
+      } else {
+        const float* x = l.reads_input ? static_cast<const float*>(staged_input) : l.x.data();
+        nn::linear_weight_grad(x, l.dy.data(), n_rows, l.in, l.out, r0, r1, dw);
+      }
       if (!whole_rows) std::memcpy(dst, scratch + (lo - r0 * l.out), (b - a) * sizeof(float));
     }
     gemm_seconds += seconds_since(t0);

@@ -21,8 +21,9 @@ namespace cohort::train {
 
 class BatchGrads {
  public:
-  // Room for `batch` rows of every linear layer of `model`.
-  BatchGrads(const nn::Model& model, std::size_t batch);
+  // Room for `batch` rows of every linear layer of `model`, in the replicas' precision (bf16
+  // rows: products of bf16 values accumulated in f32, as the bf16 Net's own weight gradients).
+  BatchGrads(const nn::Model& model, std::size_t batch, nn::Precision precision);
 
   // Where the leaf starting at batch row `first` keeps its rows: one entry per linear layer, in
   // model order (Net::forward_backward's linear_rows).
@@ -32,18 +33,19 @@ class BatchGrads {
   std::size_t scratch_floats(std::size_t chunk) const { return chunk + 2 * widest_; }
 
   // out[0, end - begin) = the batch's summed gradient of [begin, end) of the flat array, over
-  // `rows` rows; staged_input (rows, IC of the first layer) is the step's assembled batch, which
-  // a first linear layer reads instead of a copy. Ranges of no linear layer are the sources' sum,
+  // `rows` rows; staged_input (rows, IC of the first layer, in the rows' precision) is the step's
+  // assembled batch, which a first linear layer reads instead of a copy. Ranges of no linear layer are the sources' sum,
   // left to right (reduce::sum_sources, as the leaf mode). Returns the seconds in GEMMs and sums.
   double gradient(const float* const* sources, std::size_t k, std::size_t begin, std::size_t end,
-                  std::size_t rows, const float* staged_input, float* out, float* scratch) const;
+                  std::size_t rows, const void* staged_input, float* out, float* scratch) const;
 
   // For a rank that computes the gradient of part of the flat array (src/train/sharded.hpp):
   // every row array (B rows of `width` floats), with the ranges of the flat array whose
   // gradient reads it; the first linear layer's input is the staged batch, not listed.
   struct RowArray {
-    float* data;
-    std::size_t width;
+    void* data;
+    std::size_t width;  // values per row
+    std::size_t value_bytes;  // 4 (f32) or 2 (bf16)
     std::size_t reader_begin[2], reader_end[2];  // the weight's range, and (dY only) the bias's
   };
   std::vector<RowArray> row_arrays();
@@ -57,8 +59,10 @@ class BatchGrads {
   struct Linear {
     std::int64_t in = 0, out = 0;
     bool reads_input = false;  // the model's first layer: its input is the staged batch
-    AlignedBuffer<float> x, dy;
+    AlignedBuffer<float> x, dy;  // f32 rows
+    AlignedBuffer<bf16> x16, dy16;  // bf16 rows
   };
+  const nn::Precision precision_;
   struct Range {  // a linear layer's weight or bias in the flat array, in array order
     std::size_t begin = 0, end = 0, linear = 0;
     bool bias = false;

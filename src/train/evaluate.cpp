@@ -13,7 +13,7 @@ std::size_t eval_chunks(const data::Dataset& set, std::size_t eval_rows) {
   return (set.count + eval_rows - 1) / eval_rows;
 }
 
-void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const float* weights,
+void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const ReplicaWeights& weights,
                      std::size_t eval_rows, int classes, std::size_t first, std::size_t last,
                      EvalParts& parts) {
   const std::size_t chunks = eval_chunks(set, eval_rows);
@@ -30,7 +30,7 @@ void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const float* we
       const std::size_t row = c * eval_rows, n = std::min(eval_rows, set.count - row);
       const auto N = static_cast<std::int64_t>(n);
       data::assemble_batch(set, std::span(ids).subspan(row, n), r.eval_x.data(), r.eval_y.data());
-      const float* logits = r.net.forward(weights, r.eval_x.data(), N);  // (N, classes)
+      const float* logits = r.infer(weights, N);  // (N, classes)
       parts.loss[c] = nn::softmax_cross_entropy(logits, r.eval_y.data(), N, classes, nullptr);
       parts.correct[c] = static_cast<double>(nn::count_correct(logits, r.eval_y.data(), N, classes));
     }
@@ -48,8 +48,9 @@ std::pair<double, double> eval_totals(const EvalParts& parts, std::size_t count)
   return {total_loss / static_cast<double>(count), total_correct / static_cast<double>(count)};
 }
 
-std::pair<double, double> evaluate(StepGraph& graph, const data::Dataset& set, const float* weights,
-                                   std::size_t eval_rows, int classes) {
+std::pair<double, double> evaluate(StepGraph& graph, const data::Dataset& set,
+                                   const ReplicaWeights& weights, std::size_t eval_rows,
+                                   int classes) {
   EvalParts parts;
   evaluate_chunks(graph, set, weights, eval_rows, classes, 0, eval_chunks(set, eval_rows), parts);
   return eval_totals(parts, set.count);

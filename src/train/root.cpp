@@ -31,10 +31,12 @@ float* at(float* p, std::size_t i) { return p ? p + i : nullptr; }
 ReducerCall::ReducerCall() { t_inside_reducer_call = true; }
 ReducerCall::~ReducerCall() { t_inside_reducer_call = false; }
 
-Root::Root(const optim::Optimizer& optimizer, float* weights, float* state0, float* state1,
-           std::size_t n, std::size_t chunk, Mode mode, const BatchGrads* batch, Tracer* tracer)
+Root::Root(const optim::Optimizer& optimizer, float* weights, bf16* weights16, float* state0,
+           float* state1, std::size_t n, std::size_t chunk, Mode mode, const BatchGrads* batch,
+           Tracer* tracer)
     : optimizer_(optimizer),
       weights_(weights),
+      weights16_(weights16),
       state0_(state0),
       state1_(state1),
       n_(n),
@@ -47,8 +49,14 @@ Root::Root(const optim::Optimizer& optimizer, float* weights, float* state0, flo
   if (mode_ == Mode::kTwoPhase) grad_sum_ = AlignedBuffer<float>(n);
 }
 
+void Root::apply(const optim::StepScalars& scalars, std::size_t b, const float* g,
+                 std::size_t count) const {
+  optimizer_.apply(scalars, weights_ + b, g, at(state0_, b), at(state1_, b), count);
+  if (weights16_) to_bf16(weights_ + b, weights16_ + b, count);  // the block is still in L1
+}
+
 void Root::begin_step(const optim::StepScalars& scalars, std::size_t rows,
-                      const float* staged_input) {
+                      const void* staged_input) {
   scalars_ = scalars;
   rows_ = rows;
   staged_input_ = staged_input;
@@ -81,7 +89,7 @@ bool Root::apply_checked(const float* g, std::size_t begin, std::size_t end) {
       stats.first_bad = b + i;
       return false;
     }
-    optimizer_.apply(scalars_, weights_ + b, block, at(state0_, b), at(state1_, b), count);
+    apply(scalars_, b, block, count);
   }
   return true;
 }
@@ -108,7 +116,7 @@ void Root::fused_chunk(const float* const* sources, std::size_t k, std::size_t b
         stats.first_bad = b + i;
         break;
       }
-      optimizer_.apply(scalars_, weights_ + b, block, at(state0_, b), at(state1_, b), count);
+      apply(scalars_, b, block, count);
     }
   }
   if (tracer_) tracer_->root_span("sum+optimizer", begin / chunk_, stats.begin);
@@ -167,8 +175,8 @@ void Root::apply_summed(const optim::StepScalars& scalars, reduce::Executor& exe
     const auto t0 = Clock::now();
     const std::size_t begin = c * chunk_, end = std::min(n_, begin + chunk_);
     COHORT_CHECK(stats_[c].grad != nullptr, "second phase: a chunk was never summed");
-    optimizer_.apply(scalars, weights_ + begin, stats_[c].grad, at(state0_, begin),
-                     at(state1_, begin), end - begin);
+    for (std::size_t b = begin; b < end; b += kBlock)
+      apply(scalars, b, stats_[c].grad + (b - begin), std::min(kBlock, end - b));
     if (tracer_) tracer_->root_span("optimizer", c, t0);
   });
 }

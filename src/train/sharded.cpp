@@ -20,8 +20,8 @@ constexpr std::size_t kGroups = 4;
 
 ShardedStep::ShardedStep(dist::Comm& comm, Root& root, std::size_t n,
                          std::vector<AlignedBuffer<float>>& leaf_grads,
-                         std::vector<double>& leaf_loss, float* weights, BatchGrads* batch,
-                         std::size_t micro_batch, Tracer* tracer)
+                         std::vector<double>& leaf_loss, float* weights, bf16* weights16,
+                         BatchGrads* batch, std::size_t micro_batch, Tracer* tracer)
     : comm_(comm),
       root_(root),
       n_(n),
@@ -32,6 +32,7 @@ ShardedStep::ShardedStep(dist::Comm& comm, Root& root, std::size_t n,
       leaf_grads_(leaf_grads),
       leaf_loss_(leaf_loss),
       weights_(weights),
+      weights16_(weights16),
       batch_(batch),
       micro_batch_(micro_batch),
       tracer_(tracer) {
@@ -145,8 +146,8 @@ void ShardedStep::post_rows(bool send) {
     if (first == last) continue;
     for (const BatchGrads::RowArray& a : rows_) {
       if (!reads(send ? o : me_, a)) continue;
-      float* at = a.data + first * a.width;
-      const std::size_t bytes = (last - first) * a.width * sizeof(float);
+      void* at = static_cast<char*>(a.data) + first * a.width * a.value_bytes;
+      const std::size_t bytes = (last - first) * a.width * a.value_bytes;
       if (send) {
         comm_.isend(at, bytes, static_cast<int>(o), kRows);
       } else {
@@ -157,6 +158,7 @@ void ShardedStep::post_rows(bool send) {
 }
 
 void ShardedStep::post_weight_receives() {
+  weights_incoming_ = true;
   for (std::size_t o = 0; o < ranks_; ++o) {
     if (o == me_) continue;
     for (dist::Range g : groups_of(o)) {
@@ -246,6 +248,16 @@ void ShardedStep::end_step() {
   const auto t0 = Clock::now();
   comm_.wait_all();
   exchange_seconds_ += seconds_since(t0);
+  // The other owners' weights arrived in f32: their bf16 copy (the owned chunks' copy was
+  // written by the root's sweep).
+  if (weights16_ && weights_incoming_) {
+    for (std::size_t o = 0; o < ranks_; ++o) {
+      if (o == me_) continue;
+      const dist::Range e = elements_of(dist::ShardPlan(1, chunks_, ranks_).chunks_of(o));
+      to_bf16(weights_ + e.begin, weights16_ + e.begin, e.size());
+    }
+  }
+  weights_incoming_ = false;
   if (tracer_) tracer_->record("wait", tracer_->controller_track(), nullptr, 0, t0, Clock::now());
 }
 

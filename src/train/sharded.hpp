@@ -32,10 +32,12 @@ class Tracer;
 class ShardedStep {
  public:
   // The trainer's arrays: one gradient per leaf of a full batch (n floats each) and their losses,
-  // the master weights, and (may be null) the batch weight gradients' rows. All outlive this.
+  // the master weights, their bf16 copy (null: f32 run; the received weights' copy is written
+  // when they arrive), and (may be null) the batch weight gradients' rows. All outlive this.
   ShardedStep(dist::Comm& comm, Root& root, std::size_t n,
               std::vector<AlignedBuffer<float>>& leaf_grads, std::vector<double>& leaf_loss,
-              float* weights, BatchGrads* batch, std::size_t micro_batch, Tracer* tracer);
+              float* weights, bf16* weights16, BatchGrads* batch, std::size_t micro_batch,
+              Tracer* tracer);
 
   // A step of `rows` rows: fixes the plan and posts the receives of the other ranks' leaf slices
   // and rows (buffers no local replica touches). Returns this rank's leaves.
@@ -81,6 +83,7 @@ class ShardedStep {
   std::vector<AlignedBuffer<float>>& leaf_grads_;
   std::vector<double>& leaf_loss_;
   float* const weights_;
+  bf16* const weights16_;
   BatchGrads* const batch_;
   const std::size_t micro_batch_;
   Tracer* const tracer_;
@@ -94,6 +97,7 @@ class ShardedStep {
   std::vector<Group> groups_;
   std::vector<dist::Comm::Handle> row_inputs_;
   bool stop_agreed_ = false;
+  bool weights_incoming_ = false;  // this step's weight receives are posted
   double exchange_seconds_ = 0;
   // Trees wider than one root (more than kMaxArity leaves): the internal nodes' sums.
   std::unique_ptr<reduce::TreeShape> shape_;

@@ -40,9 +40,11 @@ class ArenaExecutor final : public reduce::Executor {
 };
 }  // namespace
 
-Replica::Replica(const nn::Model& model, std::size_t eval_rows, bool blocked_layouts)
-    : net(model, blocked_layouts),
+Replica::Replica(const nn::Model& model, std::size_t eval_rows, bool blocked_layouts,
+                 nn::Precision precision)
+    : net(model, blocked_layouts, precision),
       eval_x(eval_rows * static_cast<std::size_t>(model.input_features())),
+      eval_x16(precision == nn::Precision::kBf16 ? eval_x.size() : 0),
       eval_y(eval_rows) {}
 
 // More workers than this process may use cores (--workers above the affinity mask, e.g. an MPI
@@ -83,12 +85,19 @@ struct StepGraph::Impl {
   }
 };
 
+const float* Replica::infer(const ReplicaWeights& weights, std::int64_t N) {
+  if (net.precision() == nn::Precision::kF32) return net.forward(weights.f32, eval_x.data(), N);
+  const std::size_t values = static_cast<std::size_t>(N) * (eval_x.size() / eval_y.size());
+  to_bf16(eval_x.data(), eval_x16.data(), values);
+  return net.forward(weights.b16, eval_x16.data(), N);
+}
+
 StepGraph::StepGraph(std::size_t workers, const nn::Model& model, std::size_t eval_rows,
-                     bool blocked_layouts)
+                     bool blocked_layouts, nn::Precision precision)
     : impl_(std::make_unique<Impl>(workers)) {
   omp_set_num_threads(1);  // the controller also runs replica work inside the arena
   for (std::size_t w = 0; w < workers; ++w)
-    replicas_.push_back(std::make_unique<Replica>(model, eval_rows, blocked_layouts));
+    replicas_.push_back(std::make_unique<Replica>(model, eval_rows, blocked_layouts, precision));
 }
 
 StepGraph::~StepGraph() = default;

@@ -21,22 +21,34 @@
 
 namespace cohort::train {
 
+// The weights the replicas read: the f32 master weights, and with --precision bf16 their bf16
+// copy (which a bf16 Net reads instead).
+struct ReplicaWeights {
+  const float* f32 = nullptr;
+  const bf16* b16 = nullptr;
+};
+
 // What one worker owns: its Net (primitives, activations, scratchpad), staging for evaluation,
 // where its leaves' linear rows go (batch weight gradients), and its time accounts.
 struct Replica {
   nn::Net net;
   AlignedBuffer<float> eval_x;       // (eval rows, features)
+  AlignedBuffer<bf16> eval_x16;      // bf16: eval_x converted, the Net's input
   std::vector<std::int32_t> eval_y;  // (eval rows)
   std::vector<nn::LinearRows> linear_rows;
   ReplicaClock clock;
-  Replica(const nn::Model& model, std::size_t eval_rows, bool blocked_layouts);
+  Replica(const nn::Model& model, std::size_t eval_rows, bool blocked_layouts,
+          nn::Precision precision);
+  // Inference on the first N rows of eval_x (converted to bf16 first for a bf16 Net); the
+  // logits (N, classes).
+  const float* infer(const ReplicaWeights& weights, std::int64_t N);
 };
 
 class StepGraph {
  public:
   // `workers` must be validated (train::validate): the arena and W replicas are sized from it.
   StepGraph(std::size_t workers, const nn::Model& model, std::size_t eval_rows,
-            bool blocked_layouts);
+            bool blocked_layouts, nn::Precision precision);
   ~StepGraph();
 
   std::size_t workers() const { return replicas_.size(); }

@@ -78,10 +78,12 @@ struct Trainer::Impl {
   const std::size_t features;
   const optim::Optimizer optimizer;
   AlignedBuffer<float> weights;
+  AlignedBuffer<bf16> weights16;  // bf16: the copy replicas read, written by the root
   AlignedBuffer<float> state[2];  // the optimizer's per-parameter arrays (momentum, moments)
   std::vector<AlignedBuffer<float>> leaf_grads;  // one per leaf of a full batch
   std::vector<double> leaf_loss;                 // summed loss of each leaf
   AlignedBuffer<float> staged_x;                 // (B, features): the step's batch
+  AlignedBuffer<bf16> staged_x16;                // bf16: the same rows, the Nets' input
   std::vector<std::int32_t> staged_y;            // (B)
   std::unique_ptr<BatchGrads> batch_grads;       // --weight-grads batch
   Tracer tracer;
@@ -106,28 +108,53 @@ struct Trainer::Impl {
         features(static_cast<std::size_t>(model.input_features())),
         optimizer(config.optimizer),
         weights(model.layout().total()),
+        weights16(bf16_run() ? weights.size() : 0),
         staged_x(config.batch * features),
+        staged_x16(bf16_run() ? staged_x.size() : 0),
         staged_y(config.batch),
         batch_grads(config.weight_grads == TrainConfig::WeightGrads::kBatch
-                        ? std::make_unique<BatchGrads>(model, config.batch)
+                        ? std::make_unique<BatchGrads>(model, config.batch, config.precision)
                         : nullptr),
         tracer(config.workers, config.trace),
-        root(optimizer, weights.data(), make_state(0), make_state(1), model.layout().total(),
+        root(optimizer, weights.data(), bf16_run() ? weights16.data() : nullptr, make_state(0),
+             make_state(1), model.layout().total(),
              reduce::ReducerConfig{}.chunk,
              config.clip_norm > 0 || config.on_nonfinite == TrainConfig::OnNonFinite::kSkip
                  ? Root::Mode::kTwoPhase
                  : Root::Mode::kFused,
              batch_grads.get(), config.trace ? &tracer : nullptr),
-        graph(config.workers, model, config.eval_batch, config.blocked_layouts),
+        graph(config.workers, model, config.eval_batch, config.blocked_layouts, config.precision),
         base_lr(optim::scaled_base_lr(config.schedule, config.optimizer.lr, config.batch)) {
     model.init(weights.data(), config.seed);
+    copy_to_bf16();
     const std::size_t max_leaves = leaves_for(config.batch);
     for (std::size_t i = 0; i < max_leaves; ++i) leaf_grads.emplace_back(model.layout().total());
     leaf_loss.resize(max_leaves);
     if (comm.size() > 1)
       sharded = std::make_unique<ShardedStep>(comm, root, model.layout().total(), leaf_grads,
-                                              leaf_loss, weights.data(), batch_grads.get(),
+                                              leaf_loss, weights.data(),
+                                              bf16_run() ? weights16.data() : nullptr,
+                                              batch_grads.get(),
                                               config.micro_batch, config.trace ? &tracer : nullptr);
+  }
+
+  bool bf16_run() const { return config.precision == nn::Precision::kBf16; }
+  ReplicaWeights replica_weights() const { return {weights.data(), weights16.data()}; }
+  // The bf16 copy of the whole weights (after initialization or a restore).
+  void copy_to_bf16() {
+    if (bf16_run()) to_bf16(weights.data(), weights16.data(), weights.size());
+  }
+  // The step's staged input as the Nets and the batch gradients read it.
+  const void* staged_input() const {
+    return bf16_run() ? static_cast<const void*>(staged_x16.data()) : staged_x.data();
+  }
+  // Rows [first, first + n) of the staged batch: assembled from the data (and converted).
+  void stage_rows(std::size_t first, std::size_t n) {
+    data::assemble_batch(data.train, plan.ids.subspan(first, n), staged_x.data() + first * features,
+                         staged_y.data() + first);
+    if (bf16_run())
+      to_bf16(staged_x.data() + first * features, staged_x16.data() + first * features,
+              n * features);
   }
 
   // The optimizer's state array i (allocated here, during construction), or null if it keeps none.
@@ -203,20 +230,22 @@ struct Trainer::Impl {
     const std::size_t first = leaf * config.micro_batch;
     const std::size_t n = std::min(config.micro_batch, plan.ids.size() - first);
     const auto t0 = Clock::now();
-    data::assemble_batch(data.train, plan.ids.subspan(first, n), staged_x.data() + first * features,
-                         staged_y.data() + first);
+    stage_rows(first, n);
     r.clock.data += seconds_since(t0);
     const auto t1 = Clock::now();
     if (tracer.on()) tracer.record("data", track, "leaf", leaf, t0, t1);
     if (config.leaf_hook) config.leaf_hook(plan.number, leaf);
     if (batch_grads) batch_grads->leaf_rows(first, r.linear_rows);
     float* grad = leaf_grads[leaf].data();
-    leaf_loss[leaf] = r.net.forward_backward(
-        weights.data(), staged_x.data() + first * features, staged_y.data() + first,
-        static_cast<std::int64_t>(n), grad,
-        nn::StreamKey{config.seed, plan.number, leaf},  // dropout: never keyed by worker
-        batch_grads ? std::span<const nn::LinearRows>(r.linear_rows)
-                    : std::span<const nn::LinearRows>());
+    const nn::StreamKey key{config.seed, plan.number, leaf};  // dropout: never keyed by worker
+    const auto rows = batch_grads ? std::span<const nn::LinearRows>(r.linear_rows)
+                                  : std::span<const nn::LinearRows>();
+    const auto N = static_cast<std::int64_t>(n);
+    leaf_loss[leaf] =
+        bf16_run() ? r.net.forward_backward(weights16.data(), staged_x16.data() + first * features,
+                                            staged_y.data() + first, N, grad, key, rows)
+                   : r.net.forward_backward(weights.data(), staged_x.data() + first * features,
+                                            staged_y.data() + first, N, grad, key, rows);
     if (tracer.on()) {
       tracer.record("forward", track, "leaf", leaf, t1, r.net.backward_begin());
       tracer.record("backward", track, "leaf", leaf, r.net.backward_begin(), Clock::now());
@@ -253,7 +282,7 @@ struct Trainer::Impl {
     StepOutcome out;
     out.lr = optim::lr_at(config.schedule, base_lr, updates_done, total_steps);
     const float inv_rows = 1.0f / static_cast<float>(rows);
-    root.begin_step(optimizer.scalars(out.lr, inv_rows, updates_done + 1), rows, staged_x.data());
+    root.begin_step(optimizer.scalars(out.lr, inv_rows, updates_done + 1), rows, staged_input());
     if (plan.reducer) plan.reducer->begin_step(root.sink());
     try {
       graph.run_replicas([this](std::size_t w) { run_replica(w); });
@@ -294,9 +323,7 @@ struct Trainer::Impl {
     auto assemble = [&](std::size_t first, std::size_t last) {
       last = std::min(last, rows);
       for (std::size_t at = first; at < last; at += kRowsBetweenProgress) {
-        const std::size_t n = std::min(kRowsBetweenProgress, last - at);
-        data::assemble_batch(data.train, plan.ids.subspan(at, n), staged_x.data() + at * features,
-                             staged_y.data() + at);
+        stage_rows(at, std::min(kRowsBetweenProgress, last - at));
         comm.progress();
       }
     };
@@ -369,13 +396,14 @@ struct Trainer::Impl {
   // Several ranks: each evaluates a contiguous run of the chunks; the parts are all-gathered
   // and added in chunk order, as one process adds them.
   std::pair<double, double> evaluate_set(const data::Dataset& set) {
-    if (!sharded) return evaluate(graph, set, weights.data(), config.eval_batch, model.num_classes());
+    if (!sharded)
+      return evaluate(graph, set, replica_weights(), config.eval_batch, model.num_classes());
     const std::size_t chunks = eval_chunks(set, config.eval_batch);
     const auto ranks = static_cast<std::size_t>(comm.size());
     const dist::Range mine = dist::even_part(chunks, ranks, static_cast<std::size_t>(comm.rank()));
     EvalParts parts;
-    evaluate_chunks(graph, set, weights.data(), config.eval_batch, model.num_classes(), mine.begin,
-                    mine.end, parts);
+    evaluate_chunks(graph, set, replica_weights(), config.eval_batch, model.num_classes(),
+                    mine.begin, mine.end, parts);
     std::vector<std::size_t> bytes(ranks);
     for (std::size_t r = 0; r < ranks; ++r)
       bytes[r] = dist::even_part(chunks, ranks, r).size() * sizeof(double);
@@ -480,6 +508,7 @@ Summary Trainer::Impl::run(Observer& observer) {
   s.samples_per_second = s.time.step > 0 ? s.samples_per_second / s.time.step : 0;
   s.workers = config.workers;
   s.ranks = static_cast<std::size_t>(comm.size());
+  s.precision = config.precision;
   // The mean over ranks (a collective: every rank ends run() together).
   const std::uint64_t bytes = comm.sum(comm.bytes_sent() - bytes_at_start);
   if (step_number > steps_done_at_start)
@@ -530,6 +559,7 @@ void Trainer::restore(const checkpoint::Checkpoint& c, const std::string& name) 
   m.model.from_canonical(c.weights.data(), m.weights.data());
   for (std::size_t i = 0; i < c.state.size(); ++i)
     m.model.from_canonical(c.state[i].data(), m.state[i].data());
+  m.copy_to_bf16();
   m.steps_done = c.step;
   m.updates_done = c.updates;
   m.skipped_total = c.skipped;

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cohort/core/error.hpp"
+#include "cohort/nn/version.hpp"
 #include "cohort/optim/optimizer.hpp"
 #include "cohort/train/trainer.hpp"
 
@@ -79,6 +80,12 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
   if (!(std::isfinite(c.clip_norm) && c.clip_norm >= 0))
     bad("--clip-norm", "a finite value >= 0 (0: off)", std::to_string(c.clip_norm));
   if (c.max_skips == 0) bad("--max-skips", "at least 1", "0");
+  if (c.precision == nn::Precision::kBf16 && !c.allow_emulated_bf16 &&
+      !(c.native_bf16 ? c.native_bf16() : nn::cpu_has_bf16()))
+    throw InputError(
+        "--precision bf16: this CPU has no AVX512_BF16 (native bf16 dot products); oneDNN would "
+        "emulate bf16 at several times the cost of f32. Use --precision f32, or "
+        "--allow-emulated-bf16 to run it anyway");
 }
 
 void check_resume(const TrainConfig& unresolved, const nn::Model& model, const data::Splits& data,

@@ -11,7 +11,7 @@
 namespace cohort {
 
 struct bf16 {
-  std::uint16_t bits = 0;
+  std::uint16_t bits;  // no initializer: a trivial type (AlignedBuffer zeroes its arrays)
 };
 
 inline bf16 to_bf16(float f) {

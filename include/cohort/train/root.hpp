@@ -22,6 +22,7 @@
 #include "cohort/optim/optimizer.hpp"
 #include "cohort/reduce/executor.hpp"
 #include "cohort/reduce/reducer.hpp"
+#include "cohort/tensor/bf16.hpp"
 #include "cohort/tensor/buffer.hpp"
 
 namespace cohort::train {
@@ -59,11 +60,13 @@ class Root {
   enum class Mode { kFused, kTwoPhase };
 
   // The master weights and the optimizer's state arrays (null where the optimizer keeps none), n
-  // floats each; all must outlive the root. `chunk` is the reducer's chunk. `batch` (may be null):
-  // batch weight gradients of linear layers; `tracer` (may be null): root spans.
-  Root(const optim::Optimizer& optimizer, float* weights, float* state0, float* state1,
-       std::size_t n, std::size_t chunk, Mode mode, const BatchGrads* batch = nullptr,
-       Tracer* tracer = nullptr);
+  // floats each; all must outlive the root. `weights16` (may be null): the bf16 copy of the
+  // weights the replicas read (--precision bf16), written block by block right after the
+  // optimizer, from L1, in the same sweep. `chunk` is the reducer's chunk. `batch` (may be
+  // null): batch weight gradients of linear layers; `tracer` (may be null): root spans.
+  Root(const optim::Optimizer& optimizer, float* weights, bf16* weights16, float* state0,
+       float* state1, std::size_t n, std::size_t chunk, Mode mode,
+       const BatchGrads* batch = nullptr, Tracer* tracer = nullptr);
 
   Mode mode() const { return mode_; }
   std::size_t chunk() const { return chunk_; }
@@ -71,7 +74,7 @@ class Root {
   // Before a step: the scalars the fused sweep applies (grad_scale = 1 / rows), and with batch
   // weight gradients the batch's row count and its staged input (rows, features).
   void begin_step(const optim::StepScalars& scalars, std::size_t rows = 0,
-                  const float* staged_input = nullptr);
+                  const void* staged_input = nullptr);
   // The reducer's sink for this root's mode; valid as long as the root (the root must not move).
   reduce::Sink sink();
 
@@ -120,7 +123,12 @@ class Root {
   };
 
   const optim::Optimizer& optimizer_;
+  // The optimizer on [b, b + count) with gradient g, then the block's bf16 copy.
+  void apply(const optim::StepScalars& scalars, std::size_t b, const float* g,
+             std::size_t count) const;
+
   float* const weights_;
+  bf16* const weights16_;
   float* const state0_;
   float* const state1_;
   const std::size_t n_, chunk_;
@@ -129,7 +137,7 @@ class Root {
   Tracer* const tracer_;
   optim::StepScalars scalars_{};
   std::size_t rows_ = 0;
-  const float* staged_input_ = nullptr;
+  const void* staged_input_ = nullptr;
   AlignedBuffer<float> grad_sum_;  // two-phase: the summed gradient
   std::vector<ChunkStats> stats_;
   FusedCall fused_call_{this};

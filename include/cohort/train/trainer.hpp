@@ -20,6 +20,7 @@
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/data/dataset.hpp"
 #include "cohort/nn/model.hpp"
+#include "cohort/nn/net.hpp"
 #include "cohort/optim/optimizer.hpp"
 #include "cohort/optim/schedule.hpp"
 #include "cohort/reduce/reducer.hpp"
@@ -64,6 +65,15 @@ struct TrainConfig {
   static constexpr Named<WeightGrads> kWeightGradsNames[] = {{WeightGrads::kBatch, "batch"},
                                                              {WeightGrads::kLeaf, "leaf"}};
   WeightGrads weight_grads = WeightGrads::kBatch;
+  // The replicas' arithmetic (nn::Precision). bf16: forward and backward-data in bf16 on a bf16
+  // copy of the weights that the root writes as it updates the f32 master weights; weight
+  // gradients, loss, reduction, checks and the optimizer stay f32 (docs/architecture.md).
+  nn::Precision precision = nn::Precision::kF32;
+  // bf16 on a CPU without AVX512_BF16 is refused (oneDNN would emulate it at several times the
+  // cost of f32) unless this is set.
+  bool allow_emulated_bf16 = false;
+  // Test hook: whether the CPU has native bf16 (null: nn::cpu_has_bf16()).
+  std::function<bool()> native_bf16;
   std::size_t eval_batch = 500;  // rows per forward pass in evaluation
   // Skip each epoch's last, partial batch, as torch_peer.py does: every step then has the same
   // shape (one set of primitives, one leaf decomposition) and throughput and accuracy compare
@@ -159,6 +169,7 @@ struct Summary {
   double epochs = 0;  // fractional when --steps stops mid-epoch
   std::size_t workers = 0, batch = 0, micro_batch = 0, parameters = 0;
   std::size_t ranks = 1;           // processes of the run (MPI ranks); `workers` is per rank
+  nn::Precision precision = nn::Precision::kF32;
   double bytes_sent_per_step = 0;  // by a rank to the others, mean over ranks and the run's steps
   double samples_per_second = 0;
   double train_loss = 0;  // mean over the last epoch's samples (or the partial epoch's)
