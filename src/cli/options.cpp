@@ -36,6 +36,7 @@ constexpr const auto& names_table(optim::ScheduleKind) { return optim::kSchedule
 constexpr const auto& names_table(reduce::Strategy) { return reduce::kStrategyNames; }
 constexpr const auto& names_table(TC::OnNonFinite) { return TC::kOnNonFiniteNames; }
 constexpr const auto& names_table(TC::WeightGrads) { return TC::kWeightGradsNames; }
+constexpr const auto& names_table(nn::Precision) { return nn::kPrecisionNames; }
 
 // o.*First.*Rest...: the field a row stores into.
 template <auto First, auto... Rest, class T>
@@ -217,6 +218,13 @@ std::vector<TrainFlag> make_table() {
           "--weight-grads", "run.weight_grads",
           "linear layers' weight gradients over the whole batch at the root, right before the "
           "optimizer, or per leaf, summed by the reducer"),
+      choice_flag<&O::config, &TC::precision>(
+          "--precision", "run.precision",
+          "the replicas' arithmetic: f32, or bf16 (bf16 forward and backward-data on a bf16 copy "
+          "of the weights; f32 master weights, weight gradients, loss and optimizer)"),
+      bool_flag<&O::config, &TC::allow_emulated_bf16>(
+          "--allow-emulated-bf16", "run.allow_emulated_bf16",
+          "run --precision bf16 on a CPU without AVX512_BF16 (emulated, several times slower)"),
       bool_flag<&O::plain_layouts>("--plain-layouts", "run.plain_layouts",
                                    "plain nchw activations in convolutions and pooling instead of "
                                    "oneDNN's blocked choice (for measuring)"),

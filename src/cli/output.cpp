@@ -70,7 +70,8 @@ std::string config_text(const json& config) {
       for (const auto& [k, v] : value.items())
         if (k != "kind") add(text, k + "=" + scalar_text(v));
     } else {
-      const bool engine = key == "reducer" || key == "weight_grads" || key == "blocked_layouts";
+      const bool engine = key == "reducer" || key == "weight_grads" || key == "blocked_layouts" ||
+                          key == "precision";
       add(line(engine ? "engine" : "run"), key + "=" + scalar_text(value));
     }
   }
@@ -128,6 +129,7 @@ json config_json(const train::TrainConfig& c, const std::string& data_dir) {
           {"max_skips", c.max_skips},
           {"reducer", std::string(reduce::to_string(c.reducer))},
           {"weight_grads", std::string(name_of(TC::kWeightGradsNames, c.weight_grads))},
+          {"precision", std::string(name_of(nn::kPrecisionNames, c.precision))},
           {"drop_last", c.drop_last},
           {"blocked_layouts", c.blocked_layouts}};
 }
@@ -139,6 +141,7 @@ json summary_json(const train::Summary& s, const json& config) {
           {"epochs", s.epochs},
           {"workers", s.workers},
           {"ranks", s.ranks},
+          {"precision", std::string(name_of(nn::kPrecisionNames, s.precision))},
           {"workers_per_rank", s.workers},
           {"bytes_sent_per_step", s.bytes_sent_per_step},
           {"batch", s.batch},

@@ -126,14 +126,16 @@ void Progress::on_step(const train::StepEvent& e) {
 }
 
 void Progress::on_epoch(const train::EpochResult& r) {
-  write_metrics({{"kind", "epoch"},
-                 {"epoch", r.epoch + 1},
-                 {"step", r.steps},
-                 {"train_loss", r.train_loss},
-                 {"test_loss", r.test_loss},
-                 {"test_accuracy", r.test_accuracy},
-                 {"samples_per_second", r.samples_per_second},
-                 {"elapsed_s", r.elapsed}});
+  json line{{"kind", "epoch"},
+            {"epoch", r.epoch + 1},
+            {"step", r.steps},
+            {"train_loss", r.train_loss},
+            {"test_loss", r.test_loss},
+            {"test_accuracy", r.test_accuracy},
+            {"samples_per_second", r.samples_per_second},
+            {"elapsed_s", r.elapsed}};
+  line.update(epoch_tags_);
+  write_metrics(line);
   if (quiet_) return;
   if (tty_) out_ << "\r";
   out_ << "epoch " << r.epoch + 1 << " done: train loss " << std::fixed << std::setprecision(4)

@@ -56,6 +56,10 @@ class Progress final : public train::Observer {
         epochs_planned_(epochs_planned),
         every_step_(std::move(every_step)) {}
 
+  // Fields every epoch line of the metrics carries (e.g. the precision), so curves of runs in
+  // different precisions are told apart.
+  void tag_epochs(json fields) { epoch_tags_ = std::move(fields); }
+
   bool stop_requested() override { return StopSignals::requested(); }
   void on_step(const train::StepEvent& e) override;
   void on_epoch(const train::EpochResult& r) override;
@@ -69,6 +73,7 @@ class Progress final : public train::Observer {
   std::ostream* metrics_;
   std::size_t epochs_planned_;
   std::function<void(std::uint64_t)> every_step_;
+  json epoch_tags_ = json::object();
   // The mean loss over a window of steps.
   struct LossWindow {
     double sum = 0;

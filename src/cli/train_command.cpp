@@ -14,6 +14,7 @@
 #include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/dist/watchdog.hpp"
+#include "cohort/nn/version.hpp"
 #include "commands.hpp"
 #include "output.hpp"
 #include "progress.hpp"
@@ -134,7 +135,10 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
         << (comm.size() > 1 ? "  " + comm.describe() + ", " + std::to_string(c.workers) +
                                   " workers per rank; rank 0 reports for all\n"
                             : "")
-        << config_text(effective_json)
+        << config_text(effective_json) << "  oneDNN dispatches " << nn::onednn_isa()
+        << (c.precision == nn::Precision::kBf16 && !nn::cpu_has_bf16()
+                ? " (no AVX512_BF16: bf16 is emulated)\n"
+                : "\n")
         << (in.resume ? "  resumed from " + ck.resume + " at step " +
                             std::to_string(in.resume->step) + "\n"
                       : "");
@@ -164,6 +168,7 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
   };
   Progress progress(out, o.quiet, &out == &std::cout && ::isatty(STDOUT_FILENO), o.log_every,
                     metrics ? &*metrics : nullptr, epochs_planned, every_step);
+  progress.tag_epochs({{"precision", std::string(name_of(nn::kPrecisionNames, c.precision))}});
   train::Summary s;
   try {
     s = trainer.run(progress);
