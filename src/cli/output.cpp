@@ -152,6 +152,13 @@ json summary_json(const train::Summary& s, const json& config) {
           {"test_loss", s.test_loss},
           {"test_accuracy", s.test_accuracy},
           {"weights_digest", s.weights_digest},
+          {"roofline",
+           {{"gemm_seconds", s.roofline.gemm_seconds},
+            {"root_bytes", s.roofline.root_bytes},
+            {"root_seconds", s.roofline.root_seconds},
+            {"floor_seconds", s.roofline.floor_seconds},
+            {"step_seconds", s.roofline.step_seconds},
+            {"fraction", s.roofline.fraction}}},
           {"time", to_json(s.time)},
           {"config", config}};
 }

@@ -18,6 +18,7 @@
 #include "cohort/train/root.hpp"
 #include "cohort/dist/comm.hpp"
 #include "evaluate.hpp"
+#include "roofline.hpp"
 #include "sharded.hpp"
 #include "step_graph.hpp"
 #include "time_account.hpp"
@@ -518,6 +519,9 @@ Summary Trainer::Impl::run(Observer& observer) {
   s.micro_batch = config.micro_batch;
   s.parameters = model.layout().numel();
   s.weights_digest = weights_digest(weights.data(), weights.size());
+  if (config.roofline && step_number > steps_done_at_start)
+    s.roofline = measure_roofline(model, config, graph, optimizer.state_buffers(),
+                                  s.time.step / static_cast<double>(step_number - steps_done_at_start));
   return s;
 }
 

@@ -83,6 +83,9 @@ struct TrainConfig {
   bool blocked_layouts = true;
   // Record a span per leaf phase and root chunk for Trainer::trace() (--trace).
   bool trace = false;
+  // After run(): measure the step's roofline (Summary::roofline; ~0.1 s of GEMM and sweep
+  // timing on the replicas' threads).
+  bool roofline = false;
   // Test hook, called on the replica's thread before each leaf's forward/backward; may throw to
   // simulate a failing worker. Not for production use.
   std::function<void(std::uint64_t step, std::size_t leaf)> leaf_hook;
@@ -162,6 +165,16 @@ struct EpochResult {
   double elapsed;             // training seconds so far
 };
 
+// The step against its physical floor (src/train/roofline.hpp), per full-batch step.
+struct Roofline {
+  double gemm_seconds = 0;   // the step's GEMMs at this run's oneDNN rate / replicas
+  double root_bytes = 0;     // what the root reads and writes
+  double root_seconds = 0;   // a sweep of those bytes on the root's threads, this run
+  double floor_seconds = 0;  // gemm_seconds + root_seconds
+  double step_seconds = 0;   // measured (mean over the run's steps)
+  double fraction = 0;       // floor_seconds / step_seconds: 1 is the floor
+};
+
 struct Summary {
   std::uint64_t steps = 0;    // training steps (batches)
   std::uint64_t updates = 0;  // optimizer updates applied (steps minus skipped)
@@ -177,6 +190,7 @@ struct Summary {
   std::string weights_digest;
   bool stopped = false;  // an observer asked to stop (e.g. Ctrl-C)
   TimeBreakdown time;
+  Roofline roofline;  // measured only with TrainConfig::roofline
 };
 
 // One timed span of a trace: what ran (data, forward, backward, combine, sum+optimizer, sum,

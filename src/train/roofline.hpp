@@ -1,0 +1,20 @@
+// The step's roofline (Summary::roofline): the time a step would take if every GEMM ran at this
+// run's own oneDNN rate for its shape, spread evenly over the replicas, and the root moved its
+// bytes at this run's own sweep bandwidth — and the measured step time against it. Same-run
+// measurements only (nn::gemm_seconds, a sweep of the root's bytes on the root's threads), so
+// the fraction does not depend on which machine or how noisy a day it is.
+#pragma once
+
+#include <cstddef>
+
+#include "cohort/nn/model.hpp"
+#include "cohort/train/trainer.hpp"
+#include "step_graph.hpp"
+
+namespace cohort::train {
+
+// `step_seconds`: the measured mean step of full batches. `state_arrays`: the optimizer's.
+Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, StepGraph& graph,
+                          std::size_t state_arrays, double step_seconds);
+
+}  // namespace cohort::train
