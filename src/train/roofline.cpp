@@ -90,8 +90,8 @@ double sweep_seconds(double read_bytes, std::size_t rw_arrays, std::size_t n,
       float acc = 0;
       for (float v : lanes) acc += v;
       for (auto& a : rw)
-        for (std::size_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i)
-          a[i] = a[i] * 0.5f + acc;
+        for (std::size_t e = c * kChunk; e < std::min(n, (c + 1) * kChunk); ++e)
+          a[e] = a[e] * 0.5f + acc;
     });
     if (rep > 0) best = std::min(best, seconds_since(t0));  // the first warms the pages
   }
