@@ -14,6 +14,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "cohort/core/error.hpp"
@@ -221,8 +222,8 @@ TEST_P(NetBf16VsReference, BatchWeightGradientsFromTheKeptRowsMatch) {
 }
 
 // A leaf's result is a function of its inputs only: the same call twice on one Net, on a Net
-// that ran other batch sizes and keys in between, and on another Net (replica) give the same
-// bits; so do the kept rows.
+// that ran other batch sizes and keys in between, and on another Net (replica), on this thread
+// or another, give the same bits.
 TEST_P(NetBf16VsReference, DeterministicAcrossCallsAndReplicas) {
   auto run = [&](Net& net, AlignedBuffer<float>& grad) {
     return net.forward_backward(r.params.data(), r.x.data(), in.labels.data(), N, grad.data(),
@@ -246,6 +247,16 @@ TEST_P(NetBf16VsReference, DeterministicAcrossCallsAndReplicas) {
   EXPECT_TRUE(same_bits(g1.span(), g2.span())) << "same Net";
   EXPECT_TRUE(same_bits(g1.span(), g3.span())) << "another Net";
   EXPECT_FALSE(same_bits(g1.span(), scratch.span())) << "the other work must differ";
+  // Another Net on another thread (as replicas run), which must set OpenMP to one thread too.
+  AlignedBuffer<float> g4(m.layout().total());
+  double l4 = 0;
+  std::thread([&] {
+    omp_set_num_threads(1);
+    Net c(m, true, Precision::kBf16);
+    l4 = run(c, g4);
+  }).join();
+  EXPECT_EQ(l1, l4);
+  EXPECT_TRUE(same_bits(g1.span(), g4.span())) << "another Net on another thread";
 }
 
 // "conv(4,3)-relu-flatten-linear(10)" on 3 rows: conv_4_3_relu_flatten_linear_10_N3.
