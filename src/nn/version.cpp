@@ -1,7 +1,11 @@
-// nn::onednn_version: what dnnl_version() reports about the loaded oneDNN.
+// nn::onednn_version, onednn_isa: what the loaded oneDNN reports; cpu_has_bf16 from cpuid.
 #include "cohort/nn/version.hpp"
 
-#include <oneapi/dnnl/dnnl.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include <oneapi/dnnl/dnnl.hpp>
 
 namespace cohort::nn {
 
@@ -17,6 +21,36 @@ std::string onednn_version() {
       hash.empty() || hash == "N/A" ? "" : "commit " + hash.substr(0, 7) + ", ";
   return std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
          std::to_string(v->patch) + " (" + commit + "cpu runtime " + runtime + ")";
+}
+
+std::string onednn_isa() {
+  using dnnl::cpu_isa;
+  switch (dnnl::get_effective_cpu_isa()) {
+    case cpu_isa::all: return "all";
+    case cpu_isa::sse41: return "sse41";
+    case cpu_isa::avx: return "avx";
+    case cpu_isa::avx2: return "avx2";
+    case cpu_isa::avx512_mic: return "avx512_mic";
+    case cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
+    case cpu_isa::avx512_core: return "avx512_core";
+    case cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    case cpu_isa::avx2_vnni: return "avx2_vnni";
+  }
+  return "unknown (" + std::to_string(static_cast<int>(dnnl::get_effective_cpu_isa())) + ")";
+}
+
+bool cpu_has_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  // CPUID leaf 7, subleaf 1: EAX bit 5 is AVX512_BF16 (the dot products VDPBF16PS).
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 1, eax, ebx, ecx, edx);
+  return (eax >> 5) & 1u;
+#else
+  return false;
+#endif
 }
 
 }  // namespace cohort::nn

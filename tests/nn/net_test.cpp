@@ -120,14 +120,15 @@ TEST_P(NetVsReference, BatchWeightGradientsFromTheKeptRowsMatch) {
     const std::int64_t IC = l.in.C, OC = l.out.C;
     for (std::int64_t i = 0; i < IC * OC; ++i)
       ASSERT_EQ(grad[l.weight + static_cast<std::size_t>(i)], kSentinel) << l.name << " " << i;
-    const float* x = rows[k].x ? rows[k].x : in.x.data();
+    const float* x = rows[k].x ? static_cast<const float*>(rows[k].x) : in.x.data();
+    const float* dy = static_cast<const float*>(rows[k].dy);
     // Row ranges of 1, 2, 3, ... rows, so range ends fall anywhere.
     for (std::int64_t i0 = 0, len = 1; i0 < IC; i0 += len, ++len) {
       const std::int64_t i1 = std::min(IC, i0 + len);
-      linear_weight_grad(x, rows[k].dy, N, IC, OC, i0, i1, grad.data() + l.weight + i0 * OC);
+      linear_weight_grad(x, dy, N, IC, OC, i0, i1, grad.data() + l.weight + i0 * OC);
     }
     for (std::int64_t o0 = 0; o0 < OC; o0 += 3)
-      linear_bias_grad(rows[k].dy, N, OC, o0, std::min(OC, o0 + 3), grad.data() + l.bias + o0);
+      linear_bias_grad(dy, N, OC, o0, std::min(OC, o0 + 3), grad.data() + l.bias + o0);
   }
   expect_gradients_match(m, grad, ref.grad, "(batch weight gradients)");
 }

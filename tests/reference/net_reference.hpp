@@ -1,6 +1,8 @@
 // Naive float64 reference for every layer cohort runs on oneDNN — linear, conv2d (stride,
 // padding), max and average pooling, ReLU, flatten, dropout, softmax cross-entropy — forward and
 // backward, on plain (N, C, H, W) arrays, written for clarity, not speed. The oracle of nn tests.
+// Optionally it stores activations and their gradients in bf16 as a bf16 Net does (rounding each
+// layer's output and input gradient), to follow the same ReLU and max-pooling decisions.
 #pragma once
 
 #include <cmath>
@@ -10,6 +12,7 @@
 
 #include "cohort/nn/dropout.hpp"
 #include "cohort/nn/model.hpp"
+#include "cohort/tensor/bf16.hpp"
 
 namespace cohort::reference {
 
@@ -19,12 +22,24 @@ struct NetResult {
   std::vector<double> grad;    // layout().total(), gradient of the summed loss
 };
 
+// v rounded to the nearest bf16 (through float: a double rounding, off by one bf16 step in rare
+// ties, which tests' tolerances cover).
+inline double round_to_bf16(double v) { return to_float(to_bf16(static_cast<float>(v))); }
+
 // params: layout().total() values; x (N, C, H, W) of the model's input; labels (N).
 // Dropout masks come from nn::dropout_mask with `key` (the same streams as nn::Net).
+// bf16_activations: round every layer's output but the last (the logits stay unrounded), the
+// logits' gradient and every layer's input gradient to bf16, as a bf16 Net stores them; all
+// arithmetic stays float64 and parameter gradients are not rounded.
 inline NetResult net_forward_backward(const nn::Model& m, const std::vector<double>& params,
                                       const std::vector<double>& x,
                                       const std::vector<std::int32_t>& labels, std::int64_t N,
-                                      const nn::StreamKey& key = {}) {
+                                      const nn::StreamKey& key = {},
+                                      bool bf16_activations = false) {
+  auto round_all = [&](std::vector<double>& v) {
+    if (bf16_activations)
+      for (double& e : v) e = round_to_bf16(e);
+  };
   using K = nn::LayerSpec::Kind;
   const auto& layers = m.layers();
   std::vector<std::vector<double>> acts{x};  // input of each layer, then the logits
@@ -95,6 +110,7 @@ inline NetResult net_forward_backward(const nn::Model& m, const std::vector<doub
       nn::dropout_mask(key, li, l.p, out.size(), masks[li].data());
       for (std::size_t i = 0; i < out.size(); ++i) out[i] = in[i] * masks[li][i];
     }
+    if (li + 1 < layers.size()) round_all(out);
     acts.push_back(std::move(out));
   }
 
@@ -112,6 +128,7 @@ inline NetResult net_forward_backward(const nn::Model& m, const std::vector<doub
     for (std::int64_t c = 0; c < C; ++c)
       diff[r * C + c] = std::exp(res.logits[r * C + c] - mx) / sum - (c == labels[r] ? 1.0 : 0.0);
   }
+  round_all(diff);
 
   for (std::size_t li = layers.size(); li-- > 0;) {
     const auto& l = layers[li];
@@ -185,6 +202,7 @@ inline NetResult net_forward_backward(const nn::Model& m, const std::vector<doub
           break;
       }
     }
+    round_all(diff_in);
     diff = std::move(diff_in);
   }
   return res;

@@ -1,0 +1,72 @@
+// Private to src/nn: a Plan — what oneDNN needs to run one Net at one batch size — and the
+// function that builds one (plan_builder.cpp). net.cpp binds the caller's arrays and runs it.
+// Not a public header: it includes oneDNN, which only src/nn may.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cohort/nn/dropout.hpp"
+#include "cohort/nn/model.hpp"
+#include "cohort/nn/net.hpp"
+#include "cohort/tensor/buffer.hpp"
+
+namespace cohort::nn::detail {
+
+enum class Phase { kMatmul, kEltwise, kOther };
+
+// A memory object bound to a caller-owned array at a fixed element offset; rebound when the
+// caller's base pointer changes.
+struct External {
+  dnnl::memory mem;
+  std::size_t offset;  // in elements of the array (bf16 or float)
+};
+
+// One step of a plan: a primitive with its arguments, or a plain function (dropout, rows).
+struct Exec {
+  dnnl::primitive prim;
+  std::unordered_map<int, dnnl::memory> args;
+  Phase phase;
+  dnnl::memory::desc scratchpad_md;  // bound to the plan's scratchpad once its size is known
+  std::function<void()> custom;
+  std::string where;  // "conv1 forward": named in an error at execute time
+};
+
+// What oneDNN needs to run one batch size: steps in execution order and their buffers.
+// In a bf16 Net the input, parameters and activations are bf16; gradients (grads), the logits
+// and their gradient are f32.
+struct Plan {
+  std::vector<AlignedBuffer<float>> buffers;  // activations, gradients, reordered weights, masks
+  AlignedBuffer<std::uint8_t> scratchpad;     // shared by all primitives: they run in sequence
+  std::vector<Exec> forward, backward;
+  dnnl::memory x;                       // the caller's input
+  std::vector<External> params, grads;  // views into caller's arrays
+  const void* bound_params = nullptr;
+  float* bound_grad = nullptr;
+  float* logits = nullptr;       // (N, C)
+  float* diff_logits = nullptr;  // (N, C)
+};
+
+// What a plan is built for. `key` and `linear_rows` are read when the plan runs: the current
+// step's dropout streams, and where linear layers' rows go (batch_linear: instead of their
+// weight gradients).
+struct PlanRequest {
+  const Model* model;
+  const dnnl::engine* engine;
+  const StreamKey* key;
+  const std::span<const LinearRows>* linear_rows;
+  std::int64_t N;
+  bool training, blocked, batch_linear;
+  Precision precision;
+};
+
+// Builds the plan; oneDNN errors are rethrown as InternalError naming the model, N and layer.
+std::unique_ptr<Plan> build_plan(const PlanRequest& request);
+
+}  // namespace cohort::nn::detail

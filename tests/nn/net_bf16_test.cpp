@@ -1,0 +1,439 @@
+// A bf16 Net (Precision::kBf16) against the float64 reference given the same bf16-rounded
+// parameters and inputs, so the tolerance covers only what bf16 adds inside the Net: activations
+// (and the logits' gradient) rounded to bf16 between layers, and f32 accumulation. Also: batch
+// weight gradients from bf16 rows (Net and nn::linear_weight_grad / linear_bias_grad against a
+// float64 loop), determinism across calls and replicas, the precision checks, the ISA report.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "cohort/core/error.hpp"
+#include "cohort/core/rng.hpp"
+#include "cohort/nn/batch_grad.hpp"
+#include "cohort/nn/net.hpp"
+#include "cohort/nn/version.hpp"
+#include "cohort/tensor/bf16.hpp"
+#include "cohort/tensor/buffer.hpp"
+#include "net_reference.hpp"
+#include "nn_test_util.hpp"
+
+namespace cohort::nn {
+namespace {
+
+using testing::Inputs;
+using testing::make_inputs;
+using testing::same_bits;
+
+constexpr std::uint64_t kSeed = 20261202;
+
+// The tolerance. bf16 keeps 8 significant bits, so one rounding has relative error <= 2^-9 and
+// a dot product of length K over values each off by that much is off by at most about
+// 2^-8 * K relative to the largest of its terms' sizes. Each checked tensor must satisfy
+//     max_i |got_i - ref_i|  <=  c * 2^-8 * K * max_i |ref_i|
+// with K the model's longest forward dot product (the largest IC * KH * KW of its linear and
+// conv layers) and c picked from measurement (each test prints its worst c; seed kSeed):
+//  * Logits and loss, against the float64 reference on the same bf16 parameters and inputs:
+//    worst measured c 0.045 (linear(16)-relu-linear(10)), the others <= 0.015. kCLogits = 0.1.
+//  * Gradients cannot use that reference: the derivatives of ReLU and max pooling jump, and bf16
+//    activations move values across ReLU's kink and make max-pooling ties (8-bit mantissas), so
+//    a few gradient entries take another path — measured up to c = 0.12 (15% of the largest
+//    gradient on cnn, N 3), which a bound loose enough to pass would not catch real bugs. So
+//    gradients are checked against the reference that also stores activations and their
+//    gradients in bf16 (reference::net_forward_backward(..., bf16_activations = true)): it takes
+//    the Net's decisions and leaves accumulation order and rare one-step rounding differences:
+//    worst measured c 2.5e-3 (conv(10,3)-avgpool(3,2): overlapping average pooling), the others
+//    <= 7e-7. kCGrad = 0.01.
+// Rounding errors add up at random, so errors grow more like sqrt(K) than K; small K sets c.
+constexpr double kCLogits = 0.1;
+constexpr double kCGrad = 0.01;
+
+struct Case {
+  const char* spec;
+  std::int64_t N;
+  SampleShape input = {1, 28, 28};  // ignored by mlp: specs
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.spec;
+  if (std::string_view(c.spec).substr(0, 4) != "mlp:") *os << " on " << c.input.str();
+  *os << ", N " << c.N;
+}
+
+std::int64_t longest_dot_product(const Model& m) {
+  std::int64_t K = 1;
+  for (const auto& l : m.layers())
+    if (l.has_params())
+      K = std::max(K, l.in.C * (l.kind == LayerSpec::Kind::kConv ? l.kernel * l.kernel : 1));
+  return K;
+}
+
+// The bf16 copies of a model's parameters and inputs, and those values in float64.
+struct Rounded {
+  AlignedBuffer<bf16> params, x;
+  std::vector<double> params64, x64;
+};
+
+Rounded round_to_bf16(const Inputs& in) {
+  Rounded r{AlignedBuffer<bf16>(in.params.size()), AlignedBuffer<bf16>(in.x.size()), {}, {}};
+  to_bf16(in.params.data(), r.params.data(), in.params.size());
+  to_bf16(in.x.data(), r.x.data(), in.x.size());
+  for (std::size_t i = 0; i < r.params.size(); ++i) r.params64.push_back(to_float(r.params[i]));
+  for (std::size_t i = 0; i < r.x.size(); ++i) r.x64.push_back(to_float(r.x[i]));
+  return r;
+}
+
+// Checks got against ref within the bound above; returns the worst observed c.
+double expect_within(std::span<const float> got, std::span<const double> ref, std::int64_t K,
+                     double kC, const std::string& what) {
+  double scale = 1e-30, err = 0;
+  std::size_t worst = 0;
+  for (double v : ref) scale = std::max(scale, std::abs(v));
+  for (std::size_t i = 0; i < ref.size(); ++i)
+    if (const double e = std::abs(double(got[i]) - ref[i]); e > err) err = e, worst = i;
+  const double c = err / (std::ldexp(1.0, -8) * double(K) * scale);
+  EXPECT_LE(c, kC) << what << ": element " << worst << " is " << got[worst] << ", reference "
+                   << ref[worst] << " (largest |reference| " << scale << ", K " << K << ")";
+  return c;
+}
+
+// The gradient of every parameter tensor; returns the worst observed c.
+double expect_gradients_within(const Model& m, std::span<const float> grad,
+                               const std::vector<double>& ref, std::int64_t K, const char* what) {
+  double worst = 0;
+  for (const auto& e : m.layout().entries())
+    worst = std::max(worst, expect_within(grad.subspan(e.offset, e.shape.numel()),
+                                          std::span(ref).subspan(e.offset, e.shape.numel()), K,
+                                          kCGrad, e.name + " gradient " + what));
+  return worst;
+}
+
+class NetBf16VsReference : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (!cpu_has_bf16()) GTEST_SKIP() << "no AVX512_BF16 on this CPU (oneDNN " << onednn_isa()
+                                      << "): bf16 primitives are not native";
+    omp_set_num_threads(1);
+    std::printf("seed %llu, model %s, N %lld, K %lld\n", static_cast<unsigned long long>(kSeed),
+                GetParam().spec, static_cast<long long>(N), static_cast<long long>(K));
+  }
+  const std::int64_t N = GetParam().N;
+  const Model m = Model::parse(GetParam().spec, GetParam().input);
+  const std::int64_t K = longest_dot_product(m);
+  Inputs in = make_inputs(m, N, kSeed);
+  Rounded r = round_to_bf16(in);
+  const StreamKey key{kSeed, 5, 2};  // dropout streams of step 5, leaf 2
+  // The float64 reference on the same (bf16) values: for the logits and the loss.
+  const reference::NetResult ref =
+      reference::net_forward_backward(m, r.params64, r.x64, in.labels, N, key);
+  // The same, with activations and their gradients stored in bf16 as the Net does: for the
+  // gradients (see kCGrad).
+  const reference::NetResult ref_bf16 = reference::net_forward_backward(
+      m, r.params64, r.x64, in.labels, N, key, /*bf16_activations=*/true);
+  // The loss is a sum over N rows of terms each moved by at most twice its row's largest logit
+  // error.
+  double loss_tolerance() const {
+    double scale = 1e-30;
+    for (double v : ref.logits) scale = std::max(scale, std::abs(v));
+    return 2.0 * double(N) * kCLogits * std::ldexp(1.0, -8) * double(K) * scale;
+  }
+};
+
+TEST_P(NetBf16VsReference, LogitsLossAndEveryGradientMatch) {
+  Net net(m, /*blocked_layouts=*/true, Precision::kBf16);
+  ASSERT_EQ(net.precision(), Precision::kBf16);
+  AlignedBuffer<float> grad(m.layout().total());
+  const double loss =
+      net.forward_backward(r.params.data(), r.x.data(), in.labels.data(), N, grad.data(), key);
+  EXPECT_NEAR(loss, ref.loss, loss_tolerance());
+  const double worst = expect_gradients_within(m, grad.span(), ref_bf16.grad, K, "");
+  double worst_logits = 0;
+  if (!m.has_dropout()) {  // inference has no dropout, so its logits differ from training's
+    const float* logits = net.forward(r.params.data(), r.x.data(), N);
+    worst_logits = expect_within({logits, ref.logits.size()}, ref.logits, K, kCLogits, "logits");
+  }
+  std::printf("worst c: logits %.2e (bound %.3g), gradients %.2e (bound %.3g)\n", worst_logits,
+              kCLogits, worst, kCGrad);
+}
+
+// The bf16 Net really computes in bf16: an f32 Net given the same (rounded) values differs, and
+// (a bf16 Net that silently ran f32
+// primitives on converted copies would pass the tests above).
+TEST_P(NetBf16VsReference, DiffersFromTheF32NetOnTheSameValues) {
+  if (longest_dot_product(m) < 16) GTEST_SKIP() << "too few roundings to tell";
+  Net net(m, true, Precision::kBf16), net32(m);
+  AlignedBuffer<float> grad(m.layout().total()), grad32(m.layout().total());
+  AlignedBuffer<float> p32(r.params.size()), x32(r.x.size());
+  to_float(r.params.data(), p32.data(), p32.size());
+  to_float(r.x.data(), x32.data(), x32.size());
+  net.forward_backward(r.params.data(), r.x.data(), in.labels.data(), N, grad.data(), key);
+  net32.forward_backward(p32.data(), x32.data(), in.labels.data(), N, grad32.data(), key);
+  EXPECT_FALSE(same_bits(grad.span(), grad32.span()));
+}
+
+// Batch weight gradients: the Net keeps each linear layer's rows in bf16; linear_weight_grad
+// and linear_bias_grad on them (in uneven row ranges) give the reference gradient within the
+// same bound, and the Net leaves the linear layers' ranges of grad untouched.
+TEST_P(NetBf16VsReference, BatchWeightGradientsFromTheKeptRowsMatch) {
+  std::vector<const LayerSpec*> linear;
+  for (const auto& l : m.layers())
+    if (l.kind == LayerSpec::Kind::kLinear) linear.push_back(&l);
+  std::vector<AlignedBuffer<bf16>> xs, dys;
+  std::vector<LinearRows> rows;
+  for (const LayerSpec* l : linear) {
+    const bool first = l == &m.layers().front();
+    xs.emplace_back(first ? 0 : static_cast<std::size_t>(N * l->in.C));
+    dys.emplace_back(static_cast<std::size_t>(N * l->out.C));
+    rows.push_back({first ? nullptr : xs.back().data(), dys.back().data()});
+  }
+  Net net(m, true, Precision::kBf16);
+  AlignedBuffer<float> grad(m.layout().total());
+  constexpr float kSentinel = 12345.0f;
+  for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = kSentinel;
+  const double loss = net.forward_backward(r.params.data(), r.x.data(), in.labels.data(), N,
+                                           grad.data(), key, rows);
+  EXPECT_NEAR(loss, ref.loss, loss_tolerance());
+  for (std::size_t k = 0; k < linear.size(); ++k) {
+    const LayerSpec& l = *linear[k];
+    const std::int64_t IC = l.in.C, OC = l.out.C;
+    for (std::int64_t i = 0; i < IC * OC; ++i)
+      ASSERT_EQ(grad[l.weight + static_cast<std::size_t>(i)], kSentinel) << l.name << " " << i;
+    const bf16* x = rows[k].x ? static_cast<const bf16*>(rows[k].x) : r.x.data();
+    const bf16* dy = static_cast<const bf16*>(rows[k].dy);
+    for (std::int64_t i0 = 0, len = 1; i0 < IC; i0 += len, ++len) {
+      const std::int64_t i1 = std::min(IC, i0 + len);
+      linear_weight_grad(x, dy, N, IC, OC, i0, i1, grad.data() + l.weight + i0 * OC);
+    }
+    for (std::int64_t o0 = 0; o0 < OC; o0 += 3)
+      linear_bias_grad(dy, N, OC, o0, std::min(OC, o0 + 3), grad.data() + l.bias + o0);
+  }
+  const double worst =
+      expect_gradients_within(m, grad.span(), ref_bf16.grad, K, "(batch weight gradients)");
+  std::printf("worst c %.2e (bound %.3g)\n", worst, kCGrad);
+}
+
+// A leaf's result is a function of its inputs only: the same call twice on one Net, on a Net
+// that ran other batch sizes and keys in between, and on another Net (replica), on this thread
+// or another, give the same bits.
+TEST_P(NetBf16VsReference, DeterministicAcrossCallsAndReplicas) {
+  auto run = [&](Net& net, AlignedBuffer<float>& grad) {
+    return net.forward_backward(r.params.data(), r.x.data(), in.labels.data(), N, grad.data(),
+                                key);
+  };
+  Net a(m, true, Precision::kBf16), b(m, true, Precision::kBf16);
+  AlignedBuffer<float> g1(m.layout().total()), g2(m.layout().total()), g3(m.layout().total());
+  const double l1 = run(a, g1);
+  // Other work in between: another batch size and another key on a.
+  Inputs other = make_inputs(m, N + 1, kSeed + 1);
+  Rounded ro = round_to_bf16(other);
+  AlignedBuffer<float> scratch(m.layout().total());
+  a.forward_backward(ro.params.data(), ro.x.data(), other.labels.data(), N + 1, scratch.data(),
+                     {kSeed, 6, 0});
+  a.forward_backward(ro.params.data(), r.x.data(), in.labels.data(), N, scratch.data(),
+                     {kSeed, 6, 0});
+  const double l2 = run(a, g2);
+  const double l3 = run(b, g3);
+  EXPECT_EQ(l1, l2);
+  EXPECT_EQ(l1, l3);
+  EXPECT_TRUE(same_bits(g1.span(), g2.span())) << "same Net";
+  EXPECT_TRUE(same_bits(g1.span(), g3.span())) << "another Net";
+  EXPECT_FALSE(same_bits(g1.span(), scratch.span())) << "the other work must differ";
+  // Another Net on another thread (as replicas run), which must set OpenMP to one thread too.
+  AlignedBuffer<float> g4(m.layout().total());
+  double l4 = 0;
+  std::thread([&] {
+    omp_set_num_threads(1);
+    Net c(m, true, Precision::kBf16);
+    l4 = run(c, g4);
+  }).join();
+  EXPECT_EQ(l1, l4);
+  EXPECT_TRUE(same_bits(g1.span(), g4.span())) << "another Net on another thread";
+}
+
+// "conv(4,3)-relu-flatten-linear(10)" on 3 rows: conv_4_3_relu_flatten_linear_10_N3.
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string name;
+  for (const char c : std::string_view(info.param.spec)) {
+    if (std::isalnum(static_cast<unsigned char>(c)))
+      name += c;
+    else if (!name.empty() && name.back() != '_')
+      name += '_';
+  }
+  if (name.back() != '_') name += '_';
+  return name + "N" + std::to_string(info.param.N);
+}
+
+// Every layer kind (linear, conv with stride and padding, max and average pooling, ReLU,
+// flatten, dropout on flat and on conv outputs), first layers that copy the input, a last layer
+// that is not linear, and the two default models.
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, NetBf16VsReference,
+    ::testing::Values(
+        Case{"mlp:13-10", 5}, Case{"mlp:31-64-33-10", 32}, Case{"mlp:784-512-256-10", 8},
+        Case{"conv(4,3)-relu-maxpool(2)-flatten-linear(10)", 3, {1, 12, 12}},
+        Case{"conv(3,3,2,1)-relu-avgpool(2)-flatten-linear(5)", 2, {2, 11, 11}},
+        Case{"conv(5,4,3,2)-maxpool(3,2)-flatten-linear(6)", 2, {3, 13, 13}},
+        Case{"conv(16,3)-dropout(0.5)-relu-flatten-linear(4)", 2, {1, 8, 8}},
+        Case{"conv(8,5)-relu-maxpool(2)-conv(16,3,1,1)-relu-maxpool(2)-flatten-dropout(0.3)-"
+             "linear(12)-relu-linear(10)",
+             4,
+             {1, 20, 20}},
+        Case{"cnn", 4, {1, 28, 28}},
+        Case{"relu-flatten-linear(5)", 2, {2, 6, 6}},
+        Case{"dropout(0.5)-flatten-linear(4)", 3, {1, 8, 8}},
+        Case{"linear(16)-relu-linear(10)", 4, {20, 1, 1}},
+        Case{"conv(10,3)-avgpool(3,2)-flatten-linear(7)", 3, {2, 9, 9}}),
+    case_name);
+
+TEST(NetBf16, PlainLayoutsComputeTheSameNetwork) {
+  if (!cpu_has_bf16()) GTEST_SKIP() << "no AVX512_BF16";
+  omp_set_num_threads(1);
+  const Model m = Model::parse("cnn");
+  const std::int64_t N = 3;
+  Inputs in = make_inputs(m, N, kSeed + 3);
+  Rounded r = round_to_bf16(in);
+  auto ref = reference::net_forward_backward(m, r.params64, r.x64, in.labels, N, {}, true);
+  for (bool blocked : {true, false}) {
+    Net net(m, blocked, Precision::kBf16);
+    AlignedBuffer<float> grad(m.layout().total());
+    net.forward_backward(r.params.data(), r.x.data(), in.labels.data(), N, grad.data());
+    expect_gradients_within(m, grad.span(), ref.grad, longest_dot_product(m),
+                            blocked ? "blocked" : "plain");
+  }
+}
+
+TEST(NetBf16, TheOtherPrecisionsFunctionsThrow) {
+  omp_set_num_threads(1);
+  const Model m = Model::parse("mlp:8-4");
+  AlignedBuffer<float> p(m.layout().total()), x(8), grad(m.layout().total());
+  AlignedBuffer<bf16> pb(m.layout().total()), xb(8);
+  const std::int32_t labels[1] = {0};
+  Net f32(m), b16(m, true, Precision::kBf16);
+  EXPECT_EQ(f32.precision(), Precision::kF32);
+  EXPECT_THROW(f32.forward_backward(pb.data(), xb.data(), labels, 1, grad.data()), InternalError);
+  EXPECT_THROW(f32.forward(pb.data(), xb.data(), 1), InternalError);
+  EXPECT_THROW(b16.forward_backward(p.data(), x.data(), labels, 1, grad.data()), InternalError);
+  EXPECT_THROW(b16.forward(p.data(), x.data(), 1), InternalError);
+}
+
+// linear_weight_grad on bf16 rows against a float64 loop: the products of two bf16 values are
+// exact in f32, so only f32 accumulation differs: |dw - ref| <= rows * 2^-24 * sum |x dy|
+// (the classical bound for a sum of `rows` terms). The bias is a float sum in row order:
+// bitwise the plain loop's.
+TEST(BatchGradBf16, WeightAndBiasGradientsMatchAFloat64Loop) {
+  omp_set_num_threads(1);
+  for (const auto [rows, in, out] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 1, 1},
+                                    {7, 13, 5},
+                                    {64, 65, 63},
+                                    {128, 784, 512},
+                                    {33, 256, 10}}) {
+    Rng rng({kSeed, static_cast<std::uint64_t>(rows * 1000 + in)});
+    AlignedBuffer<bf16> x(static_cast<std::size_t>(rows * in)),
+        dy(static_cast<std::size_t>(rows * out));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = to_bf16(rng.uniform(-1.0f, 1.0f));
+    for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = to_bf16(rng.uniform(-1.0f, 1.0f));
+    AlignedBuffer<float> dw(static_cast<std::size_t>(in * out)), db(static_cast<std::size_t>(out));
+    for (std::int64_t i0 = 0, len = 1; i0 < in; i0 += len, len = len * 2 + 1) {
+      const std::int64_t i1 = std::min(in, i0 + len);
+      linear_weight_grad(x.data(), dy.data(), rows, in, out, i0, i1, dw.data() + i0 * out);
+    }
+    for (std::int64_t o0 = 0; o0 < out; o0 += 7)
+      linear_bias_grad(dy.data(), rows, out, o0, std::min(out, o0 + 7), db.data() + o0);
+    for (std::int64_t i = 0; i < in; ++i)
+      for (std::int64_t o = 0; o < out; ++o) {
+        double s = 0, abs_sum = 0;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const double t = double(to_float(x[r * in + i])) * to_float(dy[r * out + o]);
+          s += t;
+          abs_sum += std::abs(t);
+        }
+        ASSERT_NEAR(dw[i * out + o], s, double(rows) * std::ldexp(1.0, -24) * abs_sum)
+            << "rows " << rows << " in " << in << " out " << out << " at (" << i << ", " << o
+            << ")";
+      }
+    for (std::int64_t o = 0; o < out; ++o) {
+      float s = 0;
+      for (std::int64_t r = 0; r < rows; ++r) s += to_float(dy[r * out + o]);
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(db[o]), std::bit_cast<std::uint32_t>(s))
+          << "bias " << o << " rows " << rows;
+    }
+  }
+}
+
+// Perf mode (disabled by default; run with --gtest_also_run_disabled_tests
+// --gtest_filter='*Perf*'): forward_backward at N = 128 of the default MLP and the `cnn` preset,
+// f32 against bf16 on one thread, alternating runs, median of kRuns each. The speedup is the
+// same-run ratio; absolute times on a shared machine drift.
+TEST(NetBf16Perf, DISABLED_ForwardBackwardF32VsBf16) {
+  omp_set_num_threads(1);
+  constexpr int kWarmup = 3, kRuns = 31;
+  constexpr std::int64_t N = 128;
+  for (const char* spec : {"mlp:784-512-256-10", "cnn"}) {
+    const Model m = Model::parse(spec);
+    Inputs in = make_inputs(m, N, kSeed);
+    Rounded r = round_to_bf16(in);
+    Net f32(m), b16(m, true, Precision::kBf16);
+    AlignedBuffer<float> grad(m.layout().total());
+    auto time = [&](auto&& step) {
+      const auto t0 = std::chrono::steady_clock::now();
+      step();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    auto run32 = [&] {
+      f32.forward_backward(in.params.data(), in.x.data(), in.labels.data(), N, grad.data());
+    };
+    auto run16 = [&] {
+      b16.forward_backward(r.params.data(), r.x.data(), in.labels.data(), N, grad.data());
+    };
+    for (int i = 0; i < kWarmup; ++i) run32(), run16();
+    f32.reset_times();
+    b16.reset_times();
+    std::vector<double> t32, t16;
+    for (int i = 0; i < kRuns; ++i) {
+      t32.push_back(time(run32));
+      t16.push_back(time(run16));
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double m32 = median(t32), m16 = median(t16);
+    auto phases = [&](const Net& net) {
+      const PhaseTimes& t = net.times();
+      return "matmul " + std::to_string(1e3 * t.matmul / kRuns) + " ms, eltwise " +
+             std::to_string(1e3 * t.eltwise / kRuns) + " ms, loss " +
+             std::to_string(1e3 * t.loss / kRuns) + " ms, other " +
+             std::to_string(1e3 * t.other / kRuns) + " ms (means)";
+    };
+    std::printf("%s, N %lld, 1 thread, ISA %s, median of %d alternating runs:\n", spec,
+                static_cast<long long>(N), onednn_isa().c_str(), kRuns);
+    std::printf("  f32  %.3f ms  [%s]\n", 1e3 * m32, phases(f32).c_str());
+    std::printf("  bf16 %.3f ms  [%s]\n", 1e3 * m16, phases(b16).c_str());
+    std::printf("  speedup f32/bf16: %.2fx\n", m32 / m16);
+  }
+}
+
+TEST(Version, ReportsTheDispatchedIsaAndBf16Support) {
+  const std::string isa = onednn_isa();
+  std::printf("oneDNN %s, ISA %s, cpu_has_bf16 %d\n", onednn_version().c_str(), isa.c_str(),
+              int(cpu_has_bf16()));
+  EXPECT_FALSE(isa.empty());
+  EXPECT_EQ(isa.find("unknown"), std::string::npos);
+  // oneDNN dispatches bf16 kernels exactly when the CPU has them (or AMX, which implies them).
+  if (cpu_has_bf16())
+    EXPECT_TRUE(isa == "avx512_core_bf16" || isa == "avx512_core_amx") << isa;
+  else
+    EXPECT_TRUE(isa != "avx512_core_bf16" && isa != "avx512_core_amx") << isa;
+}
+
+}  // namespace
+}  // namespace cohort::nn
