@@ -45,7 +45,7 @@ void root(benchmark::State& state, cohort::optim::Kind kind) {
   Arrays a(static_cast<std::size_t>(state.range(0)));
   cohort::optim::Optimizer opt({.kind = kind, .lr = 1e-6f});
   float* s1 = opt.state_buffers() > 1 ? a.s1.data() : nullptr;
-  Root r(opt, a.w.data(), a.s0.data(), s1, kParams, kChunk, Root::Mode::kFused);
+  Root r(opt, a.w.data(), nullptr, a.s0.data(), s1, kParams, kChunk, Root::Mode::kFused);
   const float* leaves[2] = {a.g0.data(), a.g1.data()};
   for (auto _ : state) {
     if (cold) {
@@ -76,7 +76,7 @@ void apply_only(benchmark::State& state, cohort::optim::Kind kind) {
   Arrays a(static_cast<std::size_t>(std::max<std::int64_t>(0, state.range(0))));
   cohort::optim::Optimizer opt({.kind = kind, .lr = 1e-6f});
   float* s1 = opt.state_buffers() > 1 ? a.s1.data() : nullptr;
-  Root r(opt, a.w.data(), a.s0.data(), s1, kParams, kChunk, Root::Mode::kFused);
+  Root r(opt, a.w.data(), nullptr, a.s0.data(), s1, kParams, kChunk, Root::Mode::kFused);
   cohort::AlignedBuffer<float> chunk(kChunk);
   std::fill(chunk.data(), chunk.data() + kChunk, 0.5f);
   for (auto _ : state) {

@@ -331,7 +331,7 @@ TEST(NetBf16, TheOtherPrecisionsFunctionsThrow) {
 // bitwise the plain loop's.
 TEST(BatchGradBf16, WeightAndBiasGradientsMatchAFloat64Loop) {
   omp_set_num_threads(1);
-  for (const auto [rows, in, out] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 1, 1},
+  for (const auto& [rows, in, out] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 1, 1},
                                     {7, 13, 5},
                                     {64, 65, 63},
                                     {128, 784, 512},

@@ -35,15 +35,15 @@ TrainConfig bf16_config(const std::string& model, std::size_t workers) {
   return c;
 }
 
-struct Run {
+struct RunResult {
   Summary summary;
   std::vector<double> losses;
 };
 
-Run run(const TrainConfig& c, dist::Comm* comm = nullptr) {
+RunResult run(const TrainConfig& c, dist::Comm* comm = nullptr) {
   Trainer t(c, fixture(), comm);
   Recorder rec;
-  Run r{t.run(rec), rec.losses};
+  RunResult r{t.run(rec), rec.losses};
   return r;
 }
 
@@ -61,7 +61,7 @@ TEST_P(Bf16Workers, EqualTheOneWorkerRunBitForBit) {
   std::printf("seed 21, %s, %zu workers\n", k.model.c_str(), k.workers);
   TrainConfig one = bf16_config(k.model, 1), many = bf16_config(k.model, k.workers);
   one.weight_grads = many.weight_grads = k.weight_grads;
-  const Run a = run(one), b = run(many);
+  const RunResult a = run(one), b = run(many);
   EXPECT_EQ(a.summary.weights_digest, b.summary.weights_digest);
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_EQ(a.summary.test_accuracy, b.summary.test_accuracy);
@@ -88,11 +88,11 @@ INSTANTIATE_TEST_SUITE_P(
 // bf16 copy too, so every rank computes with the one process's weights.
 TEST(Bf16Ranks, TwoAndThreeRanksEqualOneProcessBitForBit) {
   for (const std::string model : {"mlp:784-64-32-10", "cnn"}) {
-    const Run one = run(bf16_config(model, 1));
+    const RunResult one = run(bf16_config(model, 1));
     for (int ranks : {2, 3}) {
       SCOPED_TRACE(model + ", " + std::to_string(ranks) + " ranks");
       testing::ThreadWorld world(ranks);
-      std::vector<Run> got(static_cast<std::size_t>(ranks));
+      std::vector<RunResult> got(static_cast<std::size_t>(ranks));
       std::vector<std::thread> threads;
       for (int r = 0; r < ranks; ++r)
         threads.emplace_back([&, r] {
@@ -100,7 +100,7 @@ TEST(Bf16Ranks, TwoAndThreeRanksEqualOneProcessBitForBit) {
           got[static_cast<std::size_t>(r)] = run(bf16_config(model, 1), &comm);
         });
       for (auto& t : threads) t.join();
-      for (const Run& g : got) {
+      for (const RunResult& g : got) {
         EXPECT_EQ(g.summary.weights_digest, one.summary.weights_digest);
         EXPECT_EQ(g.losses, one.losses);
       }
@@ -116,7 +116,7 @@ TEST(Bf16Training, FollowsTheF32LossCurve) {
   f32.precision = nn::Precision::kF32;
   TrainConfig b16 = f32;
   b16.precision = nn::Precision::kBf16;
-  const Run a = run(f32), b = run(b16);
+  const RunResult a = run(f32), b = run(b16);
   ASSERT_EQ(a.losses.size(), b.losses.size());
   EXPECT_NE(a.summary.weights_digest, b.summary.weights_digest);  // it is not f32
   for (std::size_t i = 0; i < a.losses.size(); ++i)
