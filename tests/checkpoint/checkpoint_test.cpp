@@ -2,6 +2,7 @@
 // foreign and future files refused with reasons, rotation of kept copies.
 #include "cohort/checkpoint/checkpoint.hpp"
 
+#include <unistd.h>
 #include <gtest/gtest.h>
 #include <zlib.h>
 
@@ -42,7 +43,8 @@ class Checkpoints : public ::testing::Test {
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
            ("cohort_ckpt_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+            std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }

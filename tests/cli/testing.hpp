@@ -2,6 +2,7 @@
 // and a fresh temporary folder per test. Not a test of anything by itself.
 #pragma once
 
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -34,7 +35,8 @@ class TempDirTest : public ::testing::Test {
     std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     for (char& c : name)
       if (c == '/') c = '_';  // parameterised tests: Suite/Name/Param
-    dir_ = std::filesystem::temp_directory_path() / ("cohort_cli_test_" + name);
+    dir_ = std::filesystem::temp_directory_path() /
+           ("cohort_cli_test_" + name + "_" + std::to_string(::getpid()));
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
   }

@@ -3,6 +3,7 @@
 // the line and the problem.
 #include "cohort/data/csv.hpp"
 
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -112,7 +113,8 @@ INSTANTIATE_TEST_SUITE_P(Csv, CsvBadInput, ::testing::ValuesIn(kBadCsv),
                          [](const auto& test) { return test.param.name; });
 
 TEST(CsvFolder, ChecksBothFilesAndClassCountCoversBoth) {
-  const auto dir = std::filesystem::temp_directory_path() / "cohort_csv_test_folder";
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("cohort_csv_test_folder_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "train.csv") << "label,a,b\n0,1,2\n1,3,4\n";

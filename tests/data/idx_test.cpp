@@ -2,6 +2,7 @@
 // with a message that names the file and the field.
 #include "cohort/data/idx.hpp"
 
+#include <unistd.h>
 #include <gtest/gtest.h>
 #include <zlib.h>
 
@@ -40,7 +41,7 @@ class IdxFiles : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           ("cohort_idx_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+           ("cohort_idx_test_" + std::to_string(::getpid()) +
             "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);

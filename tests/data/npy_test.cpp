@@ -3,6 +3,7 @@
 // refused with an InputError naming the file and the problem.
 #include "cohort/data/npy.hpp"
 
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -264,7 +265,7 @@ class TempDir {
   TempDir() {
     path_ =
         std::filesystem::temp_directory_path() /
-        ("cohort_npy_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+        ("cohort_npy_test_" + std::to_string(::getpid()) +
          "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);

@@ -3,6 +3,7 @@
 // value says (read back from the SVG's coordinates); axes use 1/2/5 x 10^k steps.
 #include "cohort/report/plot.hpp"
 
+#include <unistd.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -114,7 +115,8 @@ class MetricsFiles : public ::testing::Test {
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
            ("cohort_report_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+            std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }

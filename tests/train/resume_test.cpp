@@ -160,7 +160,7 @@ TEST(ResumeRefusals, AnotherRunsCheckpointIsRefusedNamingTheField) {
 class CrashSafety : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / "cohort_crash_safety";
+    dir_ = fs::temp_directory_path() / ("cohort_crash_safety_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
