@@ -61,6 +61,16 @@ StepScalars Optimizer::scalars(float lr, float grad_scale, std::uint64_t update)
   return s;
 }
 
+namespace {
+// A state value below the smallest normal float (1.2e-38) becomes 0. A parameter whose gradient
+// stays 0 (a border pixel's weight, a dead unit) has its momentum decay geometrically into the
+// subnormal range after ~800 steps, where every multiply takes a microcode assist (~100 cycles):
+// measured, the SGD sweep then ran 6x slower at batch 32. The flush is a compare and a blend,
+// the same on every thread and CPU, so it keeps every result reproducible; it departs from
+// torch.optim only below 1.2e-38.
+inline float flush_subnormal(float x) { return std::fabs(x) < 1.17549435e-38f ? 0.0f : x; }
+}  // namespace
+
 void Optimizer::apply(const StepScalars& step, float* __restrict w, const float* __restrict g,
                       float* __restrict s0, float* __restrict s1, std::size_t count) const {
   const float lr = step.lr, gs = step.grad_scale, wd = config_.weight_decay;
@@ -72,8 +82,8 @@ void Optimizer::apply(const StepScalars& step, float* __restrict w, const float*
     for (std::size_t i = 0; i < count; ++i) {
       const float wi = w[i] * shrink;
       const float d = gs * g[i] + l2 * w[i];
-      const float m = b1 * s0[i] + (1.0f - b1) * d;
-      const float v = b2 * s1[i] + (1.0f - b2) * d * d;
+      const float m = flush_subnormal(b1 * s0[i] + (1.0f - b1) * d);
+      const float v = flush_subnormal(b2 * s1[i] + (1.0f - b2) * d * d);
       s0[i] = m;
       s1[i] = v;
       w[i] = wi - step_size * m / (std::sqrt(v) * ib2 + eps);
@@ -88,7 +98,7 @@ void Optimizer::apply(const StepScalars& step, float* __restrict w, const float*
   if (config_.nesterov) {
     for (std::size_t i = 0; i < count; ++i) {
       const float d = gs * g[i] + wd * w[i];
-      const float vi = mu * s0[i] + d;
+      const float vi = flush_subnormal(mu * s0[i] + d);
       s0[i] = vi;
       w[i] -= lr * (d + mu * vi);
     }
@@ -96,7 +106,7 @@ void Optimizer::apply(const StepScalars& step, float* __restrict w, const float*
   }
   for (std::size_t i = 0; i < count; ++i) {
     const float d = gs * g[i] + wd * w[i];
-    const float vi = mu * s0[i] + d;
+    const float vi = flush_subnormal(mu * s0[i] + d);
     s0[i] = vi;
     w[i] -= lr * vi;
   }

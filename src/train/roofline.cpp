@@ -7,7 +7,8 @@
 #include <map>
 #include <tuple>
 
-#include "cohort/nn/calibrate.hpp"
+#include "cohort/nn/batch_grad.hpp"
+#include "cohort/nn/net.hpp"
 #include "cohort/tensor/buffer.hpp"
 #include "time_account.hpp"
 
@@ -15,34 +16,80 @@ namespace cohort::train {
 
 namespace {
 
-// The GEMM shapes (m, k, n) of one full-batch step, each with how many times it runs: per leaf,
-// every linear and convolution layer's forward, backward-data and backward-weights (a
-// convolution as its im2col GEMM); with batch weight gradients a linear layer's weight gradient
-// is one GEMM over the whole batch at the root instead of one per leaf.
-using Shape = std::tuple<std::int64_t, std::int64_t, std::int64_t>;
+// The best of `reps` runs of f after one warm-up: seconds it reports.
+template <class F>
+double best_of(int reps, F f) {
+  f();
+  double best = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < reps; ++r) best = std::min(best, f());
+  return best;
+}
 
-std::map<Shape, std::size_t> step_gemms(const nn::Model& model, const TrainConfig& c) {
+// Seconds of oneDNN matmul work (inner products and convolutions, forward, backward-data and
+// -weights) in one leaf of M rows, on a fresh Net of the run's model, precision and layouts, on
+// this thread alone: the run's own primitives at their own rate, without a second replica
+// competing for the core's caches or the memory bus. With batch weight gradients the linear
+// layers' weight gradients are left to the root (timed separately below), as in the run.
+double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c) {
   const auto M = static_cast<std::int64_t>(c.micro_batch);
-  const std::size_t leaves = c.batch / c.micro_batch;  // full leaves (the roofline's step)
-  const bool batch_linear = c.weight_grads == TrainConfig::WeightGrads::kBatch;
-  std::map<Shape, std::size_t> gemms;
+  const std::size_t features = static_cast<std::size_t>(model.input_features());
+  const bool b16 = c.precision == nn::Precision::kBf16;
+  nn::Net net(model, c.blocked_layouts, c.precision);
+  AlignedBuffer<float> params(model.layout().total()), grad(model.layout().total());
+  model.init(params.data(), c.seed);
+  AlignedBuffer<bf16> params16(b16 ? params.size() : 0);
+  to_bf16(params.data(), params16.data(), params16.size());
+  AlignedBuffer<float> x(c.micro_batch * features);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 255) / 255.0f;
+  AlignedBuffer<bf16> x16(b16 ? x.size() : 0);
+  to_bf16(x.data(), x16.data(), x16.size());
+  std::vector<std::int32_t> y(c.micro_batch);
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>(i) % model.num_classes();
+  // Rows for batch weight gradients (the Net writes them instead of linear weight gradients).
+  std::vector<AlignedBuffer<std::uint8_t>> row_store;
+  std::vector<nn::LinearRows> rows;
+  if (c.weight_grads == TrainConfig::WeightGrads::kBatch)
+    for (const nn::LayerSpec& l : model.layers())
+      if (l.kind == nn::LayerSpec::Kind::kLinear) {
+        const std::size_t value = b16 ? 2 : 4;
+        row_store.emplace_back(c.micro_batch * static_cast<std::size_t>(l.in.numel()) * value);
+        void* xr = row_store.back().data();
+        row_store.emplace_back(c.micro_batch * static_cast<std::size_t>(l.out.C) * value);
+        rows.push_back({&l == &model.layers().front() ? nullptr : xr, row_store.back().data()});
+      }
+  return best_of(5, [&] {
+    net.reset_times();
+    if (b16)
+      net.forward_backward(params16.data(), x16.data(), y.data(), M, grad.data(), {}, rows);
+    else
+      net.forward_backward(params.data(), x.data(), y.data(), M, grad.data(), {}, rows);
+    return net.times().matmul;
+  });
+}
+
+// Seconds of the root's batch weight-gradient GEMMs of one step (every linear layer's whole
+// dW = X^T dY over the batch), on this thread.
+double batch_gemm_seconds(const nn::Model& model, const TrainConfig& c) {
+  if (c.weight_grads != TrainConfig::WeightGrads::kBatch) return 0;
+  const auto B = static_cast<std::int64_t>(c.batch);
+  const bool b16 = c.precision == nn::Precision::kBf16;
+  double total = 0;
   for (const nn::LayerSpec& l : model.layers()) {
-    if (l.kind == nn::LayerSpec::Kind::kLinear) {
-      const std::int64_t in = l.in.numel(), out = l.out.C;
-      gemms[{M, in, out}] += leaves;  // forward
-      gemms[{M, out, in}] += leaves;  // backward-data
-      if (batch_linear)
-        gemms[{in, static_cast<std::int64_t>(c.batch), out}] += 1;
+    if (l.kind != nn::LayerSpec::Kind::kLinear) continue;
+    const std::int64_t in = l.in.numel(), out = l.out.C;
+    const auto xs = static_cast<std::size_t>(B * in), ys = static_cast<std::size_t>(B * out);
+    AlignedBuffer<float> x(b16 ? 0 : xs), dy(b16 ? 0 : ys), dw(static_cast<std::size_t>(in * out));
+    AlignedBuffer<bf16> x16(b16 ? xs : 0), dy16(b16 ? ys : 0);
+    total += best_of(3, [&] {
+      const auto t0 = Clock::now();
+      if (b16)
+        nn::linear_weight_grad(x16.data(), dy16.data(), B, in, out, 0, in, dw.data());
       else
-        gemms[{in, M, out}] += leaves;
-    } else if (l.kind == nn::LayerSpec::Kind::kConv) {
-      const std::int64_t pixels = M * l.out.H * l.out.W, patch = l.in.C * l.kernel * l.kernel;
-      gemms[{pixels, patch, l.out.C}] += leaves;
-      gemms[{pixels, l.out.C, patch}] += leaves;
-      gemms[{patch, pixels, l.out.C}] += leaves;
-    }
+        nn::linear_weight_grad(x.data(), dy.data(), B, in, out, 0, in, dw.data());
+      return seconds_since(t0);
+    });
   }
-  return gemms;
+  return total;
 }
 
 // Bytes the root moves per full-batch step: the weights and each state array read and written,
@@ -104,16 +151,15 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
                           std::size_t state_arrays, double step_seconds) {
   Roofline r;
   r.step_seconds = step_seconds;
-  double gemm = 0;
+  double leaf = 0, root_gemms = 0;
   graph.for_each_replica(1, [&](std::size_t) {  // a replica's thread: OpenMP pinned to one
-    for (const auto& [shape, count] : step_gemms(model, config)) {
-      const auto [m, k, n] = shape;
-      gemm += static_cast<double>(count) * nn::gemm_seconds(m, k, n, config.precision);
-    }
+    leaf = leaf_matmul_seconds(model, config);
+    root_gemms = batch_gemm_seconds(model, config);
   });
   const std::size_t leaves = config.batch / config.micro_batch;
-  r.gemm_seconds = gemm / static_cast<double>(std::max<std::size_t>(
-                              1, std::min(config.workers, leaves)));
+  const auto replicas =
+      static_cast<double>(std::max<std::size_t>(1, std::min(config.workers, leaves)));
+  r.gemm_seconds = (static_cast<double>(leaves) * leaf + root_gemms) / replicas;
   r.root_bytes = root_bytes(model, config, state_arrays);
   const std::size_t n = model.layout().total();
   const double rw_bytes = static_cast<double>(n) * 8 * static_cast<double>(1 + state_arrays);
