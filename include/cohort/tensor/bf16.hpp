@@ -14,11 +14,13 @@ struct bf16 {
   std::uint16_t bits;  // no initializer: a trivial type (AlignedBuffer zeroes its arrays)
 };
 
+// Branch-free (a select, not a branch), so array loops vectorize.
 inline bf16 to_bf16(float f) {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return {static_cast<std::uint16_t>((u >> 16) | 0x40u)};
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return {static_cast<std::uint16_t>(u >> 16)};
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // nearest, ties to even
+  const std::uint32_t quiet_nan = (u >> 16) | 0x40u;
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return {static_cast<std::uint16_t>(nan ? quiet_nan : rounded)};
 }
 
 inline float to_float(bf16 b) { return std::bit_cast<float>(std::uint32_t{b.bits} << 16); }
