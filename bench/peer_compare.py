@@ -11,6 +11,10 @@ Usage: bench/peer_compare.py [--reps 5] [--steps 300] [--cases mlp256,mlp32,scal
        bench/peer_compare.py --cases versions --baseline OLD/cohort   (this build against another)
        bench/peer_compare.py --cases mpi [--mpirun mpirun] [--mpirun-args="..."]
                              (2 ranks x 1 worker vs 1 process x 2 workers vs PyTorch DDP)
+       bench/peer_compare.py --cases bf16 [--bf16-mlp-steps 300] [--bf16-cnn-steps 60]
+                             [--bf16-mlp32-steps 1500]
+                             (--precision f32 vs bf16, and PyTorch without and with --bf16, for
+                             the MLP at batch 256, the cnn preset at 256 and the MLP at 32)
 Every child runs in its own process group under --timeout seconds (default 300); on expiry the
 whole group (mpirun and its ranks, DDP's spawned processes) is terminated and the script stops.
 Needs: python3-torch and libopenblas0-openmp (see the peer's header), build/release/cohort
@@ -102,6 +106,69 @@ def peer(args, steps, command="tput"):
     return json.loads(line[len("RESULT "):])["median"], None
 
 
+def verdict(value, target):
+    return f"target ≥ {target}: {'met' if value >= target else 'not met'}"
+
+
+def bf16_point(title, model, batch, steps, reps, targets):
+    """One point of --cases bf16: cohort --precision f32 and bf16 (2 workers), the peer without
+    and with --bf16 (2 threads), alternating in each round, the same step count for all four
+    (cohort's rate includes its first step, the peer's excludes its 20 warm-up steps). Prints the
+    medians, the ratios and cohort's roofline fraction per precision; returns the target rows
+    (point, what, value, target)."""
+    F, B = "cohort --precision f32", "cohort --precision bf16"
+    TF, TB = "torch f32", "torch --bf16"
+    kept = {F: [], B: []}
+    flags = ["--model", "cnn" if model == "cnn" else "mlp:784-512-256-10", "--batch", str(batch),
+             "--workers", "2"]
+    peer_flags = ["--model", model, "--threads", "2", "--batch", str(batch)]
+
+    def keep(label, s):
+        kept[label].append(s)
+        return s["samples_per_second"], s["time"]
+
+    med, rates = side_by_side(
+        f"bf16, {title}: cohort 2 workers f32 / bf16 vs PyTorch 2 threads f32 / bf16 (autocast), "
+        f"{steps} steps",
+        [(F, lambda s: keep(F, summary(flags + ["--precision", "f32"], s))),
+         (B, lambda s: keep(B, summary(flags + ["--precision", "bf16"], s))),
+         (TF, lambda s: peer(peer_flags, s)),
+         (TB, lambda s: peer(peer_flags + ["--bf16"], s))],
+        reps, steps)
+    for label in (F, B):
+        got = {s.get("precision") for s in kept[label]}
+        if got != {label.split()[-1]}:
+            raise SystemExit(f"{COHORT} wrote precision {got} in its summary for {label}: "
+                             f"is it a build with --precision?")
+    rows = []
+    ratios = (("cohort bf16 / cohort f32", med[B] / med[F], "bf16/f32"),
+              ("cohort bf16 / torch's best", med[B] / max(med[TF], med[TB]), "vs torch"),
+              ("torch bf16 / torch f32", med[TB] / med[TF], None))
+    print()
+    for what, r, key in ratios:
+        target = targets.get(key)
+        print(f"- {what}: **{r:.2f}x**" + (f" ({verdict(r, target)})" if target else ""))
+        if target:
+            rows.append((title, what, f"{r:.2f}x", f"≥ {target}x", r >= target))
+    paired(rates, B, [F], "cohort bf16 / cohort f32")
+    paired(rates, B, [TF, TB], "cohort bf16 / the round's best torch")
+    paired(rates, TB, [TF], "torch bf16 / torch f32")
+    for label in (F, B):
+        fr = [s["roofline"]["fraction"] for s in kept[label] if s.get("roofline")]
+        if not fr:
+            print(f"- {label}: the summary has no roofline")
+            continue
+        m = statistics.median(fr)
+        target = targets.get("roofline")
+        print(f"- {label} roofline fraction: median **{m:.2f}** "
+              f"({', '.join(f'{x:.2f}' for x in fr)})" + (f"; {verdict(m, target)}" if target else ""))
+        if target:
+            rows.append((title, f"roofline fraction, {label.split()[-1]}", f"{m:.2f}", f"≥ {target}",
+                         m >= target))
+    sys.stdout.flush()
+    return rows
+
+
 def bytes_fields(d, prefix=""):
     """Every numeric field of a summary whose name mentions bytes, as (dotted name, value)."""
     for k, v in d.items():
@@ -158,6 +225,12 @@ def main():
     p.add_argument("--baseline", help="another cohort binary, for --cases versions")
     p.add_argument("--cohort", default=COHORT, help="the cohort binary to measure")
     p.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds per child process")
+    p.add_argument("--bf16-mlp-steps", type=int, default=300,
+                   help="--cases bf16: steps per run, MLP batch 256 (cohort and the peer)")
+    p.add_argument("--bf16-cnn-steps", type=int, default=60,
+                   help="--cases bf16: steps per run, cnn batch 256")
+    p.add_argument("--bf16-mlp32-steps", type=int, default=1500,
+                   help="--cases bf16: steps per run, MLP batch 32")
     p.add_argument("--mpirun", default=MPIRUN, help="mpirun for --cases mpi")
     p.add_argument("--mpirun-args", default=MPIRUN_ARGS,
                    help='mpirun options before -np, one string: --mpirun-args="..." (--cases mpi)')
@@ -165,6 +238,9 @@ def main():
     COHORT, TIMEOUT, MPIRUN, MPIRUN_ARGS = a.cohort, a.timeout, a.mpirun, a.mpirun_args
     cases = a.cases.split(",")
     print(f"reps {a.reps}, steps {a.steps}, cohort {COHORT}")
+    if "bf16" in cases:
+        print(f"bf16 case: steps {a.bf16_mlp_steps} (MLP b256), {a.bf16_cnn_steps} (cnn b256), "
+              f"{a.bf16_mlp32_steps} (MLP b32)")
     if "mlp256" in cases:
         med, rates = side_by_side(
             "MLP, batch 256: cohort 2 workers vs PyTorch 2 threads",
@@ -285,6 +361,23 @@ def main():
             print(f"(a) {name}: {v:,.0f}")
         print(f"all-reduce's 2 (R-1)/R x gradient bytes at R = {MPI_RANKS}: {allreduce:,.0f} per rank per "
               f"step{'' if fields else ' (the summary has no bytes field to set against it)'}")
+
+    if "bf16" in cases:
+        # Targets: bf16 / f32 >= 1.6 (MLP b256) and 1.5 (cnn); bf16 / PyTorch's best of f32 and
+        # bf16 >= 1.25 (MLP b256) and 2.5 (MLP b32); roofline fraction >= 0.8 at batch 256.
+        rows = []
+        for title, model, batch, steps, targets in (
+                ("MLP batch 256", "mlp", 256, a.bf16_mlp_steps,
+                 {"bf16/f32": 1.6, "vs torch": 1.25, "roofline": 0.8}),
+                ("cnn, batch 256", "cnn", 256, a.bf16_cnn_steps, {"bf16/f32": 1.5, "roofline": 0.8}),
+                ("MLP batch 32", "mlp", 32, a.bf16_mlp32_steps, {"vs torch": 2.5})):
+            rows += bf16_point(title, model, batch, steps, a.reps, targets)
+        print("\n### bf16 targets\n")
+        print("| point | ratio | median | target | |")
+        print("|---|---|---|---|---|")
+        for title, what, value, target, ok in rows:
+            print(f"| {title} | {what} | {value} | {target} | {'met' if ok else 'not met'} |")
+        print(f"\n{sum(r[-1] for r in rows)} of {len(rows)} targets met")
 
 
 if __name__ == "__main__":
