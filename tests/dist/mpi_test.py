@@ -38,6 +38,9 @@ CONFIGS = {
     "adam": ["--optimizer", "adam", "--lr", "0.001"],
     "clip": ["--clip-norm", "0.05"],
     "leaf": ["--weight-grads", "leaf"],
+    # bf16 replicas: every rank converts the weights it receives, as the owners' sweeps do.
+    "bf16": ["--precision", "bf16", "--allow-emulated-bf16"],
+    "bf16_cnn": ["--model", "cnn", "--precision", "bf16", "--allow-emulated-bf16"],
     # 2 leaves: 3 and 4 ranks leave ranks without leaves (they still own chunks of the root).
     "few_leaves": ["--micro-batch", "32"],
 }
