@@ -114,8 +114,8 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
     err << "cohort: internal error: " << e.what() << "\n";
     return kExitInternal;
   }
-  return run_args(std::vector<std::string>(argv, argv + argc), out, err, disk_loaders(),
-                  Mode::kRun, *world);
+  return run_args(std::vector<std::string>(argv, argv + argc), out, err, disk_loaders(), Mode::kRun,
+                  *world);
 }
 
 int check_train(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,

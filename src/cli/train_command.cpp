@@ -146,8 +146,8 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
   std::optional<dist::Watchdog> watchdog;
   if (comm.size() > 1)
     watchdog.emplace(std::chrono::duration<double>(o.stall_timeout), [&comm](double idle) {
-      std::cerr << "cohort: rank " << comm.rank() << " of " << comm.size() << ": no step finished in "
-                << std::fixed << std::setprecision(0) << idle
+      std::cerr << "cohort: rank " << comm.rank() << " of " << comm.size()
+                << ": no step finished in " << std::fixed << std::setprecision(0) << idle
                 << " s (--stall-timeout); ending the job\n"
                 << std::flush;
       comm.abort(kExitInternal);

@@ -104,8 +104,7 @@ class MpiComm final : public Comm {
   }
   std::uint64_t sum(std::uint64_t value) override {
     std::uint64_t total = 0;
-    check(MPI_Allreduce(&value, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD),
-          "MPI_Allreduce");
+    check(MPI_Allreduce(&value, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
     return total;
   }
   [[noreturn]] void abort(int code) override {
@@ -140,10 +139,9 @@ std::unique_ptr<Comm> world(int* argc, char*** argv) {
   check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
   if (provided < MPI_THREAD_MULTIPLE) {
     MPI_Finalize();
-    throw InputError(
-        "MPI: this MPI library grants thread level " + std::to_string(provided) +
-        ", cohort needs MPI_THREAD_MULTIPLE (" + std::to_string(MPI_THREAD_MULTIPLE) +
-        "): the stall watchdog and error handling may end the job from any thread");
+    throw InputError("MPI: this MPI library grants thread level " + std::to_string(provided) +
+                     ", cohort needs MPI_THREAD_MULTIPLE (" + std::to_string(MPI_THREAD_MULTIPLE) +
+                     "): the stall watchdog and error handling may end the job from any thread");
   }
   // Errors come back as codes (checked above), not as MPI's default abort without a message.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

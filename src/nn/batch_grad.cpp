@@ -68,8 +68,7 @@ BwdWeightMatmul& bwd_weight_matmul(std::int64_t m, std::int64_t k, std::int64_t 
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   try {
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr,
-                                          mm->engine);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, mm->engine);
     mm->prim = dnnl::matmul(pd);
     mm->scratch_bytes = AlignedBuffer<std::uint8_t>(pd.scratchpad_desc().get_size());
     mm->scratch = memory(pd.scratchpad_desc(), mm->engine, mm->scratch_bytes.data());
@@ -93,8 +92,8 @@ void linear_weight_grad(const float* x, const float* dy, std::int64_t rows, std:
                "bad linear_weight_grad range");
   // Row-major C (M = i1 - i0, N = out) = A^T B with A = x[:, i0 .. i1) (K = rows by M, lda = in)
   // and B = dy (K by N, ldb = out).
-  check(dnnl_sgemm('T', 'N', i1 - i0, out, rows, 1.0f, x + i0, in, dy, out, 0.0f, dw, out),
-        "sgemm", i1 - i0, out, rows);
+  check(dnnl_sgemm('T', 'N', i1 - i0, out, rows, 1.0f, x + i0, in, dy, out, 0.0f, dw, out), "sgemm",
+        i1 - i0, out, rows);
 }
 
 void linear_bias_grad(const float* dy, std::int64_t rows, std::int64_t out, std::int64_t o0,
@@ -114,8 +113,10 @@ void linear_weight_grad(const bf16* x, const bf16* dy, std::int64_t rows, std::i
   mm.b.set_data_handle(const_cast<bf16*>(dy));
   mm.c.set_data_handle(dw);
   try {
-    mm.prim.execute(mm.stream, {{DNNL_ARG_SRC, mm.a}, {DNNL_ARG_WEIGHTS, mm.b},
-                                {DNNL_ARG_DST, mm.c}, {DNNL_ARG_SCRATCHPAD, mm.scratch}});
+    mm.prim.execute(mm.stream, {{DNNL_ARG_SRC, mm.a},
+                                {DNNL_ARG_WEIGHTS, mm.b},
+                                {DNNL_ARG_DST, mm.c},
+                                {DNNL_ARG_SCRATCHPAD, mm.scratch}});
     mm.stream.wait();
   } catch (const dnnl::error& e) {
     throw InternalError(std::string("oneDNN: bf16 matmul for a weight gradient (") +

@@ -334,10 +334,10 @@ class PlanBuilder {
     const LayerSpec& l = *s.layer;
     // A linear layer's output gradient is plain (N, OC) in the activations' type, also for the
     // last layer, whose f32 logits' gradient is converted here.
-    diff = ensure(diff,
-                  l.kind == Kind::kLinear ? memory::desc({N_, l.out.C}, act_, Tag::nc)
-                                          : s.dst.get_desc(),
-                  p_.backward);
+    diff = ensure(
+        diff,
+        l.kind == Kind::kLinear ? memory::desc({N_, l.out.C}, act_, Tag::nc) : s.dst.get_desc(),
+        p_.backward);
     switch (l.kind) {
       case Kind::kLinear: {
         auto fwd = dnnl::inner_product_forward::primitive_desc(s.fwd_pd.get());
@@ -373,8 +373,8 @@ class PlanBuilder {
                                        : any(image(l.in));
         dnnl::convolution_backward_weights::primitive_desc wpd(
             {dnnl::algorithm::convolution_direct, w_src,
-             any({l.out.C, l.in.C, l.kernel, l.kernel}, Dt::f32), b_md, any(image(l.out)),
-             strides, pad, pad},
+             any({l.out.C, l.in.C, l.kernel, l.kernel}, Dt::f32), b_md, any(image(l.out)), strides,
+             pad, pad},
             attr_, eng_, fwd);
         memory src = ensure(s.src, wpd.src_desc(), p_.backward);
         memory dd = ensure(diff, wpd.diff_dst_desc(), p_.backward);
@@ -469,8 +469,8 @@ std::unique_ptr<Plan> build_plan(const PlanRequest& r) {
   } catch (const dnnl::error& e) {
     throw InternalError("oneDNN: building " + r.model->spec() + " (" +
                         std::string(r.precision == Precision::kBf16 ? "bf16" : "f32") + ") for " +
-                        std::to_string(r.N) + " rows, layer " + builder.where() + ": " +
-                        e.what() + " (status " + std::to_string(static_cast<int>(e.status)) + ")");
+                        std::to_string(r.N) + " rows, layer " + builder.where() + ": " + e.what() +
+                        " (status " + std::to_string(static_cast<int>(e.status)) + ")");
   }
   return p;
 }

@@ -24,11 +24,15 @@ BatchGrads::BatchGrads(const nn::Model& model, std::size_t batch, nn::Precision 
     b.reads_input = i == 0;  // its input is the staged batch (a linear layer's input is flat)
     const auto in = static_cast<std::size_t>(b.in), out = static_cast<std::size_t>(b.out);
     if (!b.reads_input) {  // (B, IC)
-      if (b16) b.x16 = AlignedBuffer<bf16>(batch * in);
-      else b.x = AlignedBuffer<float>(batch * in);
+      if (b16)
+        b.x16 = AlignedBuffer<bf16>(batch * in);
+      else
+        b.x = AlignedBuffer<float>(batch * in);
     }
-    if (b16) b.dy16 = AlignedBuffer<bf16>(batch * out);  // (B, OC)
-    else b.dy = AlignedBuffer<float>(batch * out);
+    if (b16)
+      b.dy16 = AlignedBuffer<bf16>(batch * out);  // (B, OC)
+    else
+      b.dy = AlignedBuffer<float>(batch * out);
     ranges_.push_back({l.weight, l.weight + in * out, linear_.size(), false});
     ranges_.push_back({l.bias, l.bias + out, linear_.size(), true});
     widest_ = std::max(widest_, out);
@@ -87,8 +91,8 @@ std::pair<std::size_t, std::size_t> BatchGrads::input_reader() const {
 
 // A chunk end inside a weight row computes the whole rows into `scratch` and copies its part.
 double BatchGrads::gradient(const float* const* sources, std::size_t k, std::size_t begin,
-                            std::size_t end, std::size_t rows, const void* staged_input,
-                            float* out, float* scratch) const {
+                            std::size_t end, std::size_t rows, const void* staged_input, float* out,
+                            float* scratch) const {
   const bool b16 = precision_ == nn::Precision::kBf16;
   const auto n_rows = static_cast<std::int64_t>(rows);
   std::size_t pos = begin;
@@ -111,8 +115,10 @@ double BatchGrads::gradient(const float* const* sources, std::size_t k, std::siz
     const auto lo = static_cast<std::int64_t>(a - r.begin),
                hi = static_cast<std::int64_t>(b - r.begin);
     if (r.bias) {
-      if (b16) nn::linear_bias_grad(l.dy16.data(), n_rows, l.out, lo, hi, dst);
-      else nn::linear_bias_grad(l.dy.data(), n_rows, l.out, lo, hi, dst);
+      if (b16)
+        nn::linear_bias_grad(l.dy16.data(), n_rows, l.out, lo, hi, dst);
+      else
+        nn::linear_bias_grad(l.dy.data(), n_rows, l.out, lo, hi, dst);
     } else {
       const std::int64_t r0 = lo / l.out, r1 = (hi + l.out - 1) / l.out;
       const bool whole_rows = lo % l.out == 0 && hi % l.out == 0;

@@ -34,8 +34,9 @@ class BatchGrads {
 
   // out[0, end - begin) = the batch's summed gradient of [begin, end) of the flat array, over
   // `rows` rows; staged_input (rows, IC of the first layer, in the rows' precision) is the step's
-  // assembled batch, which a first linear layer reads instead of a copy. Ranges of no linear layer are the sources' sum,
-  // left to right (reduce::sum_sources, as the leaf mode). Returns the seconds in GEMMs and sums.
+  // assembled batch, which a first linear layer reads instead of a copy. Ranges of no linear layer
+  // are the sources' sum, left to right (reduce::sum_sources, as the leaf mode). Returns the
+  // seconds in GEMMs and sums.
   double gradient(const float* const* sources, std::size_t k, std::size_t begin, std::size_t end,
                   std::size_t rows, const void* staged_input, float* out, float* scratch) const;
 
@@ -44,8 +45,8 @@ class BatchGrads {
   // gradient reads it; the first linear layer's input is the staged batch, not listed.
   struct RowArray {
     void* data;
-    std::size_t width;  // values per row
-    std::size_t value_bytes;  // 4 (f32) or 2 (bf16)
+    std::size_t width;                           // values per row
+    std::size_t value_bytes;                     // 4 (f32) or 2 (bf16)
     std::size_t reader_begin[2], reader_end[2];  // the weight's range, and (dY only) the bias's
   };
   std::vector<RowArray> row_arrays();
@@ -58,8 +59,8 @@ class BatchGrads {
  private:
   struct Linear {
     std::int64_t in = 0, out = 0;
-    bool reads_input = false;  // the model's first layer: its input is the staged batch
-    AlignedBuffer<float> x, dy;  // f32 rows
+    bool reads_input = false;       // the model's first layer: its input is the staged batch
+    AlignedBuffer<float> x, dy;     // f32 rows
     AlignedBuffer<bf16> x16, dy16;  // bf16 rows
   };
   const nn::Precision precision_;

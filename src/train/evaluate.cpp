@@ -32,7 +32,8 @@ void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const ReplicaWe
       data::assemble_batch(set, std::span(ids).subspan(row, n), r.eval_x.data(), r.eval_y.data());
       const float* logits = r.infer(weights, N);  // (N, classes)
       parts.loss[c] = nn::softmax_cross_entropy(logits, r.eval_y.data(), N, classes, nullptr);
-      parts.correct[c] = static_cast<double>(nn::count_correct(logits, r.eval_y.data(), N, classes));
+      parts.correct[c] =
+          static_cast<double>(nn::count_correct(logits, r.eval_y.data(), N, classes));
     }
   });
   for (std::size_t w = 0; w < graph.workers(); ++w)

@@ -28,7 +28,8 @@ void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const ReplicaWe
 std::pair<double, double> eval_totals(const EvalParts& parts, std::size_t count);
 
 // Mean loss and accuracy of `weights` on `set` (every chunk here).
-std::pair<double, double> evaluate(StepGraph& graph, const data::Dataset& set, const ReplicaWeights& weights,
-                                   std::size_t eval_rows, int classes);
+std::pair<double, double> evaluate(StepGraph& graph, const data::Dataset& set,
+                                   const ReplicaWeights& weights, std::size_t eval_rows,
+                                   int classes);
 
 }  // namespace cohort::train

@@ -44,7 +44,8 @@ double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c) {
   AlignedBuffer<bf16> x16(b16 ? x.size() : 0);
   to_bf16(x.data(), x16.data(), x16.size());
   std::vector<std::int32_t> y(c.micro_batch);
-  for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>(i) % model.num_classes();
+  for (std::size_t i = 0; i < y.size(); ++i)
+    y[i] = static_cast<std::int32_t>(i) % model.num_classes();
   // Rows for batch weight gradients (the Net writes them instead of linear weight gradients).
   std::vector<AlignedBuffer<std::uint8_t>> row_store;
   std::vector<nn::LinearRows> rows;

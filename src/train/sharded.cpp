@@ -187,8 +187,8 @@ const float* const* ShardedStep::root_sources(std::size_t begin, std::size_t end
       const auto children = shape_->children(static_cast<std::uint32_t>(p));
       for (std::size_t j = 0; j < children.size(); ++j) {
         const std::uint32_t c = children[j];
-        src[j] = (shape_->is_leaf(c) ? leaf_grads_[c].data() : node_sums_[c - first].data()) +
-                 begin;
+        src[j] =
+            (shape_->is_leaf(c) ? leaf_grads_[c].data() : node_sums_[c - first].data()) + begin;
       }
       reduce::sum_sources(node_sums_[p - first].data() + begin, src, children.size(), end - begin);
     }

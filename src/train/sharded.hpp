@@ -17,13 +17,13 @@
 #include <memory>
 #include <vector>
 
+#include "batch_grads.hpp"
 #include "cohort/dist/comm.hpp"
 #include "cohort/dist/shard_plan.hpp"
 #include "cohort/reduce/function_ref.hpp"
 #include "cohort/reduce/tree_shape.hpp"
 #include "cohort/tensor/buffer.hpp"
 #include "cohort/train/root.hpp"
-#include "batch_grads.hpp"
 
 namespace cohort::train {
 

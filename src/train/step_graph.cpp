@@ -4,9 +4,9 @@
 
 #include <omp.h>
 #include <oneapi/tbb/flow_graph.h>
-#include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/info.h>
+#include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
 
 namespace cohort::train {

@@ -15,8 +15,8 @@
 
 #include "batch_grads.hpp"
 #include "cohort/core/error.hpp"
-#include "cohort/train/root.hpp"
 #include "cohort/dist/comm.hpp"
+#include "cohort/train/root.hpp"
 #include "evaluate.hpp"
 #include "roofline.hpp"
 #include "sharded.hpp"
@@ -96,8 +96,8 @@ struct Trainer::Impl {
   std::unique_ptr<ShardedStep> sharded;  // more than one rank
   StepPlan plan;
   Observer* run_observer = nullptr;  // of the current run(), for the ranks' stop agreement
-  std::uint64_t steps_done = 0;    // training steps done (batches consumed)
-  std::uint64_t updates_done = 0;  // optimizer updates applied to `weights`
+  std::uint64_t steps_done = 0;      // training steps done (batches consumed)
+  std::uint64_t updates_done = 0;    // optimizer updates applied to `weights`
   std::uint64_t skipped_total = 0, skipped_in_a_row = 0;
   std::uint64_t total_steps = 0;  // of the current run(): the schedule's horizon
 
@@ -118,8 +118,7 @@ struct Trainer::Impl {
                         : nullptr),
         tracer(config.workers, config.trace),
         root(optimizer, weights.data(), bf16_run() ? weights16.data() : nullptr, make_state(0),
-             make_state(1), model.layout().total(),
-             reduce::ReducerConfig{}.chunk,
+             make_state(1), model.layout().total(), reduce::ReducerConfig{}.chunk,
              config.clip_norm > 0 || config.on_nonfinite == TrainConfig::OnNonFinite::kSkip
                  ? Root::Mode::kTwoPhase
                  : Root::Mode::kFused,
@@ -132,11 +131,10 @@ struct Trainer::Impl {
     for (std::size_t i = 0; i < max_leaves; ++i) leaf_grads.emplace_back(model.layout().total());
     leaf_loss.resize(max_leaves);
     if (comm.size() > 1)
-      sharded = std::make_unique<ShardedStep>(comm, root, model.layout().total(), leaf_grads,
-                                              leaf_loss, weights.data(),
-                                              bf16_run() ? weights16.data() : nullptr,
-                                              batch_grads.get(),
-                                              config.micro_batch, config.trace ? &tracer : nullptr);
+      sharded = std::make_unique<ShardedStep>(
+          comm, root, model.layout().total(), leaf_grads, leaf_loss, weights.data(),
+          bf16_run() ? weights16.data() : nullptr, batch_grads.get(), config.micro_batch,
+          config.trace ? &tracer : nullptr);
   }
 
   bool bf16_run() const { return config.precision == nn::Precision::kBf16; }
@@ -342,12 +340,14 @@ struct Trainer::Impl {
     const auto t0 = Clock::now();
     if (sharded) {
       const dist::Range owned = sharded->owned_chunks();
-      root.apply_summed(optimizer.scalars(lr, static_cast<float>(inv_rows * clip), updates_done + 1),
-                        graph.executor(), owned.begin, owned.end);
+      root.apply_summed(
+          optimizer.scalars(lr, static_cast<float>(inv_rows * clip), updates_done + 1),
+          graph.executor(), owned.begin, owned.end);
       sharded->share_weights();
     } else {
-      root.apply_summed(optimizer.scalars(lr, static_cast<float>(inv_rows * clip), updates_done + 1),
-                        graph.executor());
+      root.apply_summed(
+          optimizer.scalars(lr, static_cast<float>(inv_rows * clip), updates_done + 1),
+          graph.executor());
     }
     time.add_second_phase(seconds_since(t0));
     return norm;
@@ -520,8 +520,9 @@ Summary Trainer::Impl::run(Observer& observer) {
   s.parameters = model.layout().numel();
   s.weights_digest = weights_digest(weights.data(), weights.size());
   if (config.roofline && step_number > steps_done_at_start)
-    s.roofline = measure_roofline(model, config, graph, optimizer.state_buffers(),
-                                  s.time.step / static_cast<double>(step_number - steps_done_at_start));
+    s.roofline =
+        measure_roofline(model, config, graph, optimizer.state_buffers(),
+                         s.time.step / static_cast<double>(step_number - steps_done_at_start));
   return s;
 }
 

@@ -2,8 +2,8 @@
 // foreign and future files refused with reasons, rotation of kept copies.
 #include "cohort/checkpoint/checkpoint.hpp"
 
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <array>

@@ -2,8 +2,8 @@
 // and a fresh temporary folder per test. Not a test of anything by itself.
 #pragma once
 
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <sstream>

@@ -3,8 +3,8 @@
 // the line and the problem.
 #include "cohort/data/csv.hpp"
 
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>

@@ -2,8 +2,8 @@
 // with a message that names the file and the field.
 #include "cohort/data/idx.hpp"
 
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cstdint>
@@ -41,8 +41,8 @@ class IdxFiles : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           ("cohort_idx_test_" + std::to_string(::getpid()) +
-            "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+           ("cohort_idx_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }

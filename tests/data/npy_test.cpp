@@ -3,8 +3,8 @@
 // refused with an InputError naming the file and the problem.
 #include "cohort/data/npy.hpp"
 
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cstring>
@@ -263,10 +263,9 @@ INSTANTIATE_TEST_SUITE_P(Npy, NpyBadInput, ::testing::ValuesIn(kBadNpy),
 class TempDir {
  public:
   TempDir() {
-    path_ =
-        std::filesystem::temp_directory_path() /
-        ("cohort_npy_test_" + std::to_string(::getpid()) +
-         "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    path_ = std::filesystem::temp_directory_path() /
+            ("cohort_npy_test_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }

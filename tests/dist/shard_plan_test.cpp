@@ -2,12 +2,12 @@
 // thread, no MPI (built in every configuration).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <string>
 #include <thread>
-#include <algorithm>
 #include <vector>
 
 #include "cohort/dist/shard_plan.hpp"
@@ -17,8 +17,8 @@ namespace cohort::dist {
 namespace {
 
 // Counts of items (leaves or chunks): empty, one, small, uneven, and a few hundred.
-const std::vector<std::size_t> kCounts = {0,  1,  2,  3,  5,  7,  8,   13,  16,  31, 32,
-                                          33, 63, 64, 65, 97, 100, 127, 128, 255, 256, 257, 301};
+const std::vector<std::size_t> kCounts = {0,  1,  2,  3,  5,   7,   8,   13,  16,  31,  32, 33,
+                                          63, 64, 65, 97, 100, 127, 128, 255, 256, 257, 301};
 
 std::vector<std::size_t> all_ranks() {
   std::vector<std::size_t> r;
@@ -116,8 +116,8 @@ void check_plan(std::size_t ranks, std::size_t leaves, std::size_t chunks) {
   }
 
   // intersect: each window of [0, chunks + 5) meets the ranks' runs in pieces that tile it.
-  const std::vector<std::size_t> cuts = {0, 1, chunks / 3, chunks / 2, chunks > 0 ? chunks - 1 : 0,
-                                         chunks, chunks + 5};
+  const std::vector<std::size_t> cuts = {
+      0, 1, chunks / 3, chunks / 2, chunks > 0 ? chunks - 1 : 0, chunks, chunks + 5};
   for (std::size_t b : cuts)
     for (std::size_t e : cuts) {
       if (b > e) continue;
@@ -261,7 +261,9 @@ TEST(WatchdogTest, TimeoutZeroDoesNothing) {
 
 TEST(WatchdogTest, DestroyedBeforeTimeoutDoesNotFire) {
   std::atomic<int> fired{0};
-  { Watchdog dog(5s, [&](double) { fired.fetch_add(1); }); }
+  {
+    Watchdog dog(5s, [&](double) { fired.fetch_add(1); });
+  }
   EXPECT_EQ(fired.load(), 0);
 }
 

@@ -120,8 +120,9 @@ double expect_gradients_within(const Model& m, std::span<const float> grad,
 class NetBf16VsReference : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    if (!cpu_has_bf16()) GTEST_SKIP() << "no AVX512_BF16 on this CPU (oneDNN " << onednn_isa()
-                                      << "): bf16 primitives are not native";
+    if (!cpu_has_bf16())
+      GTEST_SKIP() << "no AVX512_BF16 on this CPU (oneDNN " << onednn_isa()
+                   << "): bf16 primitives are not native";
     omp_set_num_threads(1);
     std::printf("seed %llu, model %s, N %lld, K %lld\n", static_cast<unsigned long long>(kSeed),
                 GetParam().spec, static_cast<long long>(N), static_cast<long long>(K));
@@ -226,8 +227,7 @@ TEST_P(NetBf16VsReference, BatchWeightGradientsFromTheKeptRowsMatch) {
 // or another, give the same bits.
 TEST_P(NetBf16VsReference, DeterministicAcrossCallsAndReplicas) {
   auto run = [&](Net& net, AlignedBuffer<float>& grad) {
-    return net.forward_backward(r.params.data(), r.x.data(), in.labels.data(), N, grad.data(),
-                                key);
+    return net.forward_backward(r.params.data(), r.x.data(), in.labels.data(), N, grad.data(), key);
   };
   Net a(m, true, Precision::kBf16), b(m, true, Precision::kBf16);
   AlignedBuffer<float> g1(m.layout().total()), g2(m.layout().total()), g3(m.layout().total());
@@ -287,8 +287,7 @@ INSTANTIATE_TEST_SUITE_P(
              "linear(12)-relu-linear(10)",
              4,
              {1, 20, 20}},
-        Case{"cnn", 4, {1, 28, 28}},
-        Case{"relu-flatten-linear(5)", 2, {2, 6, 6}},
+        Case{"cnn", 4, {1, 28, 28}}, Case{"relu-flatten-linear(5)", 2, {2, 6, 6}},
         Case{"dropout(0.5)-flatten-linear(4)", 3, {1, 8, 8}},
         Case{"linear(16)-relu-linear(10)", 4, {20, 1, 1}},
         Case{"conv(10,3)-avgpool(3,2)-flatten-linear(7)", 3, {2, 9, 9}}),
@@ -332,10 +331,10 @@ TEST(NetBf16, TheOtherPrecisionsFunctionsThrow) {
 TEST(BatchGradBf16, WeightAndBiasGradientsMatchAFloat64Loop) {
   omp_set_num_threads(1);
   for (const auto& [rows, in, out] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 1, 1},
-                                    {7, 13, 5},
-                                    {64, 65, 63},
-                                    {128, 784, 512},
-                                    {33, 256, 10}}) {
+                                      {7, 13, 5},
+                                      {64, 65, 63},
+                                      {128, 784, 512},
+                                      {33, 256, 10}}) {
     Rng rng({kSeed, static_cast<std::uint64_t>(rows * 1000 + in)});
     AlignedBuffer<bf16> x(static_cast<std::size_t>(rows * in)),
         dy(static_cast<std::size_t>(rows * out));

@@ -63,10 +63,9 @@ TEST(Sgd, NesterovMatchesHandComputation) {
 // never left subnormal, for every kind with state. Above that, nothing changes.
 TEST(Optimizer, DecayingStateIsFlushedToZeroNeverLeftSubnormal) {
   const float smallest_normal = 1.17549435e-38f;
-  for (const OptimizerConfig& c :
-       {sgd_config(0.1f, 0.9f), sgd_config(0.1f, 0.9f, 0.0f, true),
-        OptimizerConfig{.kind = Kind::kAdam, .lr = 0.001f},
-        OptimizerConfig{.kind = Kind::kAdamW, .lr = 0.001f}}) {
+  for (const OptimizerConfig& c : {sgd_config(0.1f, 0.9f), sgd_config(0.1f, 0.9f, 0.0f, true),
+                                   OptimizerConfig{.kind = Kind::kAdam, .lr = 0.001f},
+                                   OptimizerConfig{.kind = Kind::kAdamW, .lr = 0.001f}}) {
     SCOPED_TRACE(std::string(to_string(c.kind)) + (c.nesterov ? " nesterov" : ""));
     Optimizer opt(c);
     std::vector<float> w{0.5f}, s0{0}, s1{0}, g{1.0f}, zero{0.0f};

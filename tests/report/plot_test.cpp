@@ -3,8 +3,8 @@
 // value says (read back from the SVG's coordinates); axes use 1/2/5 x 10^k steps.
 #include "cohort/report/plot.hpp"
 
-#include <unistd.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>

@@ -18,7 +18,8 @@ namespace cohort::dist {
 class Watchdog {
  public:
   // timeout <= 0: no thread, beat() does nothing.
-  Watchdog(std::chrono::duration<double> timeout, std::function<void(double idle_seconds)> on_stall);
+  Watchdog(std::chrono::duration<double> timeout,
+           std::function<void(double idle_seconds)> on_stall);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;

@@ -19,12 +19,12 @@
 
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/data/dataset.hpp"
+#include "cohort/dist/comm.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/optim/optimizer.hpp"
 #include "cohort/optim/schedule.hpp"
 #include "cohort/reduce/reducer.hpp"
-#include "cohort/dist/comm.hpp"
 
 namespace cohort::train {
 
@@ -181,7 +181,7 @@ struct Summary {
   std::uint64_t skipped = 0;
   double epochs = 0;  // fractional when --steps stops mid-epoch
   std::size_t workers = 0, batch = 0, micro_batch = 0, parameters = 0;
-  std::size_t ranks = 1;           // processes of the run (MPI ranks); `workers` is per rank
+  std::size_t ranks = 1;  // processes of the run (MPI ranks); `workers` is per rank
   nn::Precision precision = nn::Precision::kF32;
   double bytes_sent_per_step = 0;  // by a rank to the others, mean over ranks and the run's steps
   double samples_per_second = 0;
