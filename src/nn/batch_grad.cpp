@@ -1,19 +1,22 @@
-// Batch weight gradients of linear layers: dnnl_sgemm (f32) and the matmul primitive (bf16), both
-// single-threaded under the caller's omp_set_num_threads(1), and a plain column sum.
+// Batch weight gradients of linear layers: dnnl_sgemm / dnnl_gemm_bf16bf16f32 (oneDNN's GEMMs,
+// single-threaded under the caller's omp_set_num_threads(1)) and a plain column sum.
 #include "cohort/nn/batch_grad.hpp"
 
 #include <oneapi/dnnl/dnnl.h>
 
-#include <oneapi/dnnl/dnnl.hpp>
-
-#include <map>
-#include <memory>
 #include <string>
-#include <tuple>
 #include <type_traits>
 
 #include "cohort/core/error.hpp"
-#include "cohort/tensor/buffer.hpp"
+
+// oneDNN 2.6 exports the bf16 GEMM (row-major, like dnnl_sgemm) but declares it only in an
+// internal header; 3.x declares the same signature in dnnl.h. bfloat16_t there is a 16-bit
+// struct like ours, passed by pointer.
+extern "C" dnnl_status_t DNNL_API dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t M,
+                                                        dnnl_dim_t N, dnnl_dim_t K, float alpha,
+                                                        const cohort::bf16* A, dnnl_dim_t lda,
+                                                        const cohort::bf16* B, dnnl_dim_t ldb,
+                                                        float beta, float* C, dnnl_dim_t ldc);
 
 namespace cohort::nn {
 
@@ -42,48 +45,6 @@ void bias_grad(const T* dy, std::int64_t rows, std::int64_t out, std::int64_t o0
   }
 }
 
-// dW rows [i0, i1) of a linear layer from bf16 rows: a matmul over (M = i1 - i0, K = rows) views
-// of x transposed (strides 1, in) and (K, N = out) of dy, into f32 (M, N). One per shape on each
-// thread (the calling thread runs it; nothing is shared), with a user-mode scratchpad.
-struct BwdWeightMatmul {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
-  dnnl::matmul prim;
-  dnnl::memory a, b, c, scratch;
-  AlignedBuffer<std::uint8_t> scratch_bytes;
-};
-
-BwdWeightMatmul& bwd_weight_matmul(std::int64_t m, std::int64_t k, std::int64_t n,
-                                   std::int64_t lda) {
-  using dnnl::memory;
-  thread_local std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>,
-                        std::unique_ptr<BwdWeightMatmul>>
-      cache;
-  auto& slot = cache[{m, k, n, lda}];
-  if (slot) return *slot;
-  auto mm = std::make_unique<BwdWeightMatmul>();
-  const memory::desc a_md({m, k}, memory::data_type::bf16, memory::dims{1, lda});
-  const memory::desc b_md({k, n}, memory::data_type::bf16, memory::dims{n, 1});
-  const memory::desc c_md({m, n}, memory::data_type::f32, memory::dims{n, 1});
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  try {
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, mm->engine);
-    mm->prim = dnnl::matmul(pd);
-    mm->scratch_bytes = AlignedBuffer<std::uint8_t>(pd.scratchpad_desc().get_size());
-    mm->scratch = memory(pd.scratchpad_desc(), mm->engine, mm->scratch_bytes.data());
-  } catch (const dnnl::error& e) {
-    throw InternalError(std::string("oneDNN: creating a bf16 matmul for a weight gradient (") +
-                        std::to_string(m) + "x" + std::to_string(n) + ", K " + std::to_string(k) +
-                        "): " + e.what());
-  }
-  mm->a = memory(a_md, mm->engine, nullptr);
-  mm->b = memory(b_md, mm->engine, nullptr);
-  mm->c = memory(c_md, mm->engine, nullptr);
-  slot = std::move(mm);
-  return *slot;
-}
-
 }  // namespace
 
 void linear_weight_grad(const float* x, const float* dy, std::int64_t rows, std::int64_t in,
@@ -106,23 +67,10 @@ void linear_weight_grad(const bf16* x, const bf16* dy, std::int64_t rows, std::i
   COHORT_CHECK(0 <= i0 && i0 < i1 && i1 <= in && rows > 0 && out > 0,
                "bad linear_weight_grad range");
   // As the f32 version: C (i1 - i0, out) = x[:, i0 .. i1)^T dy, products of bf16 accumulated
-  // in f32 — on oneDNN's matmul primitive (AMX or AVX512_BF16 kernels), built once per shape
-  // and thread and reused: the root asks for the same chunk shapes every step.
-  BwdWeightMatmul& mm = bwd_weight_matmul(i1 - i0, rows, out, in);
-  mm.a.set_data_handle(const_cast<bf16*>(x + i0));
-  mm.b.set_data_handle(const_cast<bf16*>(dy));
-  mm.c.set_data_handle(dw);
-  try {
-    mm.prim.execute(mm.stream, {{DNNL_ARG_SRC, mm.a},
-                                {DNNL_ARG_WEIGHTS, mm.b},
-                                {DNNL_ARG_DST, mm.c},
-                                {DNNL_ARG_SCRATCHPAD, mm.scratch}});
-    mm.stream.wait();
-  } catch (const dnnl::error& e) {
-    throw InternalError(std::string("oneDNN: bf16 matmul for a weight gradient (") +
-                        std::to_string(i1 - i0) + "x" + std::to_string(out) + ", K " +
-                        std::to_string(rows) + "): " + e.what());
-  }
+  // in f32.
+  check(
+      dnnl_gemm_bf16bf16f32('T', 'N', i1 - i0, out, rows, 1.0f, x + i0, in, dy, out, 0.0f, dw, out),
+      "gemm_bf16bf16f32", i1 - i0, out, rows);
 }
 
 void linear_bias_grad(const bf16* dy, std::int64_t rows, std::int64_t out, std::int64_t o0,
