@@ -184,6 +184,12 @@ void assemble_batch(const Dataset& set, std::span<const std::uint32_t> ids, floa
     if (set.images.empty()) {
       std::memcpy(dst, set.float_features.data() + offset, f * sizeof(float));
     } else {
+      // The next sample's image is at a random place in the set: ask for its lines now, so they
+      // arrive while this one is converted.
+      if (r + 1 < ids.size()) {
+        const std::uint8_t* next = set.images.data() + static_cast<std::size_t>(ids[r + 1]) * f;
+        for (std::size_t line = 0; line < f; line += 64) __builtin_prefetch(next + line);
+      }
       const std::uint8_t* __restrict src = set.images.data() + offset;
       // A true division, as torch_peer.py's `/ 255.0` in float32 (x * (1/255) differs in the
       // last bit for some pixels); it vectorises (convert + divide), unlike a table lookup.
