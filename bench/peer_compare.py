@@ -43,13 +43,15 @@ MPI_RANKS = 2  # the mpi case is 2 ranks x 1 worker, as the peer's DDP is 2 proc
 DDP_PORTS = itertools.count(29511)  # a fresh rendezvous port per DDP run: no TIME_WAIT clash
 
 
-def run(cmd, env=None, capture=False):
-    """Runs cmd in a process group of its own under TIMEOUT; on expiry terminates the whole group
-    (mpirun's ranks, DDP's spawned children) and raises. Returns stdout when capture is set."""
+def run(cmd, env=None, capture=False, timeout=None):
+    """Runs cmd in a process group of its own under `timeout` (default TIMEOUT); on expiry
+    terminates the whole group (mpirun's ranks, DDP's spawned children) and raises. Returns stdout
+    when capture is set. bench/precision_accuracy.py runs its children through it too."""
+    timeout = TIMEOUT if timeout is None else timeout
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if capture else None, text=True,
                          start_new_session=True)
     try:
-        out, _ = p.communicate(timeout=TIMEOUT)
+        out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
             try:
@@ -61,7 +63,7 @@ def run(cmd, env=None, capture=False):
                 break
             except subprocess.TimeoutExpired:
                 pass
-        raise SystemExit(f"timed out after {TIMEOUT} s: {shlex.join(cmd)}")
+        raise SystemExit(f"timed out after {timeout} s: {shlex.join(cmd)}")
     if p.returncode:
         raise subprocess.CalledProcessError(p.returncode, cmd, out)
     return out

@@ -14,12 +14,11 @@ terminated and the script stops.
 import argparse
 import json
 import os
-import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import time
+
+import peer_compare  # bench/, beside this script: its process-group runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COHORT = os.path.join(ROOT, "build/release/cohort")
@@ -27,25 +26,8 @@ TIMEOUT = 1800  # seconds per child process (--timeout); a 5-epoch cnn run takes
 
 
 def run(cmd):
-    """Runs cmd in a process group of its own under TIMEOUT; on expiry terminates the whole group
-    and raises."""
-    p = subprocess.Popen(cmd, start_new_session=True)
-    try:
-        p.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                p.communicate(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-        raise SystemExit(f"timed out after {TIMEOUT} s: {shlex.join(cmd)}")
-    if p.returncode:
-        raise subprocess.CalledProcessError(p.returncode, cmd)
+    """cmd in a process group of its own under TIMEOUT (peer_compare.run)."""
+    peer_compare.run(cmd, timeout=TIMEOUT)
 
 
 def train(model, seed, precision, a):

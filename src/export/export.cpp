@@ -3,7 +3,6 @@
 // onnx.cpp.
 #include "cohort/export/export.hpp"
 
-
 #include "cohort/config/job_config.hpp"
 #include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"

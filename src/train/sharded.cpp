@@ -45,8 +45,19 @@ ShardedStep::ShardedStep(dist::Comm& comm, Root& root, std::size_t n,
     }
     rows_ = batch_->row_arrays();
   }
-  // Chunk ownership does not depend on the step's leaf count.
-  owned_ = dist::ShardPlan(1, chunks_, ranks_).chunks_of(me_);
+  // Chunk ownership and its groups do not depend on the step: fixed here for every rank.
+  const dist::ShardPlan ownership(1, chunks_, ranks_);
+  for (std::size_t r = 0; r < ranks_; ++r) {
+    const dist::Range owned = ownership.chunks_of(r);
+    owned_by_.push_back(owned);
+    std::vector<dist::Range>& groups = groups_by_.emplace_back();
+    const std::size_t count = std::min(kGroups, owned.size());
+    for (std::size_t g = 0; g < count; ++g) {
+      const dist::Range part = dist::even_part(owned.size(), count, g);
+      groups.push_back({owned.begin + part.begin, owned.begin + part.end});
+    }
+  }
+  owned_ = owned_by_[me_];
   if (batch_) {
     const auto [b, e] = batch_->input_reader();
     const dist::Range mine = elements_of(owned_);
@@ -57,17 +68,6 @@ ShardedStep::ShardedStep(dist::Comm& comm, Root& root, std::size_t n,
 
 dist::Range ShardedStep::elements_of(dist::Range chunks) const {
   return {std::min(n_, chunks.begin * chunk_), std::min(n_, chunks.end * chunk_)};
-}
-
-std::vector<dist::Range> ShardedStep::groups_of(std::size_t rank) const {
-  const dist::Range owned = dist::ShardPlan(1, chunks_, ranks_).chunks_of(rank);
-  std::vector<dist::Range> out;
-  const std::size_t groups = std::min(kGroups, owned.size());
-  for (std::size_t g = 0; g < groups; ++g) {
-    const dist::Range part = dist::even_part(owned.size(), groups, g);
-    out.push_back({owned.begin + part.begin, owned.begin + part.end});
-  }
-  return out;
 }
 
 dist::Range ShardedStep::begin_step(std::size_t rows) {
@@ -95,7 +95,7 @@ dist::Range ShardedStep::begin_step(std::size_t rows) {
   exchange_seconds_ = 0;
   mine_ = plan_->leaves_of(me_);
   groups_.clear();
-  for (dist::Range g : groups_of(me_)) groups_.push_back({g, {}});
+  for (dist::Range g : groups_by_[me_]) groups_.push_back({g, {}});
   row_inputs_.clear();
   post_slices(false);
   post_rows(false);
@@ -109,7 +109,7 @@ void ShardedStep::post_slices(bool send) {
     if (o == me_) continue;
     const dist::Range leaves = send ? mine_ : plan_->leaves_of(o);
     const std::size_t owner = send ? o : me_;
-    const std::vector<dist::Range> groups = groups_of(owner);
+    const std::vector<dist::Range>& groups = groups_by_[owner];
     for (std::size_t gi = 0; gi < groups.size(); ++gi) {
       const dist::Range elems = elements_of(groups[gi]);
       for (std::size_t l = leaves.begin; l < leaves.end; ++l)
@@ -132,7 +132,7 @@ void ShardedStep::post_slices(bool send) {
 // part of a range reading that array.
 void ShardedStep::post_rows(bool send) {
   auto reads = [&](std::size_t rank, const BatchGrads::RowArray& a) {
-    const dist::Range e = elements_of(dist::ShardPlan(1, chunks_, ranks_).chunks_of(rank));
+    const dist::Range e = elements_of(owned_by_[rank]);
     for (int i = 0; i < 2; ++i)
       if (!dist::intersect({a.reader_begin[i], a.reader_end[i]}, e.begin, e.end).empty())
         return true;
@@ -161,7 +161,7 @@ void ShardedStep::post_weight_receives() {
   weights_incoming_ = true;
   for (std::size_t o = 0; o < ranks_; ++o) {
     if (o == me_) continue;
-    for (dist::Range g : groups_of(o)) {
+    for (dist::Range g : groups_by_[o]) {
       const dist::Range e = elements_of(g);
       if (!e.empty())
         comm_.irecv(weights_ + e.begin, e.size() * sizeof(float), static_cast<int>(o), kWeights);
@@ -253,7 +253,7 @@ void ShardedStep::end_step() {
   if (weights16_ && weights_incoming_) {
     for (std::size_t o = 0; o < ranks_; ++o) {
       if (o == me_) continue;
-      const dist::Range e = elements_of(dist::ShardPlan(1, chunks_, ranks_).chunks_of(o));
+      const dist::Range e = elements_of(owned_by_[o]);
       to_bf16(weights_ + e.begin, weights16_ + e.begin, e.size());
     }
   }
@@ -266,9 +266,8 @@ void ShardedStep::end_step() {
 void ShardedStep::gather_stats(bool stop) {
   std::vector<std::size_t> bytes(ranks_);
   std::size_t total = 0, mine_at = 0;
-  const dist::ShardPlan chunks(1, chunks_, ranks_);
   for (std::size_t r = 0; r < ranks_; ++r) {
-    const std::size_t doubles = plan_->leaves_of(r).size() + 2 * chunks.chunks_of(r).size() + 1;
+    const std::size_t doubles = plan_->leaves_of(r).size() + 2 * owned_by_[r].size() + 1;
     if (r == me_) mine_at = total;
     bytes[r] = doubles * sizeof(double);
     total += doubles;
@@ -289,7 +288,7 @@ void ShardedStep::gather_stats(bool stop) {
   const double* in = gathered_.data();
   stop_agreed_ = false;
   for (std::size_t r = 0; r < ranks_; ++r) {
-    const dist::Range leaves = plan_->leaves_of(r), owned = chunks.chunks_of(r);
+    const dist::Range leaves = plan_->leaves_of(r), owned = owned_by_[r];
     for (std::size_t l = leaves.begin; l < leaves.end; ++l) leaf_loss_[l] = *in++;
     for (std::size_t c = owned.begin; c < owned.end; ++c, in += 2)
       if (r != me_) root_.import_chunk(c, static_cast<std::size_t>(in[0]), in[1]);

@@ -68,7 +68,6 @@ class ShardedStep {
     std::vector<dist::Comm::Handle> inputs;  // receives of slices for these chunks
   };
   dist::Range elements_of(dist::Range chunks) const;
-  std::vector<dist::Range> groups_of(std::size_t rank) const;
   void post_slices(bool send);
   void post_rows(bool send);
   void run_group(reduce::Executor& executor, const Group& g);
@@ -89,6 +88,9 @@ class ShardedStep {
   Tracer* const tracer_;
   std::vector<dist::Range> summed_;  // ranges of the flat array summed from the leaves
   std::vector<BatchGrads::RowArray> rows_;
+  // Per rank: its owned chunks, and their groups (the units of root work and weight messages).
+  std::vector<dist::Range> owned_by_;
+  std::vector<std::vector<dist::Range>> groups_by_;
   bool needs_staged_input_ = false;
   // This step:
   std::unique_ptr<dist::ShardPlan> plan_;

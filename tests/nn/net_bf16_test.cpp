@@ -33,6 +33,7 @@ namespace {
 using testing::Inputs;
 using testing::make_inputs;
 using testing::same_bits;
+using testing::spec_case_name;
 
 constexpr std::uint64_t kSeed = 20261202;
 
@@ -259,19 +260,6 @@ TEST_P(NetBf16VsReference, DeterministicAcrossCallsAndReplicas) {
   EXPECT_TRUE(same_bits(g1.span(), g4.span())) << "another Net on another thread";
 }
 
-// "conv(4,3)-relu-flatten-linear(10)" on 3 rows: conv_4_3_relu_flatten_linear_10_N3.
-std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  std::string name;
-  for (const char c : std::string_view(info.param.spec)) {
-    if (std::isalnum(static_cast<unsigned char>(c)))
-      name += c;
-    else if (!name.empty() && name.back() != '_')
-      name += '_';
-  }
-  if (name.back() != '_') name += '_';
-  return name + "N" + std::to_string(info.param.N);
-}
-
 // Every layer kind (linear, conv with stride and padding, max and average pooling, ReLU,
 // flatten, dropout on flat and on conv outputs), first layers that copy the input, a last layer
 // that is not linear, and the two default models.
@@ -291,7 +279,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"dropout(0.5)-flatten-linear(4)", 3, {1, 8, 8}},
         Case{"linear(16)-relu-linear(10)", 4, {20, 1, 1}},
         Case{"conv(10,3)-avgpool(3,2)-flatten-linear(7)", 3, {2, 9, 9}}),
-    case_name);
+    spec_case_name<Case>);
 
 TEST(NetBf16, PlainLayoutsComputeTheSameNetwork) {
   if (!cpu_has_bf16()) GTEST_SKIP() << "no AVX512_BF16";

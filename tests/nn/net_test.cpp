@@ -23,6 +23,7 @@ namespace {
 
 using testing::Inputs;
 using testing::make_inputs;
+using testing::spec_case_name;
 
 constexpr std::uint64_t kSeed = 20261130;
 
@@ -133,20 +134,6 @@ TEST_P(NetVsReference, BatchWeightGradientsFromTheKeptRowsMatch) {
   expect_gradients_match(m, grad, ref.grad, "(batch weight gradients)");
 }
 
-// The spec's letters and numbers joined by '_', then N: "conv(4,3)-relu-flatten-linear(10)" on 3
-// rows is Shapes/NetVsReference.X/conv_4_3_relu_flatten_linear_10_N3.
-std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  std::string name;
-  for (const char c : std::string_view(info.param.spec)) {
-    if (std::isalnum(static_cast<unsigned char>(c)))
-      name += c;
-    else if (!name.empty() && name.back() != '_')
-      name += '_';
-  }
-  if (name.back() != '_') name += '_';
-  return name + "N" + std::to_string(info.param.N);
-}
-
 INSTANTIATE_TEST_SUITE_P(
     Shapes, NetVsReference,
     ::testing::Values(
@@ -166,7 +153,7 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"dropout(0.5)-flatten-linear(4)", 3, {1, 8, 8}},
         Case{"flatten-dropout(0.3)-linear(6)", 2, {1, 8, 8}},
         Case{"relu-conv(4,3)-flatten-linear(10)", 2, {1, 8, 8}}),
-    case_name);
+    spec_case_name<Case>);
 
 TEST(Reference, GradientMatchesFiniteDifferences) {
   // Central differences in float64 on a small MLP: validates the oracle itself.

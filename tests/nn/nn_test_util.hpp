@@ -4,9 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "cohort/core/rng.hpp"
@@ -14,6 +17,22 @@
 #include "cohort/tensor/buffer.hpp"
 
 namespace cohort::nn::testing {
+
+// The name of a case with a model `spec` and a row count `N`: the spec's letters and numbers
+// joined by '_', then N ("conv(4,3)-relu-flatten-linear(10)" on 3 rows:
+// conv_4_3_relu_flatten_linear_10_N3).
+template <typename Case>
+std::string spec_case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string name;
+  for (const char c : std::string_view(info.param.spec)) {
+    if (std::isalnum(static_cast<unsigned char>(c)))
+      name += c;
+    else if (!name.empty() && name.back() != '_')
+      name += '_';
+  }
+  if (name.back() != '_') name += '_';
+  return name + "N" + std::to_string(info.param.N);
+}
 
 struct Inputs {
   AlignedBuffer<float> params, x;    // (layout().total()), (N, input_features)
