@@ -128,24 +128,30 @@ Precision Net::precision() const { return impl_->precision; }
 
 double Net::forward_backward(const float* params, const float* x, const std::int32_t* labels,
                              std::int64_t N, float* grad, const StreamKey& key,
-                             std::span<const LinearRows> linear_rows) {
+                             std::span<const LinearRows> linear_rows, float* batch_stats) {
+  (void)batch_stats;  // TODO(#14): bn
   impl_->require(Precision::kF32, "forward_backward(const float* ...)");
   return impl_->forward_backward(params, x, labels, N, grad, key, linear_rows);
 }
 
 double Net::forward_backward(const bf16* params, const bf16* x, const std::int32_t* labels,
                              std::int64_t N, float* grad, const StreamKey& key,
-                             std::span<const LinearRows> linear_rows) {
+                             std::span<const LinearRows> linear_rows, float* batch_stats) {
+  (void)batch_stats;  // TODO(#14): bn
   impl_->require(Precision::kBf16, "forward_backward(const bf16* ...)");
   return impl_->forward_backward(params, x, labels, N, grad, key, linear_rows);
 }
 
-const float* Net::forward(const float* params, const float* x, std::int64_t N) {
+const float* Net::forward(const float* params, const float* x, std::int64_t N,
+                          const float* running_stats) {
+  (void)running_stats;  // TODO(#14): bn
   impl_->require(Precision::kF32, "forward(const float* ...)");
   return impl_->forward(params, x, N);
 }
 
-const float* Net::forward(const bf16* params, const bf16* x, std::int64_t N) {
+const float* Net::forward(const bf16* params, const bf16* x, std::int64_t N,
+                          const float* running_stats) {
+  (void)running_stats;  // TODO(#14): bn
   impl_->require(Precision::kBf16, "forward(const bf16* ...)");
   return impl_->forward(params, x, N);
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cohort/tensor/param_layout.hpp"
@@ -21,15 +22,39 @@ struct SampleShape {
 };
 
 struct LayerSpec {
-  enum class Kind { kLinear, kReLU, kConv, kMaxPool, kAvgPool, kFlatten, kDropout };
+  enum class Kind {
+    kLinear,
+    kReLU,
+    kConv,
+    kMaxPool,
+    kAvgPool,
+    kFlatten,
+    kDropout,
+    kBatchNorm,  // `bn`: per channel of an image, per feature of a flat input
+    kGap,        // `gap`: global average pooling, (C, H, W) -> (C)
+    kResidual,   // `res(OC[,stride])`: a basic residual block (body + shortcut, then ReLU)
+  };
   Kind kind;
-  std::string name;                              // "conv1", "relu2", "fc1", ...
+  std::string name;                              // "conv1", "relu2", "fc1", "bn1", "res1", ...
   SampleShape in, out;                           // per-sample shapes before and after the layer
   std::int64_t kernel = 0, stride = 1, pad = 0;  // conv and pooling (square)
   float p = 0;                                   // dropout probability
-  std::size_t weight = 0;  // offsets into the flat parameter array (linear, conv)
+  bool has_bias = true;  // conv(..., nobias): no bias tensor (PyTorch's bias=False)
+  // Offsets into the flat parameter array: linear and conv weight and bias; bn scale (gamma) in
+  // `weight` and shift (beta) in `bias`.
+  std::size_t weight = 0;
   std::size_t bias = 0;
-  bool has_params() const { return kind == Kind::kLinear || kind == Kind::kConv; }
+  // bn: offsets into the running-statistics array (Model::stats_layout()) of the running mean
+  // and the running (unbiased) variance, C floats each.
+  std::size_t running_mean = 0, running_var = 0;
+  // res: the body conv3x3(stride)-bn-relu-conv3x3-bn, and the shortcut: empty for the identity,
+  // else conv1x1(stride, nobias)-bn (when the stride or the channel count changes). Their
+  // parameters sit in the flat array in PyTorch's order: body, then shortcut.
+  std::vector<LayerSpec> body, shortcut;
+  bool has_params() const {
+    return kind == Kind::kLinear || kind == Kind::kConv || kind == Kind::kBatchNorm ||
+           kind == Kind::kResidual;
+  }
 };
 
 class Model {
@@ -44,8 +69,10 @@ class Model {
   //   "mlp:784-512-256-10"   Linear(784,512)-ReLU-Linear(512,256)-ReLU-Linear(256,10); its first
   //                          size is the input (checked against the data by the trainer)
   //   "cnn"                  the PyTorch peer's CNN (below), 317,066 parameters on 1x28x28
-  //   a layer list joined by '-':  conv(OC,K[,stride[,pad]])  relu  maxpool(K[,stride])
-  //                          avgpool(K[,stride])  flatten  dropout(P)  linear(OC)
+  //   "resnet20"             the PyTorch peer's ResNet-20 (below), 272,186 parameters
+  //   a layer list joined by '-':  conv(OC,K[,stride[,pad[,nobias]]])  relu  maxpool(K[,stride])
+  //                          avgpool(K[,stride])  flatten  dropout(P)  linear(OC)  bn  gap
+  //                          res(OC[,stride])
   //   e.g.
   //   conv(32,5)-relu-maxpool(2)-conv(64,5)-relu-maxpool(2)-flatten-linear(256)-relu-linear(10)
   static Model parse(const std::string& spec, SampleShape input = {1, 28, 28});
@@ -57,11 +84,25 @@ class Model {
   std::int64_t input_features() const { return input_.numel(); }
   std::int64_t num_classes() const { return num_classes_; }
   bool has_dropout() const;
+  bool has_batchnorm() const;
+
+  // Running statistics of the bn layers (not parameters: no gradient, no optimizer): for each,
+  // "<name>.running_mean" and "<name>.running_var" (C floats each), in model order. Evaluation
+  // normalizes with them; training updates them from the leaves' batch statistics.
+  const ParamLayout& stats_layout() const { return stats_layout_; }
+  // PyTorch's initial running statistics: mean 0, variance 1 (padding zeroed).
+  void init_stats(float* stats) const;
+  // Every bn layer, also those inside residual blocks, in model (= parameter) order.
+  std::vector<const LayerSpec*> batchnorm_layers() const;
+  // [begin, end) ranges of the flat parameter array holding bn scales and shifts and every bias:
+  // what --no-decay-norm-bias exempts from weight decay. Sorted, disjoint.
+  std::vector<std::pair<std::size_t, std::size_t>> norm_and_bias_ranges() const;
   // Floating-point operations of one forward pass per sample (2 per multiply-add).
   double forward_flops_per_sample() const;
 
   // PyTorch's nn.Linear / nn.Conv2d default: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-  // with fan_in = IC * KH * KW, each tensor from a stream keyed by (seed, tensor index).
+  // with fan_in = IC * KH * KW, each tensor from a stream keyed by (seed, tensor index); bn
+  // scale 1 and shift 0.
   // params: layout().total() floats; padding is zeroed. The values are PyTorch's draw order,
   // whatever the storage order.
   void init(float* params, std::uint64_t seed) const;
@@ -79,6 +120,7 @@ class Model {
   std::string spec_;
   std::vector<LayerSpec> layers_;
   ParamLayout layout_;
+  ParamLayout stats_layout_;
   SampleShape input_;
   std::int64_t num_classes_ = 0;
 };
@@ -86,5 +128,10 @@ class Model {
 // The preset `cnn`: the network of ../shared/peers/torch_peer.py.
 inline constexpr const char* kCnnPreset =
     "conv(32,5)-relu-maxpool(2)-conv(64,5)-relu-maxpool(2)-flatten-linear(256)-relu-linear(10)";
+// The preset `resnet20`: the peer's ResNet-20 (He et al. 2016, CIFAR variant, projection
+// shortcuts) for 1x28x28: 272,186 parameters.
+inline constexpr const char* kResnet20Preset =
+    "conv(16,3,1,1,nobias)-bn-relu-res(16)-res(16)-res(16)-res(32,2)-res(32)-res(32)-"
+    "res(64,2)-res(64)-res(64)-gap-linear(10)";
 
 }  // namespace cohort::nn

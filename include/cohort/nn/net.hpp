@@ -67,21 +67,31 @@ class Net {
   // With `linear_rows` (one entry per linear layer, in model order) the linear layers' weight and
   // bias gradients are not computed: their ranges of grad are left untouched, and each linear
   // layer's input and output-gradient rows are copied to its entry instead.
+  // bn layers normalize with the statistics of these N rows (ghost batch normalization: a leaf's
+  // result never depends on other leaves); a model with bn layers needs `batch_stats`
+  // (model.stats_layout().total() floats), where each bn layer's batch mean goes at its
+  // running_mean offset and its biased variance (divided by N) at its running_var offset.
   double forward_backward(const float* params, const float* x, const std::int32_t* labels,
                           std::int64_t N, float* grad, const StreamKey& key = {},
-                          std::span<const LinearRows> linear_rows = {});
+                          std::span<const LinearRows> linear_rows = {},
+                          float* batch_stats = nullptr);
 
-  // Forward only, in inference mode (dropout is the identity); returns the logits
-  // (N, num_classes), valid until the next call.
-  const float* forward(const float* params, const float* x, std::int64_t N);
+  // Forward only, in inference mode (dropout is the identity, bn layers normalize with
+  // `running_stats`, required for a model with bn layers: stats_layout().total() floats);
+  // returns the logits (N, num_classes), valid until the next call.
+  const float* forward(const float* params, const float* x, std::int64_t N,
+                       const float* running_stats = nullptr);
 
   // The same for a bf16 Net: params is the bf16 copy of the flat parameter array (same offsets),
   // x the input rows in bf16; grad, the loss and the logits stay f32. Calling the f32 functions
   // on a bf16 Net, or these on an f32 Net, is an InternalError.
+  // Statistics (batch and running) stay f32.
   double forward_backward(const bf16* params, const bf16* x, const std::int32_t* labels,
                           std::int64_t N, float* grad, const StreamKey& key = {},
-                          std::span<const LinearRows> linear_rows = {});
-  const float* forward(const bf16* params, const bf16* x, std::int64_t N);
+                          std::span<const LinearRows> linear_rows = {},
+                          float* batch_stats = nullptr);
+  const float* forward(const bf16* params, const bf16* x, std::int64_t N,
+                       const float* running_stats = nullptr);
 
   const PhaseTimes& times() const;
   // When the last forward_backward finished the loss and began backward (for traces).
