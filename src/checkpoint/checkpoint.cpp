@@ -1,7 +1,9 @@
 // Checkpoint encoding (little-endian): "COHORTCK" u32 version u32 section-count, then sections
 // {u32 tag, u64 length, payload, u32 crc32(payload)}: META (text fields), PARM (weights), then
-// the optimizer's state arrays ST00, ST01, ... in order (version 1: META, PARM, MOMN). Every
-// length is checked against the bytes left before it is used.
+// the optimizer's state arrays ST00, ST01, ... in order, then (version 3 only) BNST, the bn layers'
+// running statistics (version 1: META, PARM, MOMN). A file without running statistics is written
+// as version 2, so builds before version 3 still read it. Every length is checked against the
+// bytes left before it is used.
 #include "cohort/checkpoint/checkpoint.hpp"
 
 #include <fcntl.h>
@@ -25,6 +27,7 @@ constexpr std::uint32_t tag(const char (&t)[5]) {
          std::uint32_t(std::uint8_t(t[2])) << 16 | std::uint32_t(std::uint8_t(t[3])) << 24;
 }
 constexpr std::uint32_t kMeta = tag("META"), kParams = tag("PARM"), kMomentumV1 = tag("MOMN");
+constexpr std::uint32_t kRunningStats = tag("BNST");
 constexpr std::uint32_t state_tag(std::size_t i) {
   return tag("ST00") + ((std::uint32_t(i / 10) << 16) | (std::uint32_t(i % 10) << 24));
 }
@@ -161,13 +164,17 @@ void fsync_path(const std::filesystem::path& p, bool directory) {
 std::vector<std::uint8_t> encode_checkpoint(const Checkpoint& c) {
   std::vector<std::uint8_t> out;
   put_bytes(out, kMagic, sizeof kMagic);
-  put<std::uint32_t>(out, kCheckpointVersion);
-  put<std::uint32_t>(out, static_cast<std::uint32_t>(2 + c.state.size()));
+  const bool stats = !c.running_stats.empty();
+  put<std::uint32_t>(out, stats ? kCheckpointVersion : 2);
+  put<std::uint32_t>(out, static_cast<std::uint32_t>(2 + c.state.size() + (stats ? 1 : 0)));
   const std::string meta = meta_text(c);
   add_section(out, kMeta, meta.data(), meta.size());
   add_section(out, kParams, c.weights.data(), c.weights.size() * sizeof(float));
   for (std::size_t i = 0; i < c.state.size(); ++i)
     add_section(out, state_tag(i), c.state[i].data(), c.state[i].size() * sizeof(float));
+  if (stats)
+    add_section(out, kRunningStats, c.running_stats.data(),
+                c.running_stats.size() * sizeof(float));
   return out;
 }
 
@@ -183,16 +190,21 @@ Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::
                (version > kCheckpointVersion ? " (the file was written by a newer cohort)" : ""),
            std::to_string(version));
   const auto sections = r.get<std::uint32_t>("section count");
-  // Version 1: META, PARM, MOMN. Version 2: META, PARM, then the state arrays in order.
-  if (version == 1 ? sections != 3 : (sections < 2 || sections > 2 + kMaxStateArrays))
-    r.fail("section count", version == 1 ? "3" : "2 .. " + std::to_string(2 + kMaxStateArrays),
+  // Version 1: META, PARM, MOMN. Version 2: META, PARM, then the state arrays in order. Version 3:
+  // as 2, then BNST.
+  const std::uint32_t fixed = version == 3 ? 3 : 2;  // sections besides the state arrays
+  if (version == 1 ? sections != 3 : (sections < fixed || sections > fixed + kMaxStateArrays))
+    r.fail("section count",
+           version == 1 ? "3"
+                        : std::to_string(fixed) + " .. " + std::to_string(fixed + kMaxStateArrays),
            std::to_string(sections));
   std::vector<std::pair<const std::uint8_t*, std::uint64_t>> payload(sections);
   for (std::uint32_t i = 0; i < sections; ++i) {
-    const std::uint32_t expected = i == 0         ? kMeta
-                                   : i == 1       ? kParams
-                                   : version == 1 ? kMomentumV1
-                                                  : state_tag(i - 2);
+    const std::uint32_t expected = i == 0                             ? kMeta
+                                   : i == 1                           ? kParams
+                                   : version == 1                     ? kMomentumV1
+                                   : version == 3 && i + 1 == sections ? kRunningStats
+                                                                      : state_tag(i - 2);
     const auto t = r.get<std::uint32_t>("section tag");
     if (t != expected)
       r.fail("section " + std::to_string(i) + " tag", tag_text(expected), "'" + tag_text(t) + "'");
@@ -251,7 +263,13 @@ Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::
   };
   c.weights = floats(1);
   if (c.weights.empty()) throw InputError(name + ": section PARM: expected parameters, found none");
-  for (std::size_t i = 2; i < sections; ++i) {
+  const std::size_t state_end = version == 3 ? sections - 1 : sections;
+  if (version == 3) {
+    c.running_stats = floats(state_end);
+    if (c.running_stats.empty())
+      throw InputError(name + ": section BNST: expected running statistics, found none");
+  }
+  for (std::size_t i = 2; i < state_end; ++i) {
     std::vector<float> s = floats(i);
     if (version == 1 && s.empty()) break;  // version 1: an empty MOMN meant no momentum
     if (s.size() != c.weights.size())

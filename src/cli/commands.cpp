@@ -36,7 +36,8 @@ namespace {
 
 // The test set's logits, forward in inference mode over chunks of 500 rows, as a NumPy .npy
 // file (version 1.0: magic, header dict padded to 64 bytes, then (N, classes) float32 '<f4').
-std::string logits_npy(const nn::Model& model, const float* weights, const data::Dataset& test) {
+std::string logits_npy(const nn::Model& model, const float* weights, const float* running_stats,
+                       const data::Dataset& test) {
   constexpr std::size_t kChunk = 500;
   const auto classes = static_cast<std::size_t>(model.num_classes());
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" +
@@ -55,7 +56,9 @@ std::string logits_npy(const nn::Model& model, const float* weights, const data:
     const std::size_t n = std::min(kChunk, test.count - first);
     for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::uint32_t>(first + i);
     data::assemble_batch(test, std::span(ids).first(n), x.data(), y.data());
-    const float* logits = net.forward(weights, x.data(), static_cast<std::int64_t>(n));
+    const float* logits =
+        net.forward(weights, x.data(), static_cast<std::int64_t>(n),
+                    model.stats_layout().total() != 0 ? running_stats : nullptr);
     file.append(reinterpret_cast<const char*>(logits),
                 n * classes * sizeof(float));  // (n, classes)
   }
@@ -83,7 +86,9 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   train::Trainer trainer(config, data);
   trainer.restore(ck, o.checkpoint);
   auto [loss, accuracy] = trainer.evaluate_test();
-  const std::string digest = train::weights_digest(trainer.weights(), ck.weights.size());
+  const std::string digest =
+      train::weights_digest(trainer.weights(), ck.weights.size(), trainer.running_stats(),
+                            trainer.model().stats_layout().total());
   if (!o.quiet)
     out << "cohort eval: " << o.checkpoint << " (" << ck.model << ", step " << ck.step << ") on "
         << o.data_dir << ": test loss " << std::fixed << std::setprecision(4) << loss
@@ -98,7 +103,8 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
                                                   .dump(2) +
                                               "\n");
   if (!o.logits_path.empty())
-    write_file_atomically(o.logits_path, logits_npy(trainer.model(), trainer.weights(), data.test));
+    write_file_atomically(o.logits_path, logits_npy(trainer.model(), trainer.weights(),
+                                                      trainer.running_stats(), data.test));
   return kExitOk;
 }
 

@@ -185,6 +185,10 @@ std::vector<TrainFlag> make_table() {
       number_flag<&O::config, &TC::optimizer, &OC::weight_decay>(
           "--weight-decay", "optimizer.weight_decay", {0, 1e6},
           "weight decay (SGD, Adam: L2 on the gradient; AdamW: decoupled)"),
+      bool_flag<&O::config, &TC::no_decay_norm_bias>(
+          "--no-decay-norm-bias", "optimizer.no_decay_norm_bias",
+          "no weight decay on bn scales and shifts and on biases (default: every tensor decays, "
+          "as in torch.optim)"),
       number_flag<&O::config, &TC::optimizer, &OC::beta1>("--beta1", "optimizer.beta1", kFraction,
                                                           "Adam(W): first moment decay"),
       number_flag<&O::config, &TC::optimizer, &OC::beta2>("--beta2", "optimizer.beta2", kFraction,

@@ -105,6 +105,7 @@ json config_json(const train::TrainConfig& c, const std::string& data_dir) {
     optimizer.update(
         json{{"beta1", shortest(o.beta1)}, {"beta2", shortest(o.beta2)}, {"eps", shortest(o.eps)}});
   optimizer["weight_decay"] = shortest(o.weight_decay);
+  optimizer["no_decay_norm_bias"] = c.no_decay_norm_bias;
   optimizer["clip_norm"] = shortest(c.clip_norm);
   const auto& sc = c.schedule;
   json schedule{{"kind", optim::to_string(sc.kind)},

@@ -62,7 +62,10 @@ int dry_run(const TrainOptions& o, const Checked& in, std::ostream& out) {
       << " parameters) on " << o.data_dir << " (" << in.data->train.count << " train, "
       << in.data->test.count << " test samples of " << in.data->train.describe_shape()
       << "): every input checked, nothing trained or written\n"
-      << config_text(config_json(train::resolve_defaults(in.config), o.data_dir));
+      << config_text(config_json(
+             train::resolve_defaults(
+                 in.config, nn::Model::parse(in.config.model, train::input_shape(in.data->train))),
+             o.data_dir));
   if (in.resume)
     out << "  would resume from " << o.checkpoint.resume << " at step " << in.resume->step << "\n";
   return kExitOk;
@@ -80,8 +83,7 @@ void apply_rank_defaults(train::TrainConfig& c, dist::Comm& comm) {
   const std::size_t mine = std::max<std::size_t>(1, bound ? mask : mask / local);
   const std::uint64_t total = comm.sum(mine);
   if (c.workers == 0) c.workers = mine;
-  if (c.micro_batch == 0 && c.batch != 0)
-    c.micro_batch = static_cast<std::size_t>((c.batch + total - 1) / total);
+  c.job_cores = static_cast<std::size_t>(total);  // the default micro-batch's divisor
 }
 
 // Several ranks: every rank checks its own inputs, then all agree before anything else is

@@ -87,6 +87,13 @@ void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path
         checkpoint.string() + ": the model '" + ck.model + "' on samples " + input.str() + " has " +
         std::to_string(model.layout().total()) + " parameter floats, the checkpoint holds " +
         std::to_string(ck.weights.size()) + " (was it trained on samples of another shape?)");
+  // Not yet: bn needs its running statistics exported, res and gap a graph beyond a Sequential.
+  for (const nn::LayerSpec& l : model.layers())
+    if (l.kind == nn::LayerSpec::Kind::kBatchNorm || l.kind == nn::LayerSpec::Kind::kGap ||
+        l.kind == nn::LayerSpec::Kind::kResidual)
+      throw InputError(checkpoint.string() + ": the model '" + ck.model + "' has a " + l.name +
+                       " layer: export supports linear, conv, relu, pooling, flatten and dropout "
+                       "layers, not yet bn, gap or res");
   const Metadata meta{.model = ck.model, .step = ck.step, .input = model.input()};
   if (format == Format::kSafetensors) {
     const std::vector<std::uint8_t> bytes = encode_safetensors(model, ck.weights.data(), meta);

@@ -73,7 +73,7 @@ inline float flush_subnormal(float x) { return std::fabs(x) < 1.17549435e-38f ? 
 
 void Optimizer::apply(const StepScalars& step, float* __restrict w, const float* __restrict g,
                       float* __restrict s0, float* __restrict s1, std::size_t count) const {
-  const float lr = step.lr, gs = step.grad_scale, wd = config_.weight_decay;
+  const float lr = step.lr, gs = step.grad_scale, wd = step.decay ? config_.weight_decay : 0.0f;
   if (config_.kind != Kind::kSgd) {
     const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
     const float step_size = step.step_size, ib2 = step.inv_sqrt_bias2;

@@ -58,12 +58,16 @@ double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c) {
         row_store.emplace_back(c.micro_batch * static_cast<std::size_t>(l.out.C) * value);
         rows.push_back({&l == &model.layers().front() ? nullptr : xr, row_store.back().data()});
       }
+  AlignedBuffer<float> stats(model.stats_layout().total());  // bn: the leaf's batch statistics
+  float* batch_stats = stats.size() ? stats.data() : nullptr;
   return best_of(5, [&] {
     net.reset_times();
     if (b16)
-      net.forward_backward(params16.data(), x16.data(), y.data(), M, grad.data(), {}, rows);
+      net.forward_backward(params16.data(), x16.data(), y.data(), M, grad.data(), {}, rows,
+                           batch_stats);
     else
-      net.forward_backward(params.data(), x.data(), y.data(), M, grad.data(), {}, rows);
+      net.forward_backward(params.data(), x.data(), y.data(), M, grad.data(), {}, rows,
+                           batch_stats);
     return net.times().matmul;
   });
 }

@@ -51,7 +51,28 @@ Root::Root(const optim::Optimizer& optimizer, float* weights, bf16* weights16, f
 
 void Root::apply(const optim::StepScalars& scalars, std::size_t b, const float* g,
                  std::size_t count) const {
-  optimizer_.apply(scalars, weights_ + b, g, at(state0_, b), at(state1_, b), count);
+  if (no_decay_.empty()) {
+    optimizer_.apply(scalars, weights_ + b, g, at(state0_, b), at(state1_, b), count);
+  } else {
+    // The block in runs that decay or not, split at the no-decay ranges' bounds.
+    const std::size_t end = b + count;
+    auto range = std::upper_bound(no_decay_.begin(), no_decay_.end(), b,
+                                  [](std::size_t i, const auto& r) { return i < r.second; });
+    for (std::size_t pos = b; pos < end;) {
+      optim::StepScalars run = scalars;
+      std::size_t next = end;
+      if (range != no_decay_.end() && range->first <= pos) {
+        run.decay = false;
+        next = std::min(end, range->second);
+        ++range;
+      } else if (range != no_decay_.end()) {
+        next = std::min(end, range->first);
+      }
+      optimizer_.apply(run, weights_ + pos, g + (pos - b), at(state0_, pos), at(state1_, pos),
+                       next - pos);
+      pos = next;
+    }
+  }
   if (weights16_) to_bf16(weights_ + b, weights16_ + b, count);  // the block is still in L1
 }
 

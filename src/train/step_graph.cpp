@@ -86,10 +86,11 @@ struct StepGraph::Impl {
 };
 
 const float* Replica::infer(const ReplicaWeights& weights, std::int64_t N) {
-  if (net.precision() == nn::Precision::kF32) return net.forward(weights.f32, eval_x.data(), N);
+  if (net.precision() == nn::Precision::kF32)
+    return net.forward(weights.f32, eval_x.data(), N, weights.stats);
   const std::size_t values = static_cast<std::size_t>(N) * (eval_x.size() / eval_y.size());
   to_bf16(eval_x.data(), eval_x16.data(), values);
-  return net.forward(weights.b16, eval_x16.data(), N);
+  return net.forward(weights.b16, eval_x16.data(), N, weights.stats);
 }
 
 StepGraph::StepGraph(std::size_t workers, const nn::Model& model, std::size_t eval_rows,

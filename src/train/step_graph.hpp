@@ -22,10 +22,12 @@
 namespace cohort::train {
 
 // The weights the replicas read: the f32 master weights, and with --precision bf16 their bf16
-// copy (which a bf16 Net reads instead).
+// copy (which a bf16 Net reads instead); and the bn layers' running statistics that inference
+// normalizes with (null without bn layers).
 struct ReplicaWeights {
   const float* f32 = nullptr;
   const bf16* b16 = nullptr;
+  const float* stats = nullptr;
 };
 
 // What one worker owns: its Net (primitives, activations, scratchpad), staging for evaluation,

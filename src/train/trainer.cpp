@@ -6,6 +6,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -42,7 +43,7 @@ nn::Model parse_model(const std::string& spec, const data::Splits& d) {
 
 TrainConfig checked(TrainConfig c, const nn::Model& model, const data::Splits& data) {
   validate(c, model, data);
-  return resolve_defaults(std::move(c));
+  return resolve_defaults(std::move(c), model);
 }
 
 // Rethrows the exception in flight with the step number: InputError stays InputError (exit 2),
@@ -83,6 +84,10 @@ struct Trainer::Impl {
   AlignedBuffer<float> state[2];  // the optimizer's per-parameter arrays (momentum, moments)
   std::vector<AlignedBuffer<float>> leaf_grads;  // one per leaf of a full batch
   std::vector<double> leaf_loss;                 // summed loss of each leaf
+  const std::size_t stats_n;                     // bn: floats of running statistics (0: no bn)
+  AlignedBuffer<float> running_stats;            // bn: (stats_n), what evaluation normalizes by
+  AlignedBuffer<float> leaf_stats;               // bn: (leaves of a full batch, stats_n): each
+                                                 // leaf's batch mean and biased variance
   AlignedBuffer<float> staged_x;                 // (B, features): the step's batch
   AlignedBuffer<bf16> staged_x16;                // bf16: the same rows, the Nets' input
   std::vector<std::int32_t> staged_y;            // (B)
@@ -110,6 +115,8 @@ struct Trainer::Impl {
         optimizer(config.optimizer),
         weights(model.layout().total()),
         weights16(bf16_run() ? weights.size() : 0),
+        stats_n(model.stats_layout().total()),
+        running_stats(stats_n),
         staged_x(config.batch * features),
         staged_x16(bf16_run() ? staged_x.size() : 0),
         staged_y(config.batch),
@@ -127,9 +134,13 @@ struct Trainer::Impl {
         base_lr(optim::scaled_base_lr(config.schedule, config.optimizer.lr, config.batch)) {
     model.init(weights.data(), config.seed);
     copy_to_bf16();
+    if (config.no_decay_norm_bias && config.optimizer.weight_decay > 0)
+      root.set_no_decay(model.norm_and_bias_ranges());
     const std::size_t max_leaves = leaves_for(config.batch);
     for (std::size_t i = 0; i < max_leaves; ++i) leaf_grads.emplace_back(model.layout().total());
     leaf_loss.resize(max_leaves);
+    model.init_stats(running_stats.data());
+    leaf_stats = AlignedBuffer<float>(max_leaves * stats_n);
     if (comm.size() > 1)
       sharded = std::make_unique<ShardedStep>(
           comm, root, model.layout().total(), leaf_grads, leaf_loss, weights.data(),
@@ -138,7 +149,9 @@ struct Trainer::Impl {
   }
 
   bool bf16_run() const { return config.precision == nn::Precision::kBf16; }
-  ReplicaWeights replica_weights() const { return {weights.data(), weights16.data()}; }
+  ReplicaWeights replica_weights() const {
+    return {weights.data(), weights16.data(), stats_n ? running_stats.data() : nullptr};
+  }
   // The bf16 copy of the whole weights (after initialization or a restore).
   void copy_to_bf16() {
     if (bf16_run()) to_bf16(weights.data(), weights16.data(), weights.size());
@@ -240,11 +253,13 @@ struct Trainer::Impl {
     const auto rows = batch_grads ? std::span<const nn::LinearRows>(r.linear_rows)
                                   : std::span<const nn::LinearRows>();
     const auto N = static_cast<std::int64_t>(n);
+    float* batch_stats = stats_n ? leaf_stats.data() + leaf * stats_n : nullptr;
     leaf_loss[leaf] =
-        bf16_run() ? r.net.forward_backward(weights16.data(), staged_x16.data() + first * features,
-                                            staged_y.data() + first, N, grad, key, rows)
-                   : r.net.forward_backward(weights.data(), staged_x.data() + first * features,
-                                            staged_y.data() + first, N, grad, key, rows);
+        bf16_run()
+            ? r.net.forward_backward(weights16.data(), staged_x16.data() + first * features,
+                                     staged_y.data() + first, N, grad, key, rows, batch_stats)
+            : r.net.forward_backward(weights.data(), staged_x.data() + first * features,
+                                     staged_y.data() + first, N, grad, key, rows, batch_stats);
     if (tracer.on()) {
       tracer.record("forward", track, "leaf", leaf, t1, r.net.backward_begin());
       tracer.record("backward", track, "leaf", leaf, r.net.backward_begin(), Clock::now());
@@ -306,11 +321,44 @@ struct Trainer::Impl {
     } else if (root.mode() == Root::Mode::kTwoPhase) {
       out.grad_norm = apply_second_phase(out.lr, inv_rows);
     }
+    if (!out.skipped) update_running_stats(rows);
     if (sharded) {
       sharded->end_step();
       time.add_exchange(sharded->exchange_seconds());
     }
     return out;
+  }
+
+  // bn: the running statistics after the step, updated from each leaf's batch statistics in leaf
+  // order (as PyTorch updates them once per forward pass: running = (1 - momentum) * running +
+  // momentum * batch, the variance made unbiased over the leaf's values per channel). Never in
+  // the order the replicas finished. Several ranks: the leaves' statistics are all-gathered first.
+  void update_running_stats(std::size_t rows) {
+    if (stats_n == 0) return;
+    if (sharded) {
+      const auto ranks = static_cast<std::size_t>(comm.size());
+      std::vector<std::size_t> bytes(ranks);
+      for (std::size_t r = 0; r < ranks; ++r)
+        bytes[r] = dist::even_part(plan.leaves, ranks, r).size() * stats_n * sizeof(float);
+      comm.allgatherv(leaf_stats.data(), bytes);
+    }
+    constexpr float m = kBatchNormMomentum;
+    float* run = running_stats.data();
+    for (std::size_t leaf = 0; leaf < plan.leaves; ++leaf) {
+      const std::size_t n = std::min(config.micro_batch, rows - leaf * config.micro_batch);
+      const float* batch = leaf_stats.data() + leaf * stats_n;
+      for (const nn::LayerSpec* l : model.batchnorm_layers()) {
+        const auto C = static_cast<std::size_t>(l->in.C);
+        const double values = static_cast<double>(n) * static_cast<double>(l->in.H * l->in.W);
+        const float unbiased = values > 1 ? static_cast<float>(values / (values - 1)) : 1.0f;
+        for (std::size_t c = 0; c < C; ++c) {
+          float& mean = run[l->running_mean + c];
+          float& var = run[l->running_var + c];
+          mean = (1 - m) * mean + m * batch[l->running_mean + c];
+          var = (1 - m) * var + m * (batch[l->running_var + c] * unbiased);
+        }
+      }
+    }
   }
 
   // Several ranks, batch weight gradients: a first linear layer's gradient reads the whole
@@ -518,7 +566,8 @@ Summary Trainer::Impl::run(Observer& observer) {
   s.batch = config.batch;
   s.micro_batch = config.micro_batch;
   s.parameters = model.layout().numel();
-  s.weights_digest = weights_digest(weights.data(), weights.size());
+  s.weights_digest =
+      weights_digest(weights.data(), weights.size(), running_stats.data(), running_stats.size());
   if (config.roofline && step_number > steps_done_at_start)
     s.roofline =
         measure_roofline(model, config, graph, optimizer.state_buffers(),
@@ -555,6 +604,7 @@ checkpoint::Checkpoint Trainer::checkpoint(std::string config_json) const {
     c.state.emplace_back(m.state[i].size());
     m.model.to_canonical(m.state[i].data(), c.state.back().data());
   }
+  c.running_stats.assign(m.running_stats.data(), m.running_stats.data() + m.stats_n);
   return c;
 }
 
@@ -564,6 +614,7 @@ void Trainer::restore(const checkpoint::Checkpoint& c, const std::string& name) 
   m.model.from_canonical(c.weights.data(), m.weights.data());
   for (std::size_t i = 0; i < c.state.size(); ++i)
     m.model.from_canonical(c.state[i].data(), m.state[i].data());
+  std::copy(c.running_stats.begin(), c.running_stats.end(), m.running_stats.data());
   m.copy_to_bf16();
   m.steps_done = c.step;
   m.updates_done = c.updates;
@@ -586,9 +637,18 @@ Summary Trainer::run(Observer& observer) { return impl_->run(observer); }
 const TrainConfig& Trainer::config() const { return impl_->config; }
 const nn::Model& Trainer::model() const { return impl_->model; }
 const float* Trainer::weights() const { return impl_->weights.data(); }
+const float* Trainer::running_stats() const { return impl_->running_stats.data(); }
 
-std::string weights_digest(const float* weights, std::size_t n) {
-  XXH128_hash_t h = XXH3_128bits(weights, n * sizeof(float));
+std::string weights_digest(const float* weights, std::size_t n, const float* stats,
+                           std::size_t stats_n) {
+  // One stream over both arrays: without statistics, the digest of the weights alone.
+  XXH3_state_t* state = XXH3_createState();
+  COHORT_CHECK(state != nullptr, "XXH3 state");
+  XXH3_128bits_reset(state);
+  XXH3_128bits_update(state, weights, n * sizeof(float));
+  if (stats_n != 0) XXH3_128bits_update(state, stats, stats_n * sizeof(float));
+  const XXH128_hash_t h = XXH3_128bits_digest(state);
+  XXH3_freeState(state);
   char hex[33];
   std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
                 static_cast<unsigned long long>(h.low64));

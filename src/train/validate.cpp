@@ -29,11 +29,19 @@ nn::SampleShape input_shape(const data::Dataset& set) {
           static_cast<std::int64_t>(set.cols)};
 }
 
-TrainConfig resolve_defaults(TrainConfig c) {
+TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
   if (c.workers == 0) c.workers = cores();
-  // One leaf per core of this machine, the fastest decomposition measured (docs/architecture.md,
-  // "Micro-batch"). It depends on the machine, never on --workers.
-  if (c.micro_batch == 0 && c.batch != 0) c.micro_batch = (c.batch + cores() - 1) / cores();
+  if (c.micro_batch == 0 && c.batch != 0) {
+    if (model.has_batchnorm()) {
+      // The leaf's rows are the statistics' sample: fixed, never from the machine.
+      c.micro_batch = std::min(c.batch, kBatchNormMicroBatch);
+    } else {
+      // One leaf per core, the fastest decomposition measured (docs/architecture.md,
+      // "Micro-batch"). It depends on the machine (or the job's cores), never on --workers.
+      const std::size_t n = c.job_cores != 0 ? c.job_cores : cores();
+      c.micro_batch = (c.batch + n - 1) / n;
+    }
+  }
   return c;
 }
 
@@ -41,7 +49,7 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
   auto bad = [](const std::string& flag, const std::string& expected, const std::string& found) {
     throw InputError(flag + ": expected " + expected + ", found " + found);
   };
-  const TrainConfig c = resolve_defaults(config);
+  const TrainConfig c = resolve_defaults(config, model);
   if (c.workers > kMaxWorkers)
     bad("--workers", "1 .. " + std::to_string(kMaxWorkers) + " (0: one per core)",
         std::to_string(c.workers));
@@ -80,6 +88,14 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
   if (!(std::isfinite(c.clip_norm) && c.clip_norm >= 0))
     bad("--clip-norm", "a finite value >= 0 (0: off)", std::to_string(c.clip_norm));
   if (c.max_skips == 0) bad("--max-skips", "at least 1", "0");
+  // A bn layer over a flat input normalizes each feature over the leaf's rows: one row has no
+  // variance (PyTorch refuses it too: "Expected more than 1 value per channel").
+  if (c.micro_batch < 2 && model.has_batchnorm())
+    for (const nn::LayerSpec* l : model.batchnorm_layers())
+      if (l->in.flat())
+        bad("--micro-batch", "at least 2 for '" + model.spec() + "' (" + l->name +
+                                 " normalizes each feature over a leaf's rows)",
+            std::to_string(c.micro_batch));
   if (c.precision == nn::Precision::kBf16 && !c.allow_emulated_bf16 &&
       !(c.native_bf16 ? c.native_bf16() : nn::cpu_has_bf16()))
     throw InputError(
@@ -90,7 +106,7 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
 
 void check_resume(const TrainConfig& unresolved, const nn::Model& model, const data::Splits& data,
                   const checkpoint::Checkpoint& c, const std::string& name) {
-  const TrainConfig config = resolve_defaults(unresolved);
+  const TrainConfig config = resolve_defaults(unresolved, model);
   auto mismatch = [&](const std::string& field, const std::string& ours,
                       const std::string& theirs) {
     throw InputError(name + ": " + field + ": this run has " + ours + ", the checkpoint " + theirs +
@@ -118,6 +134,9 @@ void check_resume(const TrainConfig& unresolved, const nn::Model& model, const d
     mismatch("training set size", std::to_string(data.train.count), std::to_string(c.train_count));
   if (c.optimizer != optim::to_string(config.optimizer.kind))
     mismatch("--optimizer", optim::to_string(config.optimizer.kind), c.optimizer);
+  if (c.running_stats.size() != model.stats_layout().total())
+    mismatch("bn running statistics", std::to_string(model.stats_layout().total()) + " floats",
+             std::to_string(c.running_stats.size()));
   const std::size_t state = optim::Optimizer(config.optimizer).state_buffers();
   if (c.state.size() != state)
     mismatch("optimizer state", std::to_string(state) + " arrays",

@@ -16,8 +16,9 @@
 namespace cohort::checkpoint {
 
 // Version 2 added the optimizer's name, its update and skip counts and any number of state
-// arrays; version 1 files (SGD only) still load.
-inline constexpr std::uint32_t kCheckpointVersion = 2;
+// arrays; version 3 the bn layers' running statistics (written only when there are some: other
+// files stay version 2). Version 1 files (SGD only) still load.
+inline constexpr std::uint32_t kCheckpointVersion = 3;
 inline constexpr std::size_t kMaxStateArrays = 4;
 
 struct Checkpoint {
@@ -37,6 +38,9 @@ struct Checkpoint {
   // The optimizer's per-parameter arrays, each as large as `weights`: SGD momentum (one, or none
   // without momentum), Adam's first and second moments (two).
   std::vector<std::vector<float>> state;
+  // The bn layers' running statistics (nn::Model::stats_layout(), in its order); empty for a
+  // model without bn layers.
+  std::vector<float> running_stats;
 };
 
 // Atomically replaces `path` with `c`. With keep > 1 the previous files are kept as path.1 ...

@@ -41,6 +41,7 @@ struct StepScalars {
   float grad_scale = 1;      // turns the summed gradient into the one to apply (1/B, times a clip)
   float step_size = 0;       // Adam: lr / (1 - beta1^t)
   float inv_sqrt_bias2 = 1;  // Adam: 1 / sqrt(1 - beta2^t)
+  bool decay = true;         // false: no weight decay on this range (--no-decay-norm-bias)
 };
 
 class Optimizer {

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <span>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cohort/optim/optimizer.hpp"
@@ -69,6 +70,11 @@ class Root {
        const BatchGrads* batch = nullptr, Tracer* tracer = nullptr);
 
   Mode mode() const { return mode_; }
+  // Ranges [begin, end) of the weights the optimizer applies no weight decay to (sorted,
+  // disjoint; --no-decay-norm-bias). Call before the first step.
+  void set_no_decay(std::vector<std::pair<std::size_t, std::size_t>> ranges) {
+    no_decay_ = std::move(ranges);
+  }
   std::size_t chunk() const { return chunk_; }
 
   // Before a step: the scalars the fused sweep applies (grad_scale = 1 / rows), and with batch
@@ -129,6 +135,7 @@ class Root {
 
   float* const weights_;
   bf16* const weights16_;
+  std::vector<std::pair<std::size_t, std::size_t>> no_decay_;
   float* const state0_;
   float* const state1_;
   const std::size_t n_, chunk_;

@@ -32,13 +32,22 @@ struct TrainConfig {
   std::string model = "mlp:784-512-256-10";
   std::size_t workers = 0;      // 0: one per core; at most kMaxWorkers
   std::size_t batch = 256;      // global batch B
-  std::size_t micro_batch = 0;  // leaf size M; 0: ceil(batch / cores of this machine)
+  // Leaf size M; 0: ceil(batch / cores of this machine), or kBatchNormMicroBatch for a model
+  // with bn layers (whose statistics are per leaf: M is then part of the model's arithmetic and
+  // must not depend on the machine).
+  std::size_t micro_batch = 0;
+  // The cores the default micro-batch divides the batch by (0: this machine's; several ranks:
+  // the job's, so the leaves are those of one process with as many cores).
+  std::size_t job_cores = 0;
   std::size_t epochs = 5;
   std::size_t steps = 0;  // stop after this many optimizer steps; 0: run all epochs
   optim::OptimizerConfig optimizer{};
   optim::ScheduleConfig schedule{};
   // Clip the mean gradient to this global L2 norm (torch.nn.utils.clip_grad_norm_); 0: off.
   float clip_norm = 0;
+  // Exempt bn scales and shifts and every bias from weight decay (--no-decay-norm-bias), as many
+  // recipes do; default: decay every tensor, as torch.optim does.
+  bool no_decay_norm_bias = false;
   // A non-finite loss or gradient: stop the run (naming step and tensor), or skip the step
   // (nothing applied, the schedule does not advance) and count it; max_skips skipped steps in a
   // row stop the run.
@@ -98,6 +107,11 @@ struct TrainConfig {
 };
 
 inline constexpr std::size_t kMaxWorkers = 1024;
+// The default micro-batch of a model with bn layers (ghost batch normalization over the leaf's
+// rows): see docs/architecture.md, "BatchNorm per leaf", for the measurements behind it.
+inline constexpr std::size_t kBatchNormMicroBatch = 64;
+// PyTorch's BatchNorm defaults: the running statistics' momentum and the normalization's eps.
+inline constexpr float kBatchNormMomentum = 0.1f;
 inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
 
 // Throws InputError (naming the flag, expected and found value) for a config that cannot run on
@@ -107,8 +121,9 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
 // for tabular data.
 nn::SampleShape input_shape(const data::Dataset& set);
 // The config with the machine's defaults filled in: workers 0 -> one per core, micro_batch 0 ->
-// batch / cores, rounded up.
-TrainConfig resolve_defaults(TrainConfig config);
+// batch / cores (job_cores, or this machine's), rounded up; for a model with bn layers
+// kBatchNormMicroBatch (at most the batch), whatever the machine.
+TrainConfig resolve_defaults(TrainConfig config, const nn::Model& model);
 // Throws InputError naming `name` and the field if checkpoint `c` is not one a run of `config`
 // (defaults resolved here) on `model` and `data` may continue: another model, seed, batch,
 // micro-batch, partial-batch rule, training set or optimizer (the run would not be the one the
@@ -239,6 +254,8 @@ class Trainer {
   const TrainConfig& config() const;  // with workers and micro_batch resolved
   const nn::Model& model() const;
   const float* weights() const;  // the master weights, model().layout().total() floats
+  // The bn layers' running statistics, model().stats_layout().total() floats (none without bn).
+  const float* running_stats() const;
   // With TrainConfig::trace: every span so far, by track then start (spans on one track nest or
   // are disjoint); the tracks' names (replica 0 .. W-1, then the root's helpers, then the
   // controller); and whether recording stopped at its cap (2^21 spans).
@@ -252,7 +269,9 @@ class Trainer {
   std::unique_ptr<Impl> impl_;
 };
 
-// Hex XXH3-128 of the bytes of `n` floats: two runs with equal digests have equal weights.
-std::string weights_digest(const float* weights, std::size_t n);
+// Hex XXH3-128 of the bytes of `n` floats, then of `stats_n` running statistics (none: the digest
+// of the weights alone): two runs with equal digests have equal weights and statistics.
+std::string weights_digest(const float* weights, std::size_t n, const float* stats = nullptr,
+                           std::size_t stats_n = 0);
 
 }  // namespace cohort::train
