@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <functional>
+#include <iterator>
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/rng.hpp"
@@ -14,7 +16,7 @@ namespace {
 
 [[noreturn]] void bad_spec(const std::string& spec, const std::string& why) {
   throw InputError(
-      "--model: expected 'mlp:IN-H1-...-OUT', 'cnn' or a layer list such as "
+      "--model: expected 'mlp:IN-H1-...-OUT', 'cnn', 'resnet20' or a layer list such as "
       "'conv(32,5)-relu-maxpool(2)-flatten-linear(10)', found '" +
       spec + "': " + why);
 }
@@ -41,6 +43,16 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
   }
 }
 
+// Every layer in model (= parameter) order: a residual block, then its body, then its shortcut.
+template <typename Layers, typename F>
+void visit(Layers& layers, F&& f) {
+  for (auto& l : layers) {
+    f(l);
+    visit(l.body, f);
+    visit(l.shortcut, f);
+  }
+}
+
 }  // namespace
 
 std::string SampleShape::str() const {
@@ -49,7 +61,9 @@ std::string SampleShape::str() const {
 }
 
 Model Model::parse(const std::string& spec_in, SampleShape input) {
-  const std::string spec = spec_in == "cnn" ? kCnnPreset : spec_in;
+  const std::string spec = spec_in == "cnn"        ? kCnnPreset
+                           : spec_in == "resnet20" ? kResnet20Preset
+                                                   : spec_in;
   Model m;
   m.spec_ = spec_in;
   constexpr std::string_view kMlp = "mlp:";
@@ -91,12 +105,23 @@ Model Model::parse(const std::string& spec_in, SampleShape input) {
       };
       LayerSpec l{};
       if (name == "conv") {
-        need(2, 4);
+        need(2, 5);
         l.kind = LayerSpec::Kind::kConv;
         l.out.C = arg(0, 0, 1, 1 << 14);
         l.kernel = arg(1, 0, 1, 64);
         l.stride = arg(2, 1, 1, 64);
         l.pad = arg(3, 0, 0, 64);
+        if (args.size() == 5) {
+          if (args[4] != "nobias")
+            bad_spec(spec, "conv's fifth argument may only be 'nobias', found '" +
+                               std::string(args[4]) + "'");
+          l.has_bias = false;
+        }
+      } else if (name == "res") {
+        need(1, 2);
+        l.kind = LayerSpec::Kind::kResidual;
+        l.out.C = arg(0, 0, 1, 1 << 14);
+        l.stride = arg(1, 1, 1, 64);
       } else if (name == "maxpool" || name == "avgpool") {
         need(1, 2);
         l.kind = name == "maxpool" ? LayerSpec::Kind::kMaxPool : LayerSpec::Kind::kAvgPool;
@@ -110,9 +135,12 @@ Model Model::parse(const std::string& spec_in, SampleShape input) {
         need(1, 1);
         l.kind = LayerSpec::Kind::kDropout;
         l.p = number<float>(spec, args[0], 0.0f, 0.99f);
-      } else if (name == "relu" || name == "flatten") {
+      } else if (name == "relu" || name == "flatten" || name == "bn" || name == "gap") {
         need(0, 0);
-        l.kind = name == "relu" ? LayerSpec::Kind::kReLU : LayerSpec::Kind::kFlatten;
+        l.kind = name == "relu"      ? LayerSpec::Kind::kReLU
+                 : name == "flatten" ? LayerSpec::Kind::kFlatten
+                 : name == "bn"      ? LayerSpec::Kind::kBatchNorm
+                                     : LayerSpec::Kind::kGap;
       } else {
         bad_spec(spec, "unknown layer '" + std::string(name) + "'");
       }
@@ -120,21 +148,23 @@ Model Model::parse(const std::string& spec_in, SampleShape input) {
     }
   }
 
-  // Shapes, names and parameters, layer by layer.
+  // Shapes, names and parameters, layer by layer. `place` gives one layer (named already) its
+  // output shape, its parameters (appended to the layout) and its running statistics.
   m.input_ = input;
-  SampleShape cur = input;
-  int counts[7] = {};
   double parameters = 0;
-  for (auto& l : list) {
+  std::function<void(LayerSpec&, SampleShape)> place = [&](LayerSpec& l, SampleShape cur) {
     l.in = cur;
-    const int kind = static_cast<int>(l.kind);
-    static const char* kNames[] = {"fc",      "relu",    "conv",   "maxpool",
-                                   "avgpool", "flatten", "dropout"};
-    l.name = kNames[kind] + std::to_string(++counts[kind]);
+    auto count_parameters = [&](double n) {
+      parameters += n;
+      if (parameters > double(kMaxParameters))
+        bad_spec(spec,
+                 "more than " + std::to_string(kMaxParameters) + " parameters up to " + l.name);
+    };
     switch (l.kind) {
       case LayerSpec::Kind::kLinear:
         if (!cur.flat())
           bad_spec(spec, l.name + " needs a flat input, found " + cur.str() + " (add flatten)");
+        count_parameters(double(l.out.C) * double(cur.C) + double(l.out.C));
         // Stored (IC, OC), i.e. transposed from PyTorch's (OC, IC): oneDNN's inner product then
         // runs its forward as a plain GEMM (measured 113 against 86 GFLOP/s at 128 rows, see
         // docs/architecture.md). Checkpoints hold the canonical order (to_canonical).
@@ -149,9 +179,65 @@ Model Model::parse(const std::string& spec_in, SampleShape input) {
                              " is larger than its input " + cur.str());
         l.out = {l.out.C, (cur.H + 2 * l.pad - l.kernel) / l.stride + 1,
                  (cur.W + 2 * l.pad - l.kernel) / l.stride + 1};
+        count_parameters(double(l.out.C) * double(cur.C) * double(l.kernel) * double(l.kernel) +
+                         (l.has_bias ? double(l.out.C) : 0.0));
         l.weight = m.layout_.add(l.name + ".weight",
                                  Shape{{l.out.C, cur.C, l.kernel, l.kernel}});  // (OC, IC, KH, KW)
-        l.bias = m.layout_.add(l.name + ".bias", Shape{{l.out.C}});
+        if (l.has_bias) l.bias = m.layout_.add(l.name + ".bias", Shape{{l.out.C}});
+        break;
+      }
+      case LayerSpec::Kind::kBatchNorm:
+        // Per channel of an image, per feature of a flat input: either way C of (C, H, W).
+        l.out = cur;
+        count_parameters(2.0 * double(cur.C));
+        l.weight = m.layout_.add(l.name + ".weight", Shape{{cur.C}});  // scale (gamma), (C)
+        l.bias = m.layout_.add(l.name + ".bias", Shape{{cur.C}});      // shift (beta), (C)
+        l.running_mean = m.stats_layout_.add(l.name + ".running_mean", Shape{{cur.C}});
+        l.running_var = m.stats_layout_.add(l.name + ".running_var", Shape{{cur.C}});
+        break;
+      case LayerSpec::Kind::kGap:
+        if (cur.flat())
+          bad_spec(spec, l.name + " needs an image input (C, H, W), found " + cur.str());
+        l.out = {cur.C, 1, 1};
+        break;
+      case LayerSpec::Kind::kResidual: {
+        if (cur.flat())
+          bad_spec(spec, l.name + " needs an image input (C, H, W), found " + cur.str());
+        // PyTorch's BasicBlock (torch_peer.py's Block): c1, b1, c2, b2 and short.0, short.1 are
+        // here <res>.conv1, <res>.bn1, <res>.relu1, <res>.conv2, <res>.bn2 and <res>.short.conv,
+        // <res>.short.bn.
+        auto sub = [&](LayerSpec::Kind kind, std::string name, std::int64_t OC, std::int64_t k,
+                       std::int64_t stride, std::int64_t pad) {
+          LayerSpec s{};
+          s.kind = kind;
+          s.name = l.name + "." + name;
+          s.out.C = OC;
+          s.kernel = k;
+          s.stride = stride;
+          s.pad = pad;
+          s.has_bias = kind != LayerSpec::Kind::kConv;
+          return s;
+        };
+        using K = LayerSpec::Kind;
+        const std::int64_t OC = l.out.C;
+        l.body = {sub(K::kConv, "conv1", OC, 3, l.stride, 1), sub(K::kBatchNorm, "bn1", 0, 0, 1, 0),
+                  sub(K::kReLU, "relu1", 0, 0, 1, 0), sub(K::kConv, "conv2", OC, 3, 1, 1),
+                  sub(K::kBatchNorm, "bn2", 0, 0, 1, 0)};
+        if (l.stride != 1 || cur.C != OC)
+          l.shortcut = {sub(K::kConv, "short.conv", OC, 1, l.stride, 0),
+                        sub(K::kBatchNorm, "short.bn", 0, 0, 1, 0)};
+        SampleShape at = cur;
+        for (auto& s : l.body) {
+          place(s, at);
+          at = s.out;
+        }
+        l.out = at;
+        at = cur;
+        for (auto& s : l.shortcut) {
+          place(s, at);
+          at = s.out;
+        }
+        COHORT_CHECK(at == l.out, "a residual block's shortcut matches its body");
         break;
       }
       case LayerSpec::Kind::kMaxPool:
@@ -175,14 +261,16 @@ Model Model::parse(const std::string& spec_in, SampleShape input) {
     if (activation > double(kMaxActivation))
       bad_spec(spec, l.name + " outputs " + std::to_string(static_cast<long long>(activation)) +
                          " values per sample, more than " + std::to_string(kMaxActivation));
-    if (l.kind == LayerSpec::Kind::kLinear || l.kind == LayerSpec::Kind::kConv) {
-      parameters += double(l.out.C) * double(l.in.C) * double(l.kernel ? l.kernel : 1) *
-                        double(l.kernel ? l.kernel : 1) +
-                    double(l.out.C);
-      if (parameters > double(kMaxParameters))
-        bad_spec(spec,
-                 "more than " + std::to_string(kMaxParameters) + " parameters up to " + l.name);
-    }
+  };
+  SampleShape cur = input;
+  int counts[10] = {};
+  for (auto& l : list) {
+    const int kind = static_cast<int>(l.kind);
+    static const char* kNames[] = {"fc",      "relu",    "conv", "maxpool", "avgpool",
+                                   "flatten", "dropout", "bn",   "gap",     "res"};
+    static_assert(std::size(kNames) == std::size(counts));
+    l.name = kNames[kind] + std::to_string(++counts[kind]);
+    place(l, cur);
     cur = l.out;
   }
   if (list.empty() || list.back().kind != LayerSpec::Kind::kLinear)
@@ -198,34 +286,72 @@ bool Model::has_dropout() const {
   return false;
 }
 
+bool Model::has_batchnorm() const { return !batchnorm_layers().empty(); }
+
+std::vector<const LayerSpec*> Model::batchnorm_layers() const {
+  std::vector<const LayerSpec*> out;
+  visit(layers_, [&](const LayerSpec& l) {
+    if (l.kind == LayerSpec::Kind::kBatchNorm) out.push_back(&l);
+  });
+  return out;
+}
+
+void Model::init_stats(float* stats) const {
+  std::fill(stats, stats + stats_layout_.total(), 0.0f);
+  for (const LayerSpec* l : batchnorm_layers())
+    std::fill(stats + l->running_var, stats + l->running_var + l->in.C, 1.0f);
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> Model::norm_and_bias_ranges() const {
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  visit(layers_, [&](const LayerSpec& l) {
+    const auto C = static_cast<std::size_t>(l.out.C);
+    if (l.kind == LayerSpec::Kind::kBatchNorm) out.push_back({l.weight, l.weight + C});
+    if (l.kind == LayerSpec::Kind::kBatchNorm || l.kind == LayerSpec::Kind::kLinear ||
+        (l.kind == LayerSpec::Kind::kConv && l.has_bias))
+      out.push_back({l.bias, l.bias + C});
+  });
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 double Model::forward_flops_per_sample() const {
   double f = 0;
-  for (const auto& l : layers_) {
+  visit(layers_, [&](const LayerSpec& l) {
     if (l.kind == LayerSpec::Kind::kLinear) f += 2.0 * double(l.in.C) * double(l.out.C);
     if (l.kind == LayerSpec::Kind::kConv)
       f += 2.0 * double(l.out.numel()) * double(l.in.C * l.kernel * l.kernel);
-  }
+  });
   return f;
 }
 
 void Model::init(float* params, std::uint64_t seed) const {
   for (std::size_t i = 0; i < layout_.total(); ++i) params[i] = 0.0f;
+  // The stream of a tensor is keyed by its index in the layout (bn's constant tensors take an
+  // index too), so models without nobias convs and bn layers draw exactly as before them.
   std::uint64_t tensor = 0;
-  for (const auto& l : layers_) {
-    if (!l.has_params()) continue;
+  visit(layers_, [&](const LayerSpec& l) {
+    if (l.kind == LayerSpec::Kind::kBatchNorm) {
+      std::fill(params + l.weight, params + l.weight + l.out.C, 1.0f);  // scale 1, shift 0
+      tensor += 2;
+      return;
+    }
+    if (l.kind != LayerSpec::Kind::kLinear && l.kind != LayerSpec::Kind::kConv) return;
     const std::int64_t fan_in =
         l.kind == LayerSpec::Kind::kConv ? l.in.C * l.kernel * l.kernel : l.in.C;
     const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
     const std::size_t weights = static_cast<std::size_t>(l.out.C * fan_in);
     // Drawn in PyTorch's order (OC, then IC, KH, KW) and stored where the layout keeps them.
-    for (auto [offset, count] :
-         {std::pair{l.weight, weights}, std::pair{l.bias, std::size_t(l.out.C)}}) {
+    for (const bool is_weight : {true, false}) {
+      if (!is_weight && !l.has_bias) continue;  // a nobias conv: no tensor, no stream
+      const std::size_t offset = is_weight ? l.weight : l.bias;
+      const std::size_t count = is_weight ? weights : std::size_t(l.out.C);
       Rng rng({seed, 0x1417ull /* purpose: init */, tensor++});
-      const bool transposed = offset == l.weight && l.kind == LayerSpec::Kind::kLinear;
+      const bool transposed = is_weight && l.kind == LayerSpec::Kind::kLinear;
       for (std::size_t j = 0; j < count; ++j)
         params[offset + (transposed ? transposed_index(l, j) : j)] = rng.uniform(-bound, bound);
     }
-  }
+  });
 }
 
 std::size_t Model::transposed_index(const LayerSpec& l, std::size_t j) {
@@ -236,18 +362,20 @@ std::size_t Model::transposed_index(const LayerSpec& l, std::size_t j) {
 
 void Model::to_canonical(const float* stored, float* canonical) const {
   std::copy(stored, stored + layout_.total(), canonical);
-  for (const auto& l : layers_)
+  visit(layers_, [&](const LayerSpec& l) {
     if (l.kind == LayerSpec::Kind::kLinear)
       for (std::size_t j = 0; j < static_cast<std::size_t>(l.out.C * l.in.C); ++j)
         canonical[l.weight + j] = stored[l.weight + transposed_index(l, j)];
+  });
 }
 
 void Model::from_canonical(const float* canonical, float* stored) const {
   std::copy(canonical, canonical + layout_.total(), stored);
-  for (const auto& l : layers_)
+  visit(layers_, [&](const LayerSpec& l) {
     if (l.kind == LayerSpec::Kind::kLinear)
       for (std::size_t j = 0; j < static_cast<std::size_t>(l.out.C * l.in.C); ++j)
         stored[l.weight + transposed_index(l, j)] = canonical[l.weight + j];
+  });
 }
 
 }  // namespace cohort::nn

@@ -35,7 +35,11 @@ struct LayerSpec {
     kResidual,   // `res(OC[,stride])`: a basic residual block (body + shortcut, then ReLU)
   };
   Kind kind;
-  std::string name;                              // "conv1", "relu2", "fc1", "bn1", "res1", ...
+  // "conv1", "relu2", "fc1", "bn1", "gap1", "res1", ...: the kind and its count among the
+  // model's top-level layers. Inside a residual block: "<res>.conv1", "<res>.bn1",
+  // "<res>.relu1", "<res>.conv2", "<res>.bn2" (the body), "<res>.short.conv",
+  // "<res>.short.bn" (the shortcut), e.g. "res4.short.bn" (PyTorch's blocks.3.short.1).
+  std::string name;
   SampleShape in, out;                           // per-sample shapes before and after the layer
   std::int64_t kernel = 0, stride = 1, pad = 0;  // conv and pooling (square)
   float p = 0;                                   // dropout probability
@@ -95,14 +99,16 @@ class Model {
   // Every bn layer, also those inside residual blocks, in model (= parameter) order.
   std::vector<const LayerSpec*> batchnorm_layers() const;
   // [begin, end) ranges of the flat parameter array holding bn scales and shifts and every bias:
-  // what --no-decay-norm-bias exempts from weight decay. Sorted, disjoint.
+  // what --no-decay-norm-bias exempts from weight decay. One range per tensor (padding
+  // excluded), sorted, disjoint.
   std::vector<std::pair<std::size_t, std::size_t>> norm_and_bias_ranges() const;
   // Floating-point operations of one forward pass per sample (2 per multiply-add).
   double forward_flops_per_sample() const;
 
   // PyTorch's nn.Linear / nn.Conv2d default: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-  // with fan_in = IC * KH * KW, each tensor from a stream keyed by (seed, tensor index); bn
-  // scale 1 and shift 0.
+  // with fan_in = IC * KH * KW, each tensor from a stream keyed by (seed, tensor index), the
+  // index of the tensor in layout() (bn tensors take an index too, a nobias conv's missing bias
+  // none); bn scale 1 and shift 0.
   // params: layout().total() floats; padding is zeroed. The values are PyTorch's draw order,
   // whatever the storage order.
   void init(float* params, std::uint64_t seed) const;
