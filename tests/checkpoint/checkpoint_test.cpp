@@ -81,6 +81,35 @@ TEST_F(Checkpoints, RoundTripIsExact) {
   EXPECT_EQ(read(dir_ / "a.ckpt"), read(dir_ / "b.ckpt"));
 }
 
+// bn running statistics: their own section, last, and only then version 3; without them the file
+// stays version 2 (older builds read it), with every state-array count.
+TEST_F(Checkpoints, RunningStatisticsRoundTripAndSetTheVersion) {
+  Checkpoint c = small_checkpoint();
+  auto version = [](const std::vector<std::uint8_t>& b) { return b[8]; };
+  EXPECT_EQ(version(encode_checkpoint(c)), 2u);
+  for (int i = 0; i < 6; ++i) c.running_stats.push_back(0.125f * float(i) + 1.0f);
+  for (std::size_t states : {0u, 1u, 2u}) {
+    c.state.resize(states, std::vector<float>(c.weights.size(), 0.5f));
+    const auto bytes = encode_checkpoint(c);
+    EXPECT_EQ(version(bytes), 3u);
+    const Checkpoint d = decode_checkpoint(bytes, "mem");
+    EXPECT_EQ(d.running_stats, c.running_stats) << states << " state arrays";
+    EXPECT_EQ(d.state, c.state) << states << " state arrays";
+    EXPECT_EQ(d.weights, c.weights);
+    EXPECT_EQ(encode_checkpoint(d), bytes);
+  }
+  // A version-3 file whose last section is not BNST (a version-2 body relabelled) is refused,
+  // naming the section it expected.
+  auto relabelled = encode_checkpoint(small_checkpoint());
+  relabelled[8] = 3;
+  try {
+    decode_checkpoint(relabelled, "f.ckpt");
+    ADD_FAILURE() << "accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("BNST"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(Checkpoints, EveryTruncationIsRefused) {
   const auto bytes = encode_checkpoint(small_checkpoint());
   for (std::size_t n = 0; n < bytes.size(); ++n) {
@@ -115,7 +144,7 @@ TEST_F(Checkpoints, ForeignAndFutureFilesAreRefusedWithReasons) {
     return std::string("accepted");
   };
   auto future = bytes;
-  future[8] = 3;  // version 3
+  future[8] = kCheckpointVersion + 1;
   EXPECT_NE(message(future).find("newer cohort"), std::string::npos);
   auto foreign = bytes;
   foreign[0] = 'X';
