@@ -112,6 +112,7 @@ TEST_P(Sharded, EqualsOneProcessBitForBit) {
     ASSERT_EQ(got.checkpoint.state.size(), one.checkpoint.state.size());
     for (std::size_t i = 0; i < one.checkpoint.state.size(); ++i)
       EXPECT_TRUE(got.checkpoint.state[i] == one.checkpoint.state[i]) << "state array " << i;
+    EXPECT_TRUE(got.checkpoint.running_stats == one.checkpoint.running_stats);
   }
 }
 
@@ -121,6 +122,11 @@ const Case kCases[] = {
     {.name = "adam", .optimizer = optim::Kind::kAdam},
     {.name = "clip", .clip = 0.05f},
     {.name = "cnn", .model = "cnn", .batch = 32, .micro_batch = 8},
+    // bn: the leaves' statistics are all-gathered and folded in leaf order on every rank.
+    {.name = "bn",
+     .model = "conv(8,3,1,1,nobias)-bn-relu-res(8)-res(16,2)-gap-linear(10)",
+     .batch = 32,
+     .micro_batch = 8},
     // 96 leaves: more than one flat root (64), so owners sum the tree's inner nodes themselves.
     {.name = "leaves_96", .model = "mlp:784-16-10", .batch = 96, .micro_batch = 1},
 };
