@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <map>
+#include <string_view>
 #include <tuple>
 
 #include "cohort/core/error.hpp"
@@ -51,8 +52,16 @@ struct Net::Impl {
                           model->spec());
   }
 
-  // params and x hold elements of the Net's precision (float or bf16).
-  void bind(Plan& p, const void* params, const void* x, float* grad) {
+  // A model with bn layers needs statistics: the batch's (training) or the running ones.
+  void require_stats(const float* stats, const char* what) const {
+    if (!stats && model->has_batchnorm())
+      throw InternalError(std::string("nn::Net: ") + what + " of " + model->spec() +
+                          ", a model with bn layers, without " +
+                          (std::string_view(what) == "forward" ? "running_stats" : "batch_stats"));
+  }
+
+  // params and x hold elements of the Net's precision (float or bf16); stats are floats.
+  void bind(Plan& p, const void* params, const void* x, float* grad, const float* stats) {
     const std::size_t elem = precision == Precision::kBf16 ? sizeof(bf16) : sizeof(float);
     p.x.set_data_handle(const_cast<void*>(x));
     if (p.bound_params != params) {
@@ -63,6 +72,10 @@ struct Net::Impl {
     if (grad && p.bound_grad != grad) {
       for (auto& e : p.grads) e.mem.set_data_handle(grad + e.offset);
       p.bound_grad = grad;
+    }
+    if (stats && p.bound_stats != stats) {
+      for (auto& e : p.stats) e.mem.set_data_handle(const_cast<float*>(stats) + e.offset);
+      p.bound_stats = stats;
     }
   }
 
@@ -90,7 +103,8 @@ struct Net::Impl {
 
   double forward_backward(const void* params, const void* x, const std::int32_t* labels,
                           std::int64_t N, float* grad, const StreamKey& k,
-                          std::span<const LinearRows> rows) {
+                          std::span<const LinearRows> rows, float* batch_stats) {
+    require_stats(batch_stats, "forward_backward");
     const bool batch_linear = !rows.empty();
     if (batch_linear) {
       std::size_t linear = 0;
@@ -100,7 +114,7 @@ struct Net::Impl {
     Plan& p = plan(N, /*training=*/true, batch_linear);
     key = k;
     linear_rows = rows;
-    bind(p, params, x, grad);
+    bind(p, params, x, grad, batch_stats);
     run(p.forward);
     auto t0 = Clock::now();
     double loss = softmax_cross_entropy(p.logits, labels, N, model->num_classes(), p.diff_logits);
@@ -111,9 +125,11 @@ struct Net::Impl {
     return loss;
   }
 
-  const float* forward(const void* params, const void* x, std::int64_t N) {
+  const float* forward(const void* params, const void* x, std::int64_t N,
+                       const float* running_stats) {
+    require_stats(running_stats, "forward");
     Plan& p = plan(N, /*training=*/false, /*batch_linear=*/false);
-    bind(p, params, x, nullptr);
+    bind(p, params, x, nullptr, running_stats);
     run(p.forward);
     return p.logits;
   }
@@ -129,31 +145,27 @@ Precision Net::precision() const { return impl_->precision; }
 double Net::forward_backward(const float* params, const float* x, const std::int32_t* labels,
                              std::int64_t N, float* grad, const StreamKey& key,
                              std::span<const LinearRows> linear_rows, float* batch_stats) {
-  (void)batch_stats;  // TODO(#14): bn
   impl_->require(Precision::kF32, "forward_backward(const float* ...)");
-  return impl_->forward_backward(params, x, labels, N, grad, key, linear_rows);
+  return impl_->forward_backward(params, x, labels, N, grad, key, linear_rows, batch_stats);
 }
 
 double Net::forward_backward(const bf16* params, const bf16* x, const std::int32_t* labels,
                              std::int64_t N, float* grad, const StreamKey& key,
                              std::span<const LinearRows> linear_rows, float* batch_stats) {
-  (void)batch_stats;  // TODO(#14): bn
   impl_->require(Precision::kBf16, "forward_backward(const bf16* ...)");
-  return impl_->forward_backward(params, x, labels, N, grad, key, linear_rows);
+  return impl_->forward_backward(params, x, labels, N, grad, key, linear_rows, batch_stats);
 }
 
 const float* Net::forward(const float* params, const float* x, std::int64_t N,
                           const float* running_stats) {
-  (void)running_stats;  // TODO(#14): bn
   impl_->require(Precision::kF32, "forward(const float* ...)");
-  return impl_->forward(params, x, N);
+  return impl_->forward(params, x, N, running_stats);
 }
 
 const float* Net::forward(const bf16* params, const bf16* x, std::int64_t N,
                           const float* running_stats) {
-  (void)running_stats;  // TODO(#14): bn
   impl_->require(Precision::kBf16, "forward(const bf16* ...)");
-  return impl_->forward(params, x, N);
+  return impl_->forward(params, x, N, running_stats);
 }
 
 const PhaseTimes& Net::times() const { return impl_->times; }

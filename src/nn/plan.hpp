@@ -47,8 +47,12 @@ struct Plan {
   std::vector<Exec> forward, backward;
   dnnl::memory x;                       // the caller's input
   std::vector<External> params, grads;  // views into caller's arrays
+  // bn layers' statistics (f32 in both precisions): training writes the batch mean and biased
+  // variance into the caller's batch_stats, inference reads its running statistics.
+  std::vector<External> stats;
   const void* bound_params = nullptr;
   float* bound_grad = nullptr;
+  const float* bound_stats = nullptr;
   float* logits = nullptr;       // (N, C)
   float* diff_logits = nullptr;  // (N, C)
 };

@@ -10,15 +10,16 @@
 // are f32 (oneDNN's backward-weights with bf16 src/diff_dst and f32 diff_weights); the logits
 // are f32 (the last inner product has an f32 dst, or a reorder converts), their gradient is
 // converted to bf16 on the way back.
+// The layers of residual networks (bn, gap, res) are built in plan_resnet.cpp.
+#include "plan_builder.hpp"
+
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 
 #include "cohort/core/error.hpp"
 #include "cohort/tensor/bf16.hpp"
-#include "plan.hpp"
 
 namespace cohort::nn::detail {
 
@@ -39,427 +40,352 @@ memory::desc with_type(memory::desc md, Dt dt) {
   return md;
 }
 
-// Builds one plan; a helper object so the many small steps share their context.
-class PlanBuilder {
- public:
-  PlanBuilder(const PlanRequest& r, Plan& plan)
-      : model_(*r.model),
-        key_(r.key),
-        linear_rows_(r.linear_rows),
-        batch_linear_(r.batch_linear),
-        p_(plan),
-        N_(r.N),
-        training_(r.training),
-        blocked_(r.blocked),
-        act_(r.precision == Precision::kBf16 ? Dt::bf16 : Dt::f32),
-        eng_(*r.engine) {
-    attr_.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // a task may move between threads
-  }
+}  // namespace
 
-  void build() {
-    const Model& model = model_;
-    const SampleShape in = model.input();
-    memory::desc x_md = in.flat() ? memory::desc({N_, in.C}, act_, Tag::nc)
-                                  : memory::desc({N_, in.C, in.H, in.W}, act_, Tag::nchw);
-    p_.x = memory(x_md, eng_, DNNL_MEMORY_NONE);
-    memory cur = p_.x;
-    const auto& layers = model.layers();
-    // Execution order: a ReLU directly before a max pooling runs after it instead — max commutes
-    // with a monotone function, so the outputs and the gradients are the same, and the ReLU
-    // passes then touch a quarter of the data (conv -> relu -> maxpool(2) is the common case).
-    std::vector<std::size_t> order(layers.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    for (std::size_t i = 0; i + 1 < order.size(); ++i)
-      if (layers[i].kind == Kind::kReLU && layers[i + 1].kind == Kind::kMaxPool) {
-        std::swap(order[i], order[i + 1]);
-        ++i;
-      }
-    // Layers that work in place (ReLU, dropout) or view their input's buffer (flatten) must not
-    // get the caller's input: it is const, and its handle changes every call while a view would
-    // keep the first one. The plan copies the input into a buffer of its own for them.
-    if (const Kind first = layers[order[0]].kind;
-        first == Kind::kReLU || first == Kind::kDropout || first == Kind::kFlatten) {
-      memory copy = new_memory(x_md);
-      reorder_into(p_.x, copy, p_.forward);
-      cur = copy;
+void PlanBuilder::build() {
+  const Model& model = model_;
+  const SampleShape in = model.input();
+  memory::desc x_md = in.flat() ? memory::desc({N_, in.C}, act_, Tag::nc)
+                                : memory::desc({N_, in.C, in.H, in.W}, act_, Tag::nchw);
+  p_.x = memory(x_md, eng_, DNNL_MEMORY_NONE);
+  memory cur = p_.x;
+  const auto& layers = model.layers();
+  // Execution order: a ReLU directly before a max pooling runs after it instead — max commutes
+  // with a monotone function, so the outputs and the gradients are the same, and the ReLU
+  // passes then touch a quarter of the data (conv -> relu -> maxpool(2) is the common case).
+  std::vector<std::size_t> order(layers.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  for (std::size_t i = 0; i + 1 < order.size(); ++i)
+    if (layers[i].kind == Kind::kReLU && layers[i + 1].kind == Kind::kMaxPool) {
+      std::swap(order[i], order[i + 1]);
+      ++i;
     }
-    std::vector<Saved> saved;
-    std::size_t linear_ordinal = 0;
-    for (std::size_t i : order) {
-      if (layers[i].kind == Kind::kLinear) linear_of_[&layers[i]] = linear_ordinal++;
-      const LayerSpec& l = layers[i];
-      where_ = l.name + " forward";
-      saved.push_back(forward(l, i, cur, /*last=*/i == order.back()));
-      cur = saved.back().dst;
+  // Layers that work in place (ReLU, dropout) or view their input's buffer (flatten) must not
+  // get the caller's input: it is const, and its handle changes every call while a view would
+  // keep the first one. The plan copies the input into a buffer of its own for them.
+  if (const Kind first = layers[order[0]].kind;
+      first == Kind::kReLU || first == Kind::kDropout || first == Kind::kFlatten) {
+    memory copy = new_memory(x_md);
+    reorder_into(p_.x, copy, p_.forward);
+    cur = copy;
+  }
+  std::vector<Saved> saved;
+  std::size_t linear_ordinal = 0;
+  for (std::size_t i : order) {
+    if (layers[i].kind == Kind::kLinear) linear_of_[&layers[i]] = linear_ordinal++;
+    const LayerSpec& l = layers[i];
+    where_ = l.name + " forward";
+    saved.push_back(forward(l, i, cur, /*last=*/i == order.back()));
+    cur = saved.back().dst;
+  }
+  // The logits are f32 (N, C): a last linear layer writes them so; anything else (a bf16
+  // activation) is converted here, and its gradient back by the last layer's backward.
+  const std::int64_t C = model.num_classes();
+  where_ = "logits";
+  cur = ensure(cur, memory::desc({N_, C}, Dt::f32, Tag::nc), p_.forward);
+  p_.logits = static_cast<float*>(cur.get_data_handle());
+  if (training_) {
+    p_.diff_logits = buffer(static_cast<std::size_t>(N_ * C) * sizeof(float));
+    memory diff(memory::desc({N_, C}, Dt::f32, Tag::nc), eng_, p_.diff_logits);
+    for (std::size_t k = saved.size(); k-- > 0;) {
+      where_ = saved[k].layer->name + " backward";
+      diff = backward(saved[k], k == 0, diff);
     }
-    // The logits are f32 (N, C): a last linear layer writes them so; anything else (a bf16
-    // activation) is converted here, and its gradient back by the last layer's backward.
-    const std::int64_t C = model.num_classes();
-    where_ = "logits";
-    cur = ensure(cur, memory::desc({N_, C}, Dt::f32, Tag::nc), p_.forward);
-    p_.logits = static_cast<float*>(cur.get_data_handle());
-    if (training_) {
-      p_.diff_logits = buffer(static_cast<std::size_t>(N_ * C) * sizeof(float));
-      memory diff(memory::desc({N_, C}, Dt::f32, Tag::nc), eng_, p_.diff_logits);
-      for (std::size_t k = saved.size(); k-- > 0;) {
-        where_ = saved[k].layer->name + " backward";
-        diff = backward(saved[k], k == 0, diff);
-      }
+  }
+  // One scratchpad for the plan, as large as the largest primitive's need.
+  p_.scratchpad = AlignedBuffer<std::uint8_t>(scratch_bytes_);
+  for (auto* list : {&p_.forward, &p_.backward})
+    for (auto& e : *list)
+      if (!e.custom && e.scratchpad_md.get_size() != 0)
+        e.args.insert({DNNL_ARG_SCRATCHPAD, memory(e.scratchpad_md, eng_, p_.scratchpad.data())});
+}
+
+// A forward step of a layer with parameters: src, weights and bias to dst.
+void PlanBuilder::add_weighted(dnnl::primitive prim, const memory::desc& scratch, const Saved& s,
+                               const memory& bias) {
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, s.src}, {DNNL_ARG_WEIGHTS, s.weights}, {DNNL_ARG_DST, s.dst}};
+  if (bias) args.insert({DNNL_ARG_BIAS, bias});  // none for conv(..., nobias)
+  add(p_.forward, std::move(prim), scratch, std::move(args), Phase::kMatmul);
+}
+
+// `last`: the layer whose output is the logits (a linear layer then writes f32).
+PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, memory cur,
+                                        bool last) {
+  const auto prop =
+      training_ ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
+  Saved s;
+  s.layer = &l;
+  s.src = cur;
+  switch (l.kind) {
+    case Kind::kLinear: {
+      // Logical (OC, IC), stored (IC, OC) in the flat array (Model: the forward is then a
+      // plain GEMM instead of one on a transposed matrix).
+      memory::desc w_md({l.out.C, l.in.C}, act_, Tag::io);
+      memory::desc b_md({l.out.C}, act_, Tag::x);
+      memory::desc dst_md({N_, l.out.C}, last ? Dt::f32 : act_, Tag::nc);
+      s.src = ensure(cur, memory::desc({N_, l.in.C}, act_, Tag::nc), p_.forward);
+      dnnl::inner_product_forward::primitive_desc pd({prop, s.src.get_desc(), w_md, b_md, dst_md},
+                                                     attr_, eng_);
+      s.weights = s.user_weights = external(p_.params, w_md, l.weight);
+      memory b = external(p_.params, b_md, l.bias);
+      s.dst = new_memory(dst_md);
+      add_weighted(dnnl::inner_product_forward(pd), pd.scratchpad_desc(), s, b);
+      s.fwd_pd = pd;
+      return s;
     }
-    // One scratchpad for the plan, as large as the largest primitive's need.
-    p_.scratchpad = AlignedBuffer<std::uint8_t>(scratch_bytes_);
-    for (auto* list : {&p_.forward, &p_.backward})
-      for (auto& e : *list)
-        if (!e.custom && e.scratchpad_md.get_size() != 0)
-          e.args.insert({DNNL_ARG_SCRATCHPAD, memory(e.scratchpad_md, eng_, p_.scratchpad.data())});
-  }
-
-  const std::string& where() const { return where_; }
-
- private:
-  // What backward needs from a layer's forward.
-  struct Saved {
-    const LayerSpec* layer = nullptr;
-    memory src, dst;  // the layer's input and output as the layer saw them
-    memory weights;   // linear/conv weights in the primitive's format
-    memory user_weights;
-    dnnl::primitive_desc_base fwd_pd;
-    memory workspace;          // max pooling
-    memory mask;               // dropout: f32, in the output's layout
-    memory::desc flat_src_md;  // flatten: the plain (N, C, H, W) view of its input
-  };
-
-  float* buffer(std::size_t bytes) {
-    p_.buffers.emplace_back((bytes + sizeof(float) - 1) / sizeof(float));
-    return p_.buffers.back().data();
-  }
-  memory new_memory(const memory::desc& md) { return memory(md, eng_, buffer(md.get_size())); }
-
-  void add(std::vector<Exec>& list, dnnl::primitive prim, const memory::desc& scratch,
-           std::unordered_map<int, memory> args, Phase phase) {
-    scratch_bytes_ = std::max(scratch_bytes_, scratch.get_size());
-    list.push_back({std::move(prim), std::move(args), phase, scratch, {}, where_});
-  }
-  void add_custom(std::vector<Exec>& list, std::function<void()> f) {
-    list.push_back({{}, {}, Phase::kOther, {}, std::move(f), where_});
-  }
-
-  // A forward step of a layer with parameters: src, weights and bias to dst.
-  void add_weighted(dnnl::primitive prim, const memory::desc& scratch, const Saved& s,
-                    const memory& bias) {
-    add(p_.forward, std::move(prim), scratch,
-        {{DNNL_ARG_SRC, s.src},
-         {DNNL_ARG_WEIGHTS, s.weights},
-         {DNNL_ARG_BIAS, bias},
-         {DNNL_ARG_DST, s.dst}},
-        Phase::kMatmul);
-  }
-
-  // `m` in layout (and element type) `want`: itself, or a reorder into a new buffer appended to
-  // `list`.
-  memory ensure(const memory& m, const memory::desc& want, std::vector<Exec>& list) {
-    if (m.get_desc() == want) return m;
-    memory out = new_memory(want);
-    reorder_into(m, out, list);
-    return out;
-  }
-  void reorder_into(const memory& from, const memory& to, std::vector<Exec>& list) {
-    dnnl::reorder::primitive_desc pd(eng_, from.get_desc(), eng_, to.get_desc(), attr_);
-    add(list, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
-        Phase::kOther);
-  }
-  memory external(std::vector<External>& list, const memory::desc& md, std::size_t offset) {
-    memory m(md, eng_, DNNL_MEMORY_NONE);
-    list.push_back({m, offset});
-    return m;
-  }
-
-  // A layout oneDNN may choose (blocked), or plain nchw / oihw when blocked layouts are off;
-  // elements of the activations' type unless told.
-  memory::desc any(memory::dims dims) const { return any(std::move(dims), act_); }
-  memory::desc any(memory::dims dims, Dt dt) const {
-    return memory::desc(dims, dt, blocked_ ? Tag::any : Tag::abcd);
-  }
-  memory::dims image(const SampleShape& s) const { return {N_, s.C, s.H, s.W}; }
-
-  // `last`: the layer whose output is the logits (a linear layer then writes f32).
-  Saved forward(const LayerSpec& l, std::size_t index, memory cur, bool last) {
-    const auto prop =
-        training_ ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
-    Saved s;
-    s.layer = &l;
-    s.src = cur;
-    switch (l.kind) {
-      case Kind::kLinear: {
-        // Logical (OC, IC), stored (IC, OC) in the flat array (Model: the forward is then a
-        // plain GEMM instead of one on a transposed matrix).
-        memory::desc w_md({l.out.C, l.in.C}, act_, Tag::io);
-        memory::desc b_md({l.out.C}, act_, Tag::x);
-        memory::desc dst_md({N_, l.out.C}, last ? Dt::f32 : act_, Tag::nc);
-        s.src = ensure(cur, memory::desc({N_, l.in.C}, act_, Tag::nc), p_.forward);
-        dnnl::inner_product_forward::primitive_desc pd({prop, s.src.get_desc(), w_md, b_md, dst_md},
-                                                       attr_, eng_);
-        s.weights = s.user_weights = external(p_.params, w_md, l.weight);
-        memory b = external(p_.params, b_md, l.bias);
-        s.dst = new_memory(dst_md);
-        add_weighted(dnnl::inner_product_forward(pd), pd.scratchpad_desc(), s, b);
-        s.fwd_pd = pd;
-        return s;
-      }
-      case Kind::kConv: {
-        const memory::dims strides{l.stride, l.stride}, pad{l.pad, l.pad};
-        memory::desc b_md({l.out.C}, act_, Tag::x);
-        dnnl::convolution_forward::primitive_desc pd(
-            {prop, dnnl::algorithm::convolution_direct, any(image(l.in)),
-             any({l.out.C, l.in.C, l.kernel, l.kernel}), b_md, any(image(l.out)), strides, pad,
-             pad},
-            attr_, eng_);
-        s.src = ensure(cur, pd.src_desc(), p_.forward);
-        s.user_weights = external(
-            p_.params, memory::desc({l.out.C, l.in.C, l.kernel, l.kernel}, act_, Tag::oihw),
-            l.weight);
-        s.weights = ensure(s.user_weights, pd.weights_desc(), p_.forward);  // every step
-        memory b = external(p_.params, b_md, l.bias);
-        s.dst = new_memory(pd.dst_desc());
-        add_weighted(dnnl::convolution_forward(pd), pd.scratchpad_desc(), s, b);
-        s.fwd_pd = pd;
-        return s;
-      }
-      case Kind::kReLU: {
-        // In place; backward uses the output (relu'(x) = [y > 0]), so no input copy is kept.
-        dnnl::eltwise_forward::primitive_desc pd(
-            {prop, dnnl::algorithm::eltwise_relu_use_dst_for_bwd, cur.get_desc(), 0.0f}, attr_,
-            eng_);
-        add(p_.forward, dnnl::eltwise_forward(pd), pd.scratchpad_desc(),
-            {{DNNL_ARG_SRC, cur}, {DNNL_ARG_DST, cur}}, Phase::kEltwise);
-        s.dst = cur;
-        s.fwd_pd = pd;
-        return s;
-      }
-      case Kind::kMaxPool:
-      case Kind::kAvgPool: {
-        const auto alg = l.kind == Kind::kMaxPool ? dnnl::algorithm::pooling_max
-                                                  : dnnl::algorithm::pooling_avg_exclude_padding;
-        const memory::dims k{l.kernel, l.kernel}, st{l.stride, l.stride}, zero{0, 0};
-        dnnl::pooling_forward::primitive_desc pd(
-            {prop, alg, cur.get_desc(), any(image(l.out)), st, k, zero, zero}, attr_, eng_);
-        s.dst = new_memory(pd.dst_desc());
-        std::unordered_map<int, memory> args{{DNNL_ARG_SRC, cur}, {DNNL_ARG_DST, s.dst}};
-        if (training_ && pd.workspace_desc().get_size() != 0) {  // max: where each max came from
-          s.workspace = memory(pd.workspace_desc(), eng_, buffer(pd.workspace_desc().get_size()));
-          args.insert({DNNL_ARG_WORKSPACE, s.workspace});
-        }
-        add(p_.forward, dnnl::pooling_forward(pd), pd.scratchpad_desc(), std::move(args),
-            Phase::kOther);
-        s.fwd_pd = pd;
-        return s;
-      }
-      case Kind::kFlatten: {
-        // PyTorch's flatten order is (C, H, W): reorder to plain nchw, then view as (N, C*H*W).
-        s.flat_src_md = memory::desc(image(l.in), act_, Tag::nchw);
-        memory plain = ensure(cur, s.flat_src_md, p_.forward);
-        s.dst = memory(memory::desc({N_, l.out.C}, act_, Tag::nc), eng_, plain.get_data_handle());
-        return s;
-      }
-      case Kind::kDropout: {
-        s.dst = cur;
-        if (!training_) return s;  // inference: the identity
-        // The mask is drawn in f32 in logical (N, C, H, W) order — the same mask whatever the
-        // precision — then laid out like the activation (still f32).
-        const std::size_t count = static_cast<std::size_t>(N_ * l.in.numel());
-        memory::desc plain_md = l.in.flat() ? memory::desc({N_, l.in.C}, Dt::f32, Tag::nc)
-                                            : memory::desc(image(l.in), Dt::f32, Tag::nchw);
-        memory plain(plain_md, eng_, buffer(count * sizeof(float)));
-        float* plain_ptr = static_cast<float*>(plain.get_data_handle());
-        const StreamKey* key = key_;
-        const float p = l.p;
-        add_custom(p_.forward, [key, index, p, count, plain_ptr] {
-          dropout_mask(*key, index, p, count, plain_ptr);
-        });
-        s.mask = ensure(plain, with_type(cur.get_desc(), Dt::f32), p_.forward);
-        apply_mask(p_.forward, cur, s.mask);
-        return s;
-      }
+    case Kind::kConv: {
+      const memory::dims strides{l.stride, l.stride}, pad{l.pad, l.pad};
+      memory::desc b_md({l.out.C}, act_, Tag::x);
+      const auto alg = dnnl::algorithm::convolution_direct;
+      const memory::desc w_md = any({l.out.C, l.in.C, l.kernel, l.kernel});
+      dnnl::convolution_forward::primitive_desc pd(
+          l.has_bias ? dnnl::convolution_forward::desc(prop, alg, any(image(l.in)), w_md, b_md,
+                                                       any(image(l.out)), strides, pad, pad)
+                     : dnnl::convolution_forward::desc(prop, alg, any(image(l.in)), w_md,
+                                                       any(image(l.out)), strides, pad, pad),
+          attr_, eng_);
+      s.src = ensure(cur, pd.src_desc(), p_.forward);
+      s.user_weights =
+          external(p_.params, memory::desc({l.out.C, l.in.C, l.kernel, l.kernel}, act_, Tag::oihw),
+                   l.weight);
+      s.weights = ensure(s.user_weights, pd.weights_desc(), p_.forward);  // every step
+      memory b = l.has_bias ? external(p_.params, b_md, l.bias) : memory();
+      s.dst = new_memory(pd.dst_desc());
+      add_weighted(dnnl::convolution_forward(pd), pd.scratchpad_desc(), s, b);
+      s.fwd_pd = pd;
+      return s;
     }
-    COHORT_CHECK(false, "unknown layer kind");
-    __builtin_unreachable();
-  }
-
-  // x *= mask over the physical buffer (the same layout; padding is zero in both). The mask is
-  // f32; a bf16 x is multiplied in f32 and rounded once (to nearest even).
-  void apply_mask(std::vector<Exec>& list, const memory& x, const memory& mask) {
-    const float* mp = static_cast<const float*>(mask.get_data_handle());
-    const std::size_t n = mask.get_desc().get_size() / sizeof(float);
-    if (act_ == Dt::bf16) {
-      bf16* xp = static_cast<bf16*>(x.get_data_handle());
-      add_custom(list, [xp, mp, n] {
-        for (std::size_t i = 0; i < n; ++i) xp[i] = to_bf16(to_float(xp[i]) * mp[i]);
+    case Kind::kReLU: {
+      // In place; backward uses the output (relu'(x) = [y > 0]), so no input copy is kept.
+      dnnl::eltwise_forward::primitive_desc pd(
+          {prop, dnnl::algorithm::eltwise_relu_use_dst_for_bwd, cur.get_desc(), 0.0f}, attr_, eng_);
+      add(p_.forward, dnnl::eltwise_forward(pd), pd.scratchpad_desc(),
+          {{DNNL_ARG_SRC, cur}, {DNNL_ARG_DST, cur}}, Phase::kEltwise);
+      s.dst = cur;
+      s.fwd_pd = pd;
+      return s;
+    }
+    case Kind::kMaxPool:
+    case Kind::kAvgPool: {
+      const auto alg = l.kind == Kind::kMaxPool ? dnnl::algorithm::pooling_max
+                                                : dnnl::algorithm::pooling_avg_exclude_padding;
+      const memory::dims k{l.kernel, l.kernel}, st{l.stride, l.stride}, zero{0, 0};
+      dnnl::pooling_forward::primitive_desc pd(
+          {prop, alg, cur.get_desc(), any(image(l.out)), st, k, zero, zero}, attr_, eng_);
+      s.dst = new_memory(pd.dst_desc());
+      std::unordered_map<int, memory> args{{DNNL_ARG_SRC, cur}, {DNNL_ARG_DST, s.dst}};
+      if (training_ && pd.workspace_desc().get_size() != 0) {  // max: where each max came from
+        s.workspace = memory(pd.workspace_desc(), eng_, buffer(pd.workspace_desc().get_size()));
+        args.insert({DNNL_ARG_WORKSPACE, s.workspace});
+      }
+      add(p_.forward, dnnl::pooling_forward(pd), pd.scratchpad_desc(), std::move(args),
+          Phase::kOther);
+      s.fwd_pd = pd;
+      return s;
+    }
+    case Kind::kFlatten: {
+      // PyTorch's flatten order is (C, H, W): reorder to plain nchw, then view as (N, C*H*W).
+      s.flat_src_md = memory::desc(image(l.in), act_, Tag::nchw);
+      memory plain = ensure(cur, s.flat_src_md, p_.forward);
+      s.dst = memory(memory::desc({N_, l.out.C}, act_, Tag::nc), eng_, plain.get_data_handle());
+      return s;
+    }
+    case Kind::kDropout: {
+      s.dst = cur;
+      if (!training_) return s;  // inference: the identity
+      // The mask is drawn in f32 in logical (N, C, H, W) order — the same mask whatever the
+      // precision — then laid out like the activation (still f32).
+      const std::size_t count = static_cast<std::size_t>(N_ * l.in.numel());
+      memory::desc plain_md = l.in.flat() ? memory::desc({N_, l.in.C}, Dt::f32, Tag::nc)
+                                          : memory::desc(image(l.in), Dt::f32, Tag::nchw);
+      memory plain(plain_md, eng_, buffer(count * sizeof(float)));
+      float* plain_ptr = static_cast<float*>(plain.get_data_handle());
+      const StreamKey* key = key_;
+      const float p = l.p;
+      add_custom(p_.forward, [key, index, p, count, plain_ptr] {
+        dropout_mask(*key, index, p, count, plain_ptr);
       });
-    } else {
-      float* xp = static_cast<float*>(x.get_data_handle());
-      add_custom(list, [xp, mp, n] {
-        for (std::size_t i = 0; i < n; ++i) xp[i] *= mp[i];
-      });
+      s.mask = ensure(plain, with_type(cur.get_desc(), Dt::f32), p_.forward);
+      apply_mask(p_.forward, cur, s.mask);
+      return s;
     }
+    case Kind::kBatchNorm:
+      return forward_bn(l, cur);
+    case Kind::kGap:
+      return forward_gap(l, cur);
+    case Kind::kResidual:
+      return forward_res(l, index, cur);
   }
+  COHORT_CHECK(false, "unknown layer kind");
+  __builtin_unreachable();
+}
 
-  memory backward_data_linear(const Saved& s, const memory& diff,
-                              const dnnl::inner_product_forward::primitive_desc& fwd) {
-    dnnl::inner_product_backward_data::primitive_desc dpd(
-        {s.src.get_desc(), s.weights.get_desc(), diff.get_desc()}, attr_, eng_, fwd);
-    memory diff_src = new_memory(s.src.get_desc());
-    add(p_.backward, dnnl::inner_product_backward_data(dpd), dpd.scratchpad_desc(),
-        {{DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_WEIGHTS, s.weights}, {DNNL_ARG_DIFF_SRC, diff_src}},
-        Phase::kMatmul);
-    return diff_src;
-  }
-
-  // Batch weight gradients: copies the linear layer's input rows (unless the caller holds them)
-  // and output-gradient rows, in the activations' type, to the call's LinearRows entry
-  // `ordinal`. The memory objects are read when the step runs, so a rebound input is seen.
-  void keep_rows(const Saved& s, const memory& diff, std::size_t ordinal) {
-    const std::span<const LinearRows>* rows = linear_rows_;
-    const std::size_t x_bytes = s.src.get_desc().get_size(), dy_bytes = diff.get_desc().get_size();
-    memory src = s.src, dd = diff;
-    add_custom(p_.backward, [=] {
-      const LinearRows& r = (*rows)[ordinal];
-      if (r.x) std::memcpy(r.x, src.get_data_handle(), x_bytes);
-      std::memcpy(r.dy, dd.get_data_handle(), dy_bytes);
+// x *= mask over the physical buffer (the same layout; padding is zero in both). The mask is
+// f32; a bf16 x is multiplied in f32 and rounded once (to nearest even).
+void PlanBuilder::apply_mask(std::vector<Exec>& list, const memory& x, const memory& mask) {
+  const float* mp = static_cast<const float*>(mask.get_data_handle());
+  const std::size_t n = mask.get_desc().get_size() / sizeof(float);
+  if (act_ == Dt::bf16) {
+    bf16* xp = static_cast<bf16*>(x.get_data_handle());
+    add_custom(list, [xp, mp, n] {
+      for (std::size_t i = 0; i < n; ++i) xp[i] = to_bf16(to_float(xp[i]) * mp[i]);
+    });
+  } else {
+    float* xp = static_cast<float*>(x.get_data_handle());
+    add_custom(list, [xp, mp, n] {
+      for (std::size_t i = 0; i < n; ++i) xp[i] *= mp[i];
     });
   }
+}
 
-  // Appends the layer's backward steps; returns the gradient of its input (unset for the first
-  // layer, whose input needs none).
-  memory backward(const Saved& s, bool first, memory diff) {
-    const LayerSpec& l = *s.layer;
-    // A linear layer's output gradient is plain (N, OC) in the activations' type, also for the
-    // last layer, whose f32 logits' gradient is converted here.
-    diff = ensure(
-        diff,
-        l.kind == Kind::kLinear ? memory::desc({N_, l.out.C}, act_, Tag::nc) : s.dst.get_desc(),
-        p_.backward);
-    switch (l.kind) {
-      case Kind::kLinear: {
-        auto fwd = dnnl::inner_product_forward::primitive_desc(s.fwd_pd.get());
-        if (batch_linear_) {
-          keep_rows(s, diff, linear_of_.at(&l));
-          if (first) return {};
-          return backward_data_linear(s, diff, fwd);
-        }
-        // Weight and bias gradients in f32 whatever the activations' type.
-        memory::desc dw_md({l.out.C, l.in.C}, Dt::f32, Tag::io), db_md({l.out.C}, Dt::f32, Tag::x);
-        dnnl::inner_product_backward_weights::primitive_desc wpd(
-            {s.src.get_desc(), dw_md, db_md, diff.get_desc()}, attr_, eng_, fwd);
-        memory dw = external(p_.grads, dw_md, l.weight), db = external(p_.grads, db_md, l.bias);
-        add(p_.backward, dnnl::inner_product_backward_weights(wpd), wpd.scratchpad_desc(),
-            {{DNNL_ARG_SRC, s.src},
-             {DNNL_ARG_DIFF_DST, diff},
-             {DNNL_ARG_DIFF_WEIGHTS, dw},
-             {DNNL_ARG_DIFF_BIAS, db}},
-            Phase::kMatmul);
+memory PlanBuilder::backward_data_linear(const Saved& s, const memory& diff,
+                                         const dnnl::inner_product_forward::primitive_desc& fwd) {
+  dnnl::inner_product_backward_data::primitive_desc dpd(
+      {s.src.get_desc(), s.weights.get_desc(), diff.get_desc()}, attr_, eng_, fwd);
+  memory diff_src = new_memory(s.src.get_desc());
+  add(p_.backward, dnnl::inner_product_backward_data(dpd), dpd.scratchpad_desc(),
+      {{DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_WEIGHTS, s.weights}, {DNNL_ARG_DIFF_SRC, diff_src}},
+      Phase::kMatmul);
+  return diff_src;
+}
+
+// Batch weight gradients: copies the linear layer's input rows (unless the caller holds them)
+// and output-gradient rows, in the activations' type, to the call's LinearRows entry
+// `ordinal`. The memory objects are read when the step runs, so a rebound input is seen.
+void PlanBuilder::keep_rows(const Saved& s, const memory& diff, std::size_t ordinal) {
+  const std::span<const LinearRows>* rows = linear_rows_;
+  const std::size_t x_bytes = s.src.get_desc().get_size(), dy_bytes = diff.get_desc().get_size();
+  memory src = s.src, dd = diff;
+  add_custom(p_.backward, [=] {
+    const LinearRows& r = (*rows)[ordinal];
+    if (r.x) std::memcpy(r.x, src.get_data_handle(), x_bytes);
+    std::memcpy(r.dy, dd.get_data_handle(), dy_bytes);
+  });
+}
+
+// Appends the layer's backward steps; returns the gradient of its input (unset for the first
+// layer, whose input needs none).
+memory PlanBuilder::backward(const Saved& s, bool first, memory diff) {
+  const LayerSpec& l = *s.layer;
+  // A linear layer's output gradient is plain (N, OC) in the activations' type, also for the
+  // last layer, whose f32 logits' gradient is converted here.
+  diff = ensure(
+      diff, l.kind == Kind::kLinear ? memory::desc({N_, l.out.C}, act_, Tag::nc) : s.dst.get_desc(),
+      p_.backward);
+  switch (l.kind) {
+    case Kind::kLinear: {
+      auto fwd = dnnl::inner_product_forward::primitive_desc(s.fwd_pd.get());
+      if (batch_linear_) {
+        keep_rows(s, diff, linear_of_.at(&l));
         if (first) return {};
         return backward_data_linear(s, diff, fwd);
       }
-      case Kind::kConv: {
-        auto fwd = dnnl::convolution_forward::primitive_desc(s.fwd_pd.get());
-        const memory::dims strides{l.stride, l.stride}, pad{l.pad, l.pad};
-        memory::desc b_md({l.out.C}, Dt::f32, Tag::x);
-        // bf16 with few input channels (a first convolution on images): with `any` oneDNN 2.6
-        // picks AMX's backward-weights on nhwc; a plain nchw src gets the avx512_core_bf16
-        // kernel, which with the reorder of diff_dst it needs measured 2.0-2.2 ms against AMX's
-        // 2.9-3.0 (cnn's conv1, IC 1, N 128, one thread, medians of 40 alternating runs).
-        const memory::desc w_src = act_ == Dt::bf16 && l.in.C < kFewChannels
-                                       ? memory::desc(image(l.in), act_, Tag::nchw)
-                                       : any(image(l.in));
-        dnnl::convolution_backward_weights::primitive_desc wpd(
-            {dnnl::algorithm::convolution_direct, w_src,
-             any({l.out.C, l.in.C, l.kernel, l.kernel}, Dt::f32), b_md, any(image(l.out)), strides,
-             pad, pad},
-            attr_, eng_, fwd);
-        memory src = ensure(s.src, wpd.src_desc(), p_.backward);
-        memory dd = ensure(diff, wpd.diff_dst_desc(), p_.backward);
-        memory user_dw = external(
-            p_.grads, memory::desc({l.out.C, l.in.C, l.kernel, l.kernel}, Dt::f32, Tag::oihw),
-            l.weight);
-        memory db = external(p_.grads, b_md, l.bias);
-        const bool direct = wpd.diff_weights_desc() == user_dw.get_desc();
-        memory dw = direct ? user_dw : new_memory(wpd.diff_weights_desc());
-        add(p_.backward, dnnl::convolution_backward_weights(wpd), wpd.scratchpad_desc(),
-            {{DNNL_ARG_SRC, src},
-             {DNNL_ARG_DIFF_DST, dd},
-             {DNNL_ARG_DIFF_WEIGHTS, dw},
-             {DNNL_ARG_DIFF_BIAS, db}},
-            Phase::kMatmul);
-        if (!direct) reorder_into(dw, user_dw, p_.backward);  // back to the flat (OC, IC, KH, KW)
-        if (first) return {};
-        dnnl::convolution_backward_data::primitive_desc dpd(
-            {dnnl::algorithm::convolution_direct, any(image(l.in)),
-             any({l.out.C, l.in.C, l.kernel, l.kernel}), any(image(l.out)), strides, pad, pad},
-            attr_, eng_, fwd);
-        memory w = ensure(s.weights, dpd.weights_desc(), p_.backward);
-        memory dd2 = ensure(diff, dpd.diff_dst_desc(), p_.backward);
-        memory diff_src = new_memory(dpd.diff_src_desc());
-        add(p_.backward, dnnl::convolution_backward_data(dpd), dpd.scratchpad_desc(),
-            {{DNNL_ARG_DIFF_DST, dd2}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, diff_src}},
-            Phase::kMatmul);
-        return diff_src;
-      }
-      case Kind::kReLU: {
-        auto fwd = dnnl::eltwise_forward::primitive_desc(s.fwd_pd.get());
-        dnnl::eltwise_backward::primitive_desc pd({dnnl::algorithm::eltwise_relu_use_dst_for_bwd,
-                                                   s.dst.get_desc(), s.dst.get_desc(), 0.0f},
-                                                  attr_, eng_, fwd);
-        add(p_.backward, dnnl::eltwise_backward(pd), pd.scratchpad_desc(),
-            {{DNNL_ARG_DST, s.dst}, {DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_DIFF_SRC, diff}},
-            Phase::kEltwise);
-        return diff;
-      }
-      case Kind::kMaxPool:
-      case Kind::kAvgPool: {
-        auto fwd = dnnl::pooling_forward::primitive_desc(s.fwd_pd.get());
-        const auto alg = l.kind == Kind::kMaxPool ? dnnl::algorithm::pooling_max
-                                                  : dnnl::algorithm::pooling_avg_exclude_padding;
-        const memory::dims k{l.kernel, l.kernel}, st{l.stride, l.stride}, zero{0, 0};
-        dnnl::pooling_backward::primitive_desc pd(
-            {alg, s.src.get_desc(), s.dst.get_desc(), st, k, zero, zero}, attr_, eng_, fwd);
-        memory diff_src = new_memory(pd.diff_src_desc());
-        std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, diff},
-                                             {DNNL_ARG_DIFF_SRC, diff_src}};
-        if (s.workspace) args.insert({DNNL_ARG_WORKSPACE, s.workspace});
-        add(p_.backward, dnnl::pooling_backward(pd), pd.scratchpad_desc(), std::move(args),
-            Phase::kOther);
-        return diff_src;
-      }
-      case Kind::kFlatten: {
-        // (N, C*H*W) is the plain (N, C, H, W); the layer before wants its own layout back.
-        memory plain(s.flat_src_md, eng_, diff.get_data_handle());
-        return ensure(plain, s.src.get_desc(), p_.backward);
-      }
-      case Kind::kDropout:
-        apply_mask(p_.backward, diff, s.mask);
-        return diff;
+      // Weight and bias gradients in f32 whatever the activations' type.
+      memory::desc dw_md({l.out.C, l.in.C}, Dt::f32, Tag::io), db_md({l.out.C}, Dt::f32, Tag::x);
+      dnnl::inner_product_backward_weights::primitive_desc wpd(
+          {s.src.get_desc(), dw_md, db_md, diff.get_desc()}, attr_, eng_, fwd);
+      memory dw = external(p_.grads, dw_md, l.weight), db = external(p_.grads, db_md, l.bias);
+      add(p_.backward, dnnl::inner_product_backward_weights(wpd), wpd.scratchpad_desc(),
+          {{DNNL_ARG_SRC, s.src},
+           {DNNL_ARG_DIFF_DST, diff},
+           {DNNL_ARG_DIFF_WEIGHTS, dw},
+           {DNNL_ARG_DIFF_BIAS, db}},
+          Phase::kMatmul);
+      if (first) return {};
+      return backward_data_linear(s, diff, fwd);
     }
-    COHORT_CHECK(false, "unknown layer kind");
-    __builtin_unreachable();
+    case Kind::kConv: {
+      auto fwd = dnnl::convolution_forward::primitive_desc(s.fwd_pd.get());
+      const memory::dims strides{l.stride, l.stride}, pad{l.pad, l.pad};
+      memory::desc b_md({l.out.C}, Dt::f32, Tag::x);
+      // bf16 with few input channels (a first convolution on images): with `any` oneDNN 2.6
+      // picks AMX's backward-weights on nhwc; a plain nchw src gets the avx512_core_bf16
+      // kernel, which with the reorder of diff_dst it needs measured 2.0-2.2 ms against AMX's
+      // 2.9-3.0 (cnn's conv1, IC 1, N 128, one thread, medians of 40 alternating runs).
+      const memory::desc w_src = act_ == Dt::bf16 && l.in.C < kFewChannels
+                                     ? memory::desc(image(l.in), act_, Tag::nchw)
+                                     : any(image(l.in));
+      const memory::desc dw_md = any({l.out.C, l.in.C, l.kernel, l.kernel}, Dt::f32);
+      const auto alg = dnnl::algorithm::convolution_direct;
+      dnnl::convolution_backward_weights::primitive_desc wpd(
+          l.has_bias ? dnnl::convolution_backward_weights::desc(
+                           alg, w_src, dw_md, b_md, any(image(l.out)), strides, pad, pad)
+                     : dnnl::convolution_backward_weights::desc(
+                           alg, w_src, dw_md, any(image(l.out)), strides, pad, pad),
+          attr_, eng_, fwd);
+      memory src = ensure(s.src, wpd.src_desc(), p_.backward);
+      memory dd = ensure(diff, wpd.diff_dst_desc(), p_.backward);
+      memory user_dw = external(
+          p_.grads, memory::desc({l.out.C, l.in.C, l.kernel, l.kernel}, Dt::f32, Tag::oihw),
+          l.weight);
+      const bool direct = wpd.diff_weights_desc() == user_dw.get_desc();
+      memory dw = direct ? user_dw : new_memory(wpd.diff_weights_desc());
+      std::unordered_map<int, memory> args{
+          {DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_DIFF_WEIGHTS, dw}};
+      if (l.has_bias) args.insert({DNNL_ARG_DIFF_BIAS, external(p_.grads, b_md, l.bias)});
+      add(p_.backward, dnnl::convolution_backward_weights(wpd), wpd.scratchpad_desc(),
+          std::move(args), Phase::kMatmul);
+      if (!direct) reorder_into(dw, user_dw, p_.backward);  // back to the flat (OC, IC, KH, KW)
+      if (first) return {};
+      dnnl::convolution_backward_data::primitive_desc dpd(
+          {dnnl::algorithm::convolution_direct, any(image(l.in)),
+           any({l.out.C, l.in.C, l.kernel, l.kernel}), any(image(l.out)), strides, pad, pad},
+          attr_, eng_, fwd);
+      memory w = ensure(s.weights, dpd.weights_desc(), p_.backward);
+      memory dd2 = ensure(diff, dpd.diff_dst_desc(), p_.backward);
+      memory diff_src = new_memory(dpd.diff_src_desc());
+      add(p_.backward, dnnl::convolution_backward_data(dpd), dpd.scratchpad_desc(),
+          {{DNNL_ARG_DIFF_DST, dd2}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, diff_src}},
+          Phase::kMatmul);
+      return diff_src;
+    }
+    case Kind::kReLU: {
+      auto fwd = dnnl::eltwise_forward::primitive_desc(s.fwd_pd.get());
+      dnnl::eltwise_backward::primitive_desc pd(
+          {dnnl::algorithm::eltwise_relu_use_dst_for_bwd, s.dst.get_desc(), s.dst.get_desc(), 0.0f},
+          attr_, eng_, fwd);
+      add(p_.backward, dnnl::eltwise_backward(pd), pd.scratchpad_desc(),
+          {{DNNL_ARG_DST, s.dst}, {DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_DIFF_SRC, diff}},
+          Phase::kEltwise);
+      return diff;
+    }
+    case Kind::kMaxPool:
+    case Kind::kAvgPool: {
+      auto fwd = dnnl::pooling_forward::primitive_desc(s.fwd_pd.get());
+      const auto alg = l.kind == Kind::kMaxPool ? dnnl::algorithm::pooling_max
+                                                : dnnl::algorithm::pooling_avg_exclude_padding;
+      const memory::dims k{l.kernel, l.kernel}, st{l.stride, l.stride}, zero{0, 0};
+      dnnl::pooling_backward::primitive_desc pd(
+          {alg, s.src.get_desc(), s.dst.get_desc(), st, k, zero, zero}, attr_, eng_, fwd);
+      memory diff_src = new_memory(pd.diff_src_desc());
+      std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, diff},
+                                           {DNNL_ARG_DIFF_SRC, diff_src}};
+      if (s.workspace) args.insert({DNNL_ARG_WORKSPACE, s.workspace});
+      add(p_.backward, dnnl::pooling_backward(pd), pd.scratchpad_desc(), std::move(args),
+          Phase::kOther);
+      return diff_src;
+    }
+    case Kind::kFlatten: {
+      // (N, C*H*W) is the plain (N, C, H, W); the layer before wants its own layout back.
+      memory plain(s.flat_src_md, eng_, diff.get_data_handle());
+      return ensure(plain, s.src.get_desc(), p_.backward);
+    }
+    case Kind::kDropout:
+      apply_mask(p_.backward, diff, s.mask);
+      return diff;
+    case Kind::kBatchNorm: {
+      memory diff_src = backward_bn(s, diff);
+      return first ? memory() : diff_src;  // the first layer's input needs none
+    }
+    case Kind::kGap:
+      return first ? memory() : backward_gap(s, diff);
+    case Kind::kResidual:
+      return backward_res(s, first, diff);
   }
-
-  const Model& model_;
-  const StreamKey* key_;
-  const std::span<const LinearRows>* linear_rows_;
-  const bool batch_linear_;
-  std::map<const LayerSpec*, std::size_t> linear_of_;  // linear layer -> its ordinal
-  Plan& p_;
-  const std::int64_t N_;
-  const bool training_;
-  const bool blocked_;
-  const Dt act_;  // activations, input and parameters: f32, or bf16 for a bf16 Net
-  const dnnl::engine& eng_;
-  dnnl::primitive_attr attr_;
-  std::size_t scratch_bytes_ = 0;
-  std::string where_;
-};
-
-}  // namespace
+  COHORT_CHECK(false, "unknown layer kind");
+  __builtin_unreachable();
+}
 
 std::unique_ptr<Plan> build_plan(const PlanRequest& r) {
   auto p = std::make_unique<Plan>();

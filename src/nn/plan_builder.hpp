@@ -1,0 +1,145 @@
+// Private to src/nn: PlanBuilder, the object that builds one Plan (plan.hpp), shared by the files
+// that build the steps of its layer kinds: plan_builder.cpp (the plan itself, linear, conv,
+// pooling, ReLU, flatten, dropout) and plan_resnet.cpp (batch normalization, global average
+// pooling, residual blocks). Not an interface: one builder lives for one build_plan call.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "plan.hpp"
+
+namespace cohort::nn::detail {
+
+// Builds one plan; a helper object so the many small steps share their context.
+class PlanBuilder {
+ public:
+  using memory = dnnl::memory;
+  using Tag = memory::format_tag;
+  using Dt = memory::data_type;
+  using Kind = LayerSpec::Kind;
+
+  PlanBuilder(const PlanRequest& r, Plan& plan)
+      : model_(*r.model),
+        key_(r.key),
+        linear_rows_(r.linear_rows),
+        batch_linear_(r.batch_linear),
+        p_(plan),
+        N_(r.N),
+        training_(r.training),
+        blocked_(r.blocked),
+        act_(r.precision == Precision::kBf16 ? Dt::bf16 : Dt::f32),
+        eng_(*r.engine) {
+    attr_.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // a task may move between threads
+  }
+
+  void build();
+  const std::string& where() const { return where_; }
+
+ private:
+  // What backward needs from a layer's forward.
+  struct Saved {
+    const LayerSpec* layer = nullptr;
+    memory src, dst;  // the layer's input and output as the layer saw them
+    memory weights;   // linear/conv weights in the primitive's format
+    memory user_weights;
+    dnnl::primitive_desc_base fwd_pd;   // res: its final ReLU's
+    memory workspace;                   // max pooling
+    memory mask;                        // dropout: f32, in the output's layout
+    memory::desc flat_src_md;           // flatten, gap: the plain (N, C, H, W) view of the output
+    memory pooled;                      // gap: the pooling's own output, (N, C, 1, 1)
+    memory scale, shift;                // bn: f32 (C)
+    memory mean, var;                   // bn: f32 (C), views into the caller's statistics
+    std::vector<Saved> body, shortcut;  // res: its sub-layers
+  };
+
+  // plan_builder.cpp
+  Saved forward(const LayerSpec& l, std::size_t index, memory cur, bool last);
+  memory backward(const Saved& s, bool first, memory diff);
+  void add_weighted(dnnl::primitive prim, const memory::desc& scratch, const Saved& s,
+                    const memory& bias);
+  void apply_mask(std::vector<Exec>& list, const memory& x, const memory& mask);
+  memory backward_data_linear(const Saved& s, const memory& diff,
+                              const dnnl::inner_product_forward::primitive_desc& fwd);
+  void keep_rows(const Saved& s, const memory& diff, std::size_t ordinal);
+
+  // plan_resnet.cpp
+  Saved forward_bn(const LayerSpec& l, memory cur);
+  memory backward_bn(const Saved& s, memory diff);
+  Saved forward_gap(const LayerSpec& l, memory cur);
+  memory backward_gap(const Saved& s, memory diff);
+  Saved forward_res(const LayerSpec& l, std::size_t index, memory cur);
+  memory backward_res(const Saved& s, bool first, memory diff);
+  memory param_f32(const memory::desc& f32_md, std::size_t offset);
+  void add_relu_forward(memory x, Saved& s);
+  void add_relu_backward(const Saved& s, const memory& diff);
+  void add_sum(std::vector<Exec>& list, const memory& a, const memory& b, const memory& dst);
+
+  float* buffer(std::size_t bytes) {
+    p_.buffers.emplace_back((bytes + sizeof(float) - 1) / sizeof(float));
+    return p_.buffers.back().data();
+  }
+  memory new_memory(const memory::desc& md) { return memory(md, eng_, buffer(md.get_size())); }
+
+  void add(std::vector<Exec>& list, dnnl::primitive prim, const memory::desc& scratch,
+           std::unordered_map<int, memory> args, Phase phase) {
+    scratch_bytes_ = std::max(scratch_bytes_, scratch.get_size());
+    list.push_back({std::move(prim), std::move(args), phase, scratch, {}, where_});
+  }
+  void add_custom(std::vector<Exec>& list, std::function<void()> f) {
+    list.push_back({{}, {}, Phase::kOther, {}, std::move(f), where_});
+  }
+
+  // `m` in layout (and element type) `want`: itself, or a reorder into a new buffer appended to
+  // `list`.
+  memory ensure(const memory& m, const memory::desc& want, std::vector<Exec>& list) {
+    if (m.get_desc() == want) return m;
+    memory out = new_memory(want);
+    reorder_into(m, out, list);
+    return out;
+  }
+  void reorder_into(const memory& from, const memory& to, std::vector<Exec>& list) {
+    dnnl::reorder::primitive_desc pd(eng_, from.get_desc(), eng_, to.get_desc(), attr_);
+    add(list, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
+        Phase::kOther);
+  }
+  memory external(std::vector<External>& list, const memory::desc& md, std::size_t offset) {
+    memory m(md, eng_, DNNL_MEMORY_NONE);
+    list.push_back({m, offset});
+    return m;
+  }
+
+  // A layout oneDNN may choose (blocked), or plain nchw / oihw when blocked layouts are off;
+  // elements of the activations' type unless told.
+  memory::desc any(memory::dims dims) const { return any(std::move(dims), act_); }
+  memory::desc any(memory::dims dims, Dt dt) const {
+    return memory::desc(dims, dt, blocked_ ? Tag::any : Tag::abcd);
+  }
+  memory::dims image(const SampleShape& s) const { return {N_, s.C, s.H, s.W}; }
+
+  const Model& model_;
+  const StreamKey* key_;
+  const std::span<const LinearRows>* linear_rows_;
+  const bool batch_linear_;
+  std::map<const LayerSpec*, std::size_t> linear_of_;  // linear layer -> its ordinal
+  Plan& p_;
+  const std::int64_t N_;
+  const bool training_;
+  const bool blocked_;
+  const Dt act_;  // activations, input and parameters: f32, or bf16 for a bf16 Net
+  const dnnl::engine& eng_;
+  dnnl::primitive_attr attr_;
+  std::size_t scratch_bytes_ = 0;
+  std::string where_;
+};
+
+}  // namespace cohort::nn::detail
