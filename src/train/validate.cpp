@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cohort/core/error.hpp"
+#include "cohort/data/augment.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/optim/optimizer.hpp"
 #include "cohort/train/trainer.hpp"
@@ -80,6 +81,12 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
   if (!(std::isfinite(c.clip_norm) && c.clip_norm >= 0))
     bad("--clip-norm", "a finite value >= 0 (0: off)", std::to_string(c.clip_norm));
   if (c.max_skips == 0) bad("--max-skips", "at least 1", "0");
+  // The spec (InputError naming --augment), and images only: the Augmenter refuses any
+  // augmentation of tabular data. Normalize's statistics are checked when the trainer builds it.
+  if (const data::AugmentConfig augment = data::parse_augment(c.augment);
+      augment.any() && data.train.tabular)
+    bad("--augment", "no augmentation on tabular data (" + data.train.describe_shape() + ")",
+        "'" + c.augment + "' (crop, flip, erase and normalize need images)");
   if (c.precision == nn::Precision::kBf16 && !c.allow_emulated_bf16 &&
       !(c.native_bf16 ? c.native_bf16() : nn::cpu_has_bf16()))
     throw InputError(
