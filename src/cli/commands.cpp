@@ -4,10 +4,12 @@
 
 #include <filesystem>
 #include <iomanip>
+#include <optional>
 #include <ostream>
 
 #include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/data/augment.hpp"
 #include "cohort/data/dataset.hpp"
 #include "cohort/export/export.hpp"
 #include "cohort/nn/net.hpp"
@@ -36,8 +38,9 @@ namespace {
 
 // The test set's logits, forward in inference mode over chunks of 500 rows, as a NumPy .npy
 // file (version 1.0: magic, header dict padded to 64 bytes, then (N, classes) float32 '<f4').
+// `augment` (may be null): the run's --augment, whose normalization the rows get.
 std::string logits_npy(const nn::Model& model, const float* weights, const float* running_stats,
-                       const data::Dataset& test) {
+                       const data::Dataset& test, const data::Augmenter* augment) {
   constexpr std::size_t kChunk = 500;
   const auto classes = static_cast<std::size_t>(model.num_classes());
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" +
@@ -55,7 +58,10 @@ std::string logits_npy(const nn::Model& model, const float* weights, const float
   for (std::size_t first = 0; first < test.count; first += kChunk) {
     const std::size_t n = std::min(kChunk, test.count - first);
     for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::uint32_t>(first + i);
-    data::assemble_batch(test, std::span(ids).first(n), x.data(), y.data());
+    if (augment)
+      augment->assemble(test, std::span(ids).first(n), 0, /*train=*/false, x.data(), y.data());
+    else
+      data::assemble_batch(test, std::span(ids).first(n), x.data(), y.data());
     const float* logits =
         net.forward(weights, x.data(), static_cast<std::int64_t>(n),
                     model.stats_layout().total() != 0 ? running_stats : nullptr);
@@ -63,6 +69,23 @@ std::string logits_npy(const nn::Model& model, const float* weights, const float
                 n * classes * sizeof(float));  // (n, classes)
   }
   return file;
+}
+
+// The --augment of the run that wrote checkpoint `ck`, from the effective config it holds ("" if
+// none is recorded: no augmentation, or a checkpoint written before --augment existed). Eval
+// applies its normalization to the test rows with statistics recomputed from the training split
+// of the data folder it loads -- the same bits as the run's, given the same training files.
+std::string augment_of(const checkpoint::Checkpoint& ck, const std::string& name) {
+  const json config = json::parse(ck.config_json, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object() || !config.contains("augment")) return "";
+  const json& spec = config["augment"];
+  if (!spec.is_string())
+    throw InputError(name + ": effective config: augment: expected a string, found " + spec.dump());
+  try {
+    return data::to_string(data::parse_augment(spec.get<std::string>()));
+  } catch (const InputError& e) {
+    throw InputError(name + ": effective config: " + e.what());
+  }
 }
 
 }  // namespace
@@ -79,6 +102,7 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   config.micro_batch = ck.micro_batch;
   config.drop_last = ck.drop_last;
   config.workers = o.workers;
+  config.augment = augment_of(ck, o.checkpoint);  // the test rows get its normalization
   // The optimizer only shapes the state the checkpoint must match; evaluation never steps.
   config.optimizer.kind = optim::parse_kind(ck.optimizer, o.checkpoint + ": optimizer");
   if (config.optimizer.kind == optim::Kind::kSgd)
@@ -102,9 +126,14 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
                                                {"weights_digest", digest}}
                                                   .dump(2) +
                                               "\n");
-  if (!o.logits_path.empty())
-    write_file_atomically(o.logits_path, logits_npy(trainer.model(), trainer.weights(),
-                                                      trainer.running_stats(), data.test));
+  if (!o.logits_path.empty()) {
+    std::optional<data::Augmenter> augment;
+    if (!config.augment.empty())
+      augment.emplace(data::parse_augment(config.augment), data.train, config.seed);
+    write_file_atomically(o.logits_path,
+                          logits_npy(trainer.model(), trainer.weights(), trainer.running_stats(),
+                                     data.test, augment ? &*augment : nullptr));
+  }
   return kExitOk;
 }
 

@@ -161,6 +161,12 @@ std::vector<TrainFlag> make_table() {
       string_flag<&O::config, &TC::model>("--model", "model.spec", Type::kString,
                                           "mlp:784-512-256-10, cnn, or a layer list such as "
                                           "conv(32,5)-relu-maxpool(2)-flatten-linear(10)"),
+      string_flag<&O::config, &TC::augment>(
+          "--augment", "data.augment", Type::kString,
+          "seeded augmentation of training images, comma-separated: crop:P (random crop of the "
+          "image zero-padded by P), flip (horizontal, p 0.5), normalize (per channel, with the "
+          "training set's mean and std; also at evaluation), erase:P (random erasing with "
+          "probability P); empty: none"),
       number_flag<&O::config, &TC::workers>("--workers", "run.workers", {0, 1024},
                                             "worker replicas (0: one per core)"),
       number_flag<&O::config, &TC::batch>("--batch", "run.batch", {1, k2to24}, "global batch size"),

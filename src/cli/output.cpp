@@ -15,6 +15,7 @@
 #include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/names.hpp"
+#include "cohort/data/augment.hpp"
 #include "cohort/version.hpp"
 
 namespace cohort::cli {
@@ -116,23 +117,28 @@ json config_json(const train::TrainConfig& c, const std::string& data_dir) {
     schedule.update(json{{"step_every", sc.step_every}, {"gamma", shortest(sc.gamma)}});
   if (sc.kind == optim::ScheduleKind::kCosine) schedule["min_lr"] = shortest(sc.min_lr);
   using TC = train::TrainConfig;
-  return {{"model", c.model},
-          {"data", data_dir},
-          {"batch", c.batch},
-          {"micro_batch", c.micro_batch},
-          {"workers", c.workers},
-          {"epochs", c.epochs},
-          {"steps", c.steps},
-          {"seed", c.seed},
-          {"optimizer", optimizer},
-          {"schedule", schedule},
-          {"on_nonfinite", std::string(name_of(TC::kOnNonFiniteNames, c.on_nonfinite))},
-          {"max_skips", c.max_skips},
-          {"reducer", std::string(reduce::to_string(c.reducer))},
-          {"weight_grads", std::string(name_of(TC::kWeightGradsNames, c.weight_grads))},
-          {"precision", std::string(name_of(nn::kPrecisionNames, c.precision))},
-          {"drop_last", c.drop_last},
-          {"blocked_layouts", c.blocked_layouts}};
+  json config{{"model", c.model},
+              {"data", data_dir},
+              {"batch", c.batch},
+              {"micro_batch", c.micro_batch},
+              {"workers", c.workers},
+              {"epochs", c.epochs},
+              {"steps", c.steps},
+              {"seed", c.seed},
+              {"optimizer", optimizer},
+              {"schedule", schedule},
+              {"on_nonfinite", std::string(name_of(TC::kOnNonFiniteNames, c.on_nonfinite))},
+              {"max_skips", c.max_skips},
+              {"reducer", std::string(reduce::to_string(c.reducer))},
+              {"weight_grads", std::string(name_of(TC::kWeightGradsNames, c.weight_grads))},
+              {"precision", std::string(name_of(nn::kPrecisionNames, c.precision))},
+              {"drop_last", c.drop_last},
+              {"blocked_layouts", c.blocked_layouts}};
+  // --augment in its canonical form, recorded only when set (a config without the key, as every
+  // one written before it existed, has none); `cohort eval` reads it back to normalize.
+  if (const std::string augment = data::to_string(data::parse_augment(c.augment)); !augment.empty())
+    config["augment"] = augment;
+  return config;
 }
 
 json summary_json(const train::Summary& s, const json& config) {

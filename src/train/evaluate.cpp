@@ -15,7 +15,7 @@ std::size_t eval_chunks(const data::Dataset& set, std::size_t eval_rows) {
 
 void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const ReplicaWeights& weights,
                      std::size_t eval_rows, int classes, std::size_t first, std::size_t last,
-                     EvalParts& parts) {
+                     EvalParts& parts, const data::Augmenter* augment) {
   const std::size_t chunks = eval_chunks(set, eval_rows);
   parts.loss.resize(chunks);
   parts.correct.resize(chunks);
@@ -29,7 +29,11 @@ void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const ReplicaWe
     for (std::size_t c = first + w; c < last; c += workers) {
       const std::size_t row = c * eval_rows, n = std::min(eval_rows, set.count - row);
       const auto N = static_cast<std::int64_t>(n);
-      data::assemble_batch(set, std::span(ids).subspan(row, n), r.eval_x.data(), r.eval_y.data());
+      const auto chunk_ids = std::span<const std::uint32_t>(ids).subspan(row, n);
+      if (augment)
+        augment->assemble(set, chunk_ids, 0, /*train=*/false, r.eval_x.data(), r.eval_y.data());
+      else
+        data::assemble_batch(set, chunk_ids, r.eval_x.data(), r.eval_y.data());
       const float* logits = r.infer(weights, N);  // (N, classes)
       parts.loss[c] = nn::softmax_cross_entropy(logits, r.eval_y.data(), N, classes, nullptr);
       parts.correct[c] =
@@ -51,9 +55,10 @@ std::pair<double, double> eval_totals(const EvalParts& parts, std::size_t count)
 
 std::pair<double, double> evaluate(StepGraph& graph, const data::Dataset& set,
                                    const ReplicaWeights& weights, std::size_t eval_rows,
-                                   int classes) {
+                                   int classes, const data::Augmenter* augment) {
   EvalParts parts;
-  evaluate_chunks(graph, set, weights, eval_rows, classes, 0, eval_chunks(set, eval_rows), parts);
+  evaluate_chunks(graph, set, weights, eval_rows, classes, 0, eval_chunks(set, eval_rows), parts,
+                  augment);
   return eval_totals(parts, set.count);
 }
 

@@ -12,10 +12,12 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "batch_grads.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/data/augment.hpp"
 #include "cohort/dist/comm.hpp"
 #include "cohort/train/root.hpp"
 #include "evaluate.hpp"
@@ -64,6 +66,7 @@ struct Trainer::Impl {
   // The step being run: written by the controller before the graph runs, read by the replicas.
   struct StepPlan {
     std::uint64_t number = 0;             // 1-based
+    std::uint64_t epoch = 0;              // 0-based: keys the augmentation draws with the ids
     std::span<const std::uint32_t> ids;   // this step's samples, assembled into `staged_*`
     std::size_t leaves = 0, workers = 0;  // workers: replicas with leaves this step
     std::size_t first_leaf = 0;           // this rank's leaves: [first_leaf, end_leaf)
@@ -92,6 +95,7 @@ struct Trainer::Impl {
   AlignedBuffer<bf16> staged_x16;                // bf16: the same rows, the Nets' input
   std::vector<std::int32_t> staged_y;            // (B)
   std::unique_ptr<BatchGrads> batch_grads;       // --weight-grads batch
+  std::optional<data::Augmenter> augmenter;      // --augment (training set statistics)
   Tracer tracer;
   Root root;
   StepGraph graph;
@@ -133,6 +137,8 @@ struct Trainer::Impl {
         graph(config.workers, model, config.eval_batch, config.blocked_layouts, config.precision),
         base_lr(optim::scaled_base_lr(config.schedule, config.optimizer.lr, config.batch)) {
     model.init(weights.data(), config.seed);
+    if (!config.augment.empty())
+      augmenter.emplace(data::parse_augment(config.augment), data.train, config.seed);
     copy_to_bf16();
     if (config.no_decay_norm_bias && config.optimizer.weight_decay > 0)
       root.set_no_decay(model.norm_and_bias_ranges());
@@ -162,8 +168,13 @@ struct Trainer::Impl {
   }
   // Rows [first, first + n) of the staged batch: assembled from the data (and converted).
   void stage_rows(std::size_t first, std::size_t n) {
-    data::assemble_batch(data.train, plan.ids.subspan(first, n), staged_x.data() + first * features,
-                         staged_y.data() + first);
+    // Augmented rows depend on (seed, epoch, id) only: the same for every leaf split and rank.
+    if (augmenter)
+      augmenter->assemble(data.train, plan.ids.subspan(first, n), plan.epoch, /*train=*/true,
+                          staged_x.data() + first * features, staged_y.data() + first);
+    else
+      data::assemble_batch(data.train, plan.ids.subspan(first, n),
+                           staged_x.data() + first * features, staged_y.data() + first);
     if (bf16_run())
       to_bf16(staged_x.data() + first * features, staged_x16.data() + first * features,
               n * features);
@@ -446,13 +457,14 @@ struct Trainer::Impl {
   // and added in chunk order, as one process adds them.
   std::pair<double, double> evaluate_set(const data::Dataset& set) {
     if (!sharded)
-      return evaluate(graph, set, replica_weights(), config.eval_batch, model.num_classes());
+      return evaluate(graph, set, replica_weights(), config.eval_batch, model.num_classes(),
+                      augmenter ? &*augmenter : nullptr);
     const std::size_t chunks = eval_chunks(set, config.eval_batch);
     const auto ranks = static_cast<std::size_t>(comm.size());
     const dist::Range mine = dist::even_part(chunks, ranks, static_cast<std::size_t>(comm.rank()));
     EvalParts parts;
     evaluate_chunks(graph, set, replica_weights(), config.eval_batch, model.num_classes(),
-                    mine.begin, mine.end, parts);
+                    mine.begin, mine.end, parts, augmenter ? &*augmenter : nullptr);
     std::vector<std::size_t> bytes(ranks);
     for (std::size_t r = 0; r < ranks; ++r)
       bytes[r] = dist::even_part(chunks, ranks, r).size() * sizeof(double);
@@ -500,6 +512,7 @@ Summary Trainer::Impl::run(Observer& observer) {
     for (std::size_t b = first_b; b < steps_per_epoch && step_number < total_steps; ++b) {
       const auto ids = std::span(order).subspan(b * B, std::min(B, order.size() - b * B));
       plan.number = step_number + 1;
+      plan.epoch = epoch;
       const auto t0 = Clock::now();
       const StepOutcome o = step(ids);
       const double dt = seconds_since(t0);

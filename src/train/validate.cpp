@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "cohort/core/error.hpp"
+#include "cohort/data/augment.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/optim/optimizer.hpp"
 #include "cohort/train/trainer.hpp"
@@ -96,6 +97,12 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
         bad("--micro-batch", "at least 2 for '" + model.spec() + "' (" + l->name +
                                  " normalizes each feature over a leaf's rows)",
             std::to_string(c.micro_batch));
+  // The spec (InputError naming --augment), and images only: the Augmenter refuses any
+  // augmentation of tabular data. Normalize's statistics are checked when the trainer builds it.
+  if (const data::AugmentConfig augment = data::parse_augment(c.augment);
+      augment.any() && data.train.tabular)
+    bad("--augment", "no augmentation on tabular data (" + data.train.describe_shape() + ")",
+        "'" + c.augment + "' (crop, flip, erase and normalize need images)");
   if (c.precision == nn::Precision::kBf16 && !c.allow_emulated_bf16 &&
       !(c.native_bf16 ? c.native_bf16() : nn::cpu_has_bf16()))
     throw InputError(

@@ -42,16 +42,16 @@ TrainConfig resnet_config(std::size_t workers) {
   return c;
 }
 
-struct Run {
+struct RunResult {
   Summary summary;
   std::vector<double> losses;
   std::vector<float> weights, stats;
 };
 
-Run run(const TrainConfig& c) {
+RunResult run(const TrainConfig& c) {
   Trainer t(c, fixture());
   Recorder rec;
-  Run r;
+  RunResult r;
   r.summary = t.run(rec);
   r.losses = rec.losses;
   r.weights.assign(t.weights(), t.weights() + t.model().layout().total());
@@ -63,8 +63,8 @@ class ResNet20Workers : public ::testing::TestWithParam<std::size_t> {};
 
 TEST_P(ResNet20Workers, EqualTheOneWorkerRunWithRunningStatistics) {
   std::printf("seed 7, resnet20, crop:4,flip, batch 32, micro-batch 8, %zu workers\n", GetParam());
-  static const Run one = run(resnet_config(1));
-  const Run got = run(resnet_config(GetParam()));
+  static const RunResult one = run(resnet_config(1));
+  const RunResult got = run(resnet_config(GetParam()));
   EXPECT_EQ(got.summary.weights_digest, one.summary.weights_digest);
   EXPECT_TRUE(got.weights == one.weights);
   EXPECT_TRUE(got.stats == one.stats);
@@ -85,7 +85,7 @@ INSTANTIATE_TEST_SUITE_P(Workers, ResNet20Workers, ::testing::Values(1, 2, 3, 8)
 TEST(BatchNormResume, MidEpochIsBitwiseTheUninterruptedRun) {
   TrainConfig c = resnet_config(2);
   c.steps = 5;  // 16 steps per epoch of the fixture: the resume is mid-epoch
-  const Run whole = run(c);
+  const RunResult whole = run(c);
   TrainConfig first_part = resnet_config(1);
   first_part.steps = 2;
   Trainer a(first_part, fixture());

@@ -84,6 +84,7 @@ struct TrainConfig {
   // Test hook: whether the CPU has native bf16 (null: nn::cpu_has_bf16()).
   std::function<bool()> native_bf16;
   std::size_t eval_batch = 500;  // rows per forward pass in evaluation
+  std::string augment;  // --augment: crop:P,flip,erase:P,normalize (data/augment.hpp); "" none
   // Skip each epoch's last, partial batch, as torch_peer.py does: every step then has the same
   // shape (one set of primitives, one leaf decomposition) and throughput and accuracy compare
   // with the peer under one protocol. The skipped samples differ per epoch (reshuffled).
