@@ -364,8 +364,9 @@ TEST(NetResnet, BatchNormModelsNeedStatistics) {
 // linear(40)-bn; resnet20 8.6e-4 logits, 5.8e-3 statistics).
 // The gradients are checked against the reference that also stores activations and their
 // gradients in bf16, which takes the Net's ReLU decisions: c 0.01 as there (measured worst
-// 1.0e-3; in plain layouts 3.3e-6 — every bf16 step of bn, gap and res, scale and shift
-// converted from bf16, the sum of the two paths, is followed to f32 rounding). That reference
+// 1.0e-3, two blocks on 16 rows; the 8-channel blocks on 4 rows in plain layouts 3.3e-6: every
+// bf16 step of bn, gap and res, scale and shift converted from bf16, the sum of the two paths,
+// is followed to f32 rounding). That reference
 // cannot follow a deep network on few rows: a bn output computed in another order in f32 lands
 // one bf16 step away now and then, and bn's backward on a few rows (M N x H x W values, the
 // result a difference of terms M times larger) amplifies such steps layer after layer. There
