@@ -33,9 +33,10 @@ struct Net::Impl {
   std::span<const LinearRows> linear_rows;  // the current call's (batch weight gradients)
   bool blocked_layouts;
   Precision precision;
+  bool needs_stats;  // the model has bn layers
 
   Impl(const Model& m, bool blocked, Precision prec)
-      : model(&m), blocked_layouts(blocked), precision(prec) {}
+      : model(&m), blocked_layouts(blocked), precision(prec), needs_stats(m.has_batchnorm()) {}
 
   Plan& plan(std::int64_t N, bool training, bool batch_linear) {
     auto& slot = plans[{N, training, batch_linear}];
@@ -54,7 +55,7 @@ struct Net::Impl {
 
   // A model with bn layers needs statistics: the batch's (training) or the running ones.
   void require_stats(const float* stats, const char* what) const {
-    if (!stats && model->has_batchnorm())
+    if (!stats && needs_stats)
       throw InternalError(std::string("nn::Net: ") + what + " of " + model->spec() +
                           ", a model with bn layers, without " +
                           (std::string_view(what) == "forward" ? "running_stats" : "batch_stats"));

@@ -282,7 +282,9 @@ TEST(Model, NormAndBiasRangesAreTheBnTensorsAndEveryBias) {
   std::size_t covered = 0;
   for (std::size_t i = 0; i < ranges.size(); ++i) {
     EXPECT_LT(ranges[i].first, ranges[i].second);
-    if (i > 0) EXPECT_LE(ranges[i - 1].second, ranges[i].first) << i;  // sorted, disjoint
+    if (i > 0) {
+      EXPECT_LE(ranges[i - 1].second, ranges[i].first) << i;  // sorted, disjoint
+    }
     covered += ranges[i].second - ranges[i].first;
   }
   EXPECT_EQ(covered, 2u * 784u + 10u);

@@ -30,8 +30,12 @@
 namespace cohort::nn {
 namespace {
 
+using testing::expect_within;
 using testing::Inputs;
+using testing::longest_dot_product;
 using testing::make_inputs;
+using testing::round_to_bf16;
+using testing::Rounded;
 using testing::same_bits;
 using testing::spec_case_name;
 
@@ -68,43 +72,6 @@ void PrintTo(const Case& c, std::ostream* os) {
   *os << c.spec;
   if (std::string_view(c.spec).substr(0, 4) != "mlp:") *os << " on " << c.input.str();
   *os << ", N " << c.N;
-}
-
-std::int64_t longest_dot_product(const Model& m) {
-  std::int64_t K = 1;
-  for (const auto& l : m.layers())
-    if (l.has_params())
-      K = std::max(K, l.in.C * (l.kind == LayerSpec::Kind::kConv ? l.kernel * l.kernel : 1));
-  return K;
-}
-
-// The bf16 copies of a model's parameters and inputs, and those values in float64.
-struct Rounded {
-  AlignedBuffer<bf16> params, x;
-  std::vector<double> params64, x64;
-};
-
-Rounded round_to_bf16(const Inputs& in) {
-  Rounded r{AlignedBuffer<bf16>(in.params.size()), AlignedBuffer<bf16>(in.x.size()), {}, {}};
-  to_bf16(in.params.data(), r.params.data(), in.params.size());
-  to_bf16(in.x.data(), r.x.data(), in.x.size());
-  for (std::size_t i = 0; i < r.params.size(); ++i) r.params64.push_back(to_float(r.params[i]));
-  for (std::size_t i = 0; i < r.x.size(); ++i) r.x64.push_back(to_float(r.x[i]));
-  return r;
-}
-
-// Checks got against ref within the bound above; returns the worst observed c.
-double expect_within(std::span<const float> got, std::span<const double> ref, std::int64_t K,
-                     double kC, const std::string& what) {
-  double scale = 1e-30, err = 0;
-  std::size_t worst = 0;
-  for (double v : ref) scale = std::max(scale, std::abs(v));
-  for (std::size_t i = 0; i < ref.size(); ++i)
-    if (const double e = std::abs(double(got[i]) - ref[i]); e > err) err = e, worst = i;
-  const double c = err / (std::ldexp(1.0, -8) * double(K) * scale);
-  EXPECT_LE(c, kC) << what << ": element " << worst << " is " << got[worst] << ", reference "
-                   << ref[worst] << " (largest |reference| " << scale << ", K " << K << ")";
-  return c;
 }
 
 // The gradient of every parameter tensor; returns the worst observed c.

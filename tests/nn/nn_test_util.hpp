@@ -1,10 +1,13 @@
-// Shared by the nn tests: seeded parameters, inputs and labels for a model, and a bitwise
-// comparison of float arrays that names the first difference. Plain functions, no fixtures.
+// Shared by the nn tests: seeded parameters, inputs and labels for a model, a bitwise
+// comparison of float arrays that names the first difference, and the bf16 tests' rounded
+// copies and tolerance check (net_bf16_test.cpp states the bound). Plain functions, no fixtures.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -14,6 +17,7 @@
 
 #include "cohort/core/rng.hpp"
 #include "cohort/nn/model.hpp"
+#include "cohort/tensor/bf16.hpp"
 #include "cohort/tensor/buffer.hpp"
 
 namespace cohort::nn::testing {
@@ -62,6 +66,52 @@ inline ::testing::AssertionResult same_bits(std::span<const float> a, std::span<
       return ::testing::AssertionFailure() << "first difference at element " << i << " of "
                                            << a.size() << ": " << a[i] << " vs " << b[i];
   return ::testing::AssertionSuccess();
+}
+
+// The model's longest forward dot product K: the largest IC * KH * KW of its linear and conv
+// layers, also those inside residual blocks.
+inline std::int64_t longest_dot_product(const Model& m) {
+  std::int64_t K = 1;
+  auto visit = [&K](const std::vector<LayerSpec>& layers, auto& self) -> void {
+    for (const auto& l : layers) {
+      if (l.kind == LayerSpec::Kind::kLinear) K = std::max(K, l.in.C);
+      if (l.kind == LayerSpec::Kind::kConv) K = std::max(K, l.in.C * l.kernel * l.kernel);
+      self(l.body, self);
+      self(l.shortcut, self);
+    }
+  };
+  visit(m.layers(), visit);
+  return K;
+}
+
+// The bf16 copies of a model's parameters and inputs, and those values in float64.
+struct Rounded {
+  AlignedBuffer<bf16> params, x;
+  std::vector<double> params64, x64;
+};
+
+inline Rounded round_to_bf16(const Inputs& in) {
+  Rounded r{AlignedBuffer<bf16>(in.params.size()), AlignedBuffer<bf16>(in.x.size()), {}, {}};
+  to_bf16(in.params.data(), r.params.data(), in.params.size());
+  to_bf16(in.x.data(), r.x.data(), in.x.size());
+  for (std::size_t i = 0; i < r.params.size(); ++i) r.params64.push_back(to_float(r.params[i]));
+  for (std::size_t i = 0; i < r.x.size(); ++i) r.x64.push_back(to_float(r.x[i]));
+  return r;
+}
+
+// Checks max_i |got_i - ref_i| <= kC * 2^-8 * K * max_i |ref_i| (the bf16 bound of
+// net_bf16_test.cpp); returns the worst observed c.
+inline double expect_within(std::span<const float> got, std::span<const double> ref, std::int64_t K,
+                            double kC, const std::string& what) {
+  double scale = 1e-30, err = 0;
+  std::size_t worst = 0;
+  for (double v : ref) scale = std::max(scale, std::abs(v));
+  for (std::size_t i = 0; i < ref.size(); ++i)
+    if (const double e = std::abs(double(got[i]) - ref[i]); e > err) err = e, worst = i;
+  const double c = err / (std::ldexp(1.0, -8) * double(K) * scale);
+  EXPECT_LE(c, kC) << what << ": element " << worst << " is " << got[worst] << ", reference "
+                   << ref[worst] << " (largest |reference| " << scale << ", K " << K << ")";
+  return c;
 }
 
 }  // namespace cohort::nn::testing

@@ -96,7 +96,8 @@ class Model {
   const ParamLayout& stats_layout() const { return stats_layout_; }
   // PyTorch's initial running statistics: mean 0, variance 1 (padding zeroed).
   void init_stats(float* stats) const;
-  // Every bn layer, also those inside residual blocks, in model (= parameter) order.
+  // Every bn layer, also those inside residual blocks, in model (= parameter) order; the
+  // pointers point into this Model (valid while it lives, not into a copy).
   std::vector<const LayerSpec*> batchnorm_layers() const;
   // [begin, end) ranges of the flat parameter array holding bn scales and shifts and every bias:
   // what --no-decay-norm-bias exempts from weight decay. One range per tensor (padding
