@@ -159,8 +159,9 @@ std::vector<TrainFlag> make_table() {
           "folder with IDX files (raw or .gz), train_x/train_y/test_x/test_y .npy "
           "files, or train.csv and test.csv"),
       string_flag<&O::config, &TC::model>("--model", "model.spec", Type::kString,
-                                          "mlp:784-512-256-10, cnn, or a layer list such as "
-                                          "conv(32,5)-relu-maxpool(2)-flatten-linear(10)"),
+                                          "mlp:784-512-256-10, cnn, resnet20, or a layer list "
+                                          "such as conv(32,5)-relu-maxpool(2)-flatten-linear(10) "
+                                          "(also bn, gap, res(OC[,stride]))"),
       string_flag<&O::config, &TC::augment>(
           "--augment", "data.augment", Type::kString,
           "seeded augmentation of training images, comma-separated: crop:P (random crop of the "
