@@ -100,14 +100,14 @@ void convert_sample(const T* __restrict src, float* __restrict dst, std::size_t 
     for (std::ptrdiff_t y = y0; y < y1; ++y) {
       float* __restrict row = out + static_cast<std::size_t>(y) * W;
       const T* __restrict line = in + static_cast<std::size_t>(y + off_y) * W;
+      // Indices, not pointers shifted by the offset: those could point outside the image.
       if (d.flip) {
-        const T* __restrict from = line + (iW - 1 + off);  // row[x] = from[-x]
+        const std::ptrdiff_t last = iW - 1 + off;  // row[x] = line[last - x]
         for (std::ptrdiff_t x = x0; x < x1; ++x)
-          row[x] = value_of<T, kNormalize>(from[-x], m, s, table);
+          row[x] = value_of<T, kNormalize>(line[last - x], m, s, table);
       } else {
-        const T* __restrict from = line + off;  // row[x] = from[x]
         for (std::ptrdiff_t x = x0; x < x1; ++x)
-          row[x] = value_of<T, kNormalize>(from[x], m, s, table);
+          row[x] = value_of<T, kNormalize>(line[x + off], m, s, table);
       }
     }
   }
