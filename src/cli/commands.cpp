@@ -71,23 +71,6 @@ std::string logits_npy(const nn::Model& model, const float* weights, const float
   return file;
 }
 
-// The --augment of the run that wrote checkpoint `ck`, from the effective config it holds ("" if
-// none is recorded: no augmentation, or a checkpoint written before --augment existed). Eval
-// applies its normalization to the test rows with statistics recomputed from the training split
-// of the data folder it loads -- the same bits as the run's, given the same training files.
-std::string augment_of(const checkpoint::Checkpoint& ck, const std::string& name) {
-  const json config = json::parse(ck.config_json, nullptr, /*allow_exceptions=*/false);
-  if (!config.is_object() || !config.contains("augment")) return "";
-  const json& spec = config["augment"];
-  if (!spec.is_string())
-    throw InputError(name + ": effective config: augment: expected a string, found " + spec.dump());
-  try {
-    return data::to_string(data::parse_augment(spec.get<std::string>()));
-  } catch (const InputError& e) {
-    throw InputError(name + ": effective config: " + e.what());
-  }
-}
-
 }  // namespace
 
 int eval_command(const EvalOptions& o, std::ostream& out) {
@@ -102,7 +85,7 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   config.micro_batch = ck.micro_batch;
   config.drop_last = ck.drop_last;
   config.workers = o.workers;
-  config.augment = augment_of(ck, o.checkpoint);  // the test rows get its normalization
+  config.augment = recorded_augment(ck, o.checkpoint);  // the test rows get its normalization
   // The optimizer only shapes the state the checkpoint must match; evaluation never steps.
   config.optimizer.kind = optim::parse_kind(ck.optimizer, o.checkpoint + ": optimizer");
   if (config.optimizer.kind == optim::Kind::kSgd)

@@ -141,6 +141,19 @@ json config_json(const train::TrainConfig& c, const std::string& data_dir) {
   return config;
 }
 
+std::string recorded_augment(const checkpoint::Checkpoint& ck, const std::string& name) {
+  const json config = json::parse(ck.config_json, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object() || !config.contains("augment")) return "";
+  const json& spec = config["augment"];
+  if (!spec.is_string())
+    throw InputError(name + ": effective config: augment: expected a string, found " + spec.dump());
+  try {
+    return data::to_string(data::parse_augment(spec.get<std::string>()));
+  } catch (const InputError& e) {
+    throw InputError(name + ": effective config: " + e.what());
+  }
+}
+
 json summary_json(const train::Summary& s, const json& config) {
   return {{"steps", s.steps},
           {"updates", s.updates},

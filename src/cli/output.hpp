@@ -24,6 +24,11 @@ std::string float_text(float f);
 // checkpoint.
 json config_json(const train::TrainConfig& c, const std::string& data_dir);
 
+// The --augment recorded in checkpoint `ck`'s effective config, canonical; "" if none is recorded
+// (no augmentation, or a checkpoint written before --augment existed or by a library user).
+// Throws InputError naming `name` if the recorded value is not a valid spec.
+std::string recorded_augment(const checkpoint::Checkpoint& ck, const std::string& name);
+
 // The effective configuration as a run and --dry-run print it: a few aligned lines, one a
 // section ("  optimizer  sgd lr=0.1 momentum=0.9 ..."), each ending in a newline. The JSON
 // stays in the summary file, the trace and the checkpoint.

@@ -13,6 +13,7 @@
 
 #include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/data/augment.hpp"
 #include "cohort/dist/watchdog.hpp"
 #include "cohort/nn/version.hpp"
 #include "commands.hpp"
@@ -50,7 +51,18 @@ Checked check_inputs(const TrainOptions& o, const Loaders& loaders) {
   const data::Dataset& train_set = in.data->train;
   const nn::Model model = nn::Model::parse(in.config.model, train::input_shape(train_set));
   train::validate(in.config, model, *in.data);
-  if (in.resume) train::check_resume(in.config, model, *in.data, *in.resume, ck.resume);
+  if (in.resume) {
+    train::check_resume(in.config, model, *in.data, *in.resume, ck.resume);
+    // --augment lives in the checkpoint's effective config, not its META: a resume with other
+    // augmentation would not continue the run the checkpoint started.
+    const std::string ours = data::to_string(data::parse_augment(in.config.augment));
+    const std::string theirs = recorded_augment(*in.resume, ck.resume);
+    auto shown = [](const std::string& spec) { return spec.empty() ? "none" : "'" + spec + "'"; };
+    if (ours != theirs)
+      throw InputError(ck.resume + ": --augment: this run has " + shown(ours) +
+                       ", the checkpoint " + shown(theirs) +
+                       " (resume with the checkpoint's value, or start a new run)");
+  }
   in.parameters = model.layout().numel();
   return in;
 }

@@ -84,6 +84,32 @@ TEST_F(AugmentCli, EvalOfTheCheckpointNormalizesAsTheRunDid) {
   EXPECT_NE(p["weights_digest"], s["weights_digest"]);
 }
 
+// A resume continues the augmented run bit for bit; one with other augmentation is refused.
+TEST_F(AugmentCli, ResumeNeedsTheCheckpointsAugmentation) {
+  const std::string full = (dir_ / "full.json").string(),
+                    resumed = (dir_ / "resumed.json").string(), ckpt = (dir_ / "a.ckpt").string();
+  ASSERT_EQ(cohort(quick({"--augment", "crop:4,flip,erase:0.5", "--summary", full})).code, 0);
+  auto half = quick({"--augment", "crop:4,flip,erase:0.5", "--save", ckpt});
+  half[8] = "5";  // --steps 5 of 12
+  ASSERT_EQ(cohort(half).code, 0);
+  for (const std::vector<std::string>& other :
+       {std::vector<std::string>{}, std::vector<std::string>{"--augment", "crop:4,flip"}}) {
+    std::vector<std::string> args{"--resume", ckpt};
+    args.insert(args.end(), other.begin(), other.end());
+    Result r = cohort(quick(args));
+    EXPECT_EQ(r.code, kExitBadInput);
+    EXPECT_NE(r.err.find(ckpt + ": --augment: this run has " +
+                         (other.empty() ? "none" : "'crop:4,flip'") +
+                         ", the checkpoint 'crop:4,flip,erase:0.5'"),
+              std::string::npos)
+        << r.err;
+  }
+  Result r =
+      cohort(quick({"--augment", "erase:0.5,flip,crop:4", "--resume", ckpt, "--summary", resumed}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_json(resumed)["weights_digest"], read_json(full)["weights_digest"]);
+}
+
 TEST_F(AugmentCli, TheJobConfigKeyEqualsTheFlag) {
   const std::string toml = (dir_ / "job.toml").string(), a = (dir_ / "a.json").string(),
                     b = (dir_ / "b.json").string();

@@ -78,6 +78,7 @@ class Augmenter {
   AugmentConfig config_;
   std::uint64_t seed_;
   std::vector<float> mean_, std_;  // (C)
+  std::vector<float> tables_;      // uint8 images: (C, 256), each pixel value as assembled
 };
 
 }  // namespace cohort::data
