@@ -12,6 +12,8 @@
 
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/data/augment.hpp"
+#include "cohort/nn/net.hpp"
 #include "cohort/train/trainer.hpp"
 #include "thread_comm.hpp"
 #include "train_test_util.hpp"
@@ -184,6 +186,51 @@ TEST(AugmentRun, BadSpecAndTabularDataAreRefusedNamingTheFlag) {
               0u)
         << e.what();
   }
+}
+
+}  // namespace
+}  // namespace cohort::train
+
+namespace cohort::train {
+namespace {
+
+// The trainer keys the draws by the step's epoch: the loss of the first step of epoch 1 equals a
+// Net's loss on the rows an Augmenter assembles for epoch 1 (from the weights after epoch 0), and
+// not on those it assembles for epoch 0 (which a trainer that passed a constant epoch would use).
+TEST(AugmentEpoch, TheSecondEpochsFirstStepReadsEpochOnesImages) {
+  TrainConfig c = augment_config("mlp:784-32-10", "crop:4,flip,erase:0.5", 1);
+  c.micro_batch = c.batch;  // one leaf: the step's loss is that leaf's
+  const std::size_t per_epoch = fixture().train.count / c.batch;
+  c.steps = per_epoch;
+  Trainer first(c, fixture());
+  Recorder before;
+  first.run(before);
+  const auto saved = decode_checkpoint(encode_checkpoint(first.checkpoint("{}")), "mem");
+  c.steps = per_epoch + 1;
+  Trainer second(c, fixture());
+  second.restore(saved, "mem");
+  Recorder after;
+  second.run(after);
+  ASSERT_EQ(after.losses.size(), 1u);
+
+  const nn::Model& model = first.model();
+  std::vector<float> weights(first.weights(), first.weights() + model.layout().total());
+  const std::vector<std::uint32_t> order = data::Sampler(fixture().train.count, c.seed)
+                                               .epoch_order(1);
+  const auto ids = std::span(order).first(c.batch);
+  const data::Augmenter augmenter(data::parse_augment(c.augment), fixture().train, c.seed);
+  nn::Net net(model);
+  std::vector<float> grad(model.layout().total());
+  std::vector<float> x(c.batch * static_cast<std::size_t>(model.input_features()));
+  std::vector<std::int32_t> y(c.batch);
+  auto loss_of_epoch = [&](std::uint64_t epoch) {
+    augmenter.assemble(fixture().train, ids, epoch, /*train=*/true, x.data(), y.data());
+    return net.forward_backward(weights.data(), x.data(), y.data(),
+                                static_cast<std::int64_t>(c.batch), grad.data()) /
+           static_cast<double>(c.batch);
+  };
+  EXPECT_EQ(after.losses[0], loss_of_epoch(1));
+  EXPECT_NE(after.losses[0], loss_of_epoch(0));
 }
 
 }  // namespace
