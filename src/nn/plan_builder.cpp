@@ -156,16 +156,10 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
       s.fwd_pd = pd;
       return s;
     }
-    case Kind::kReLU: {
+    case Kind::kReLU:
       // In place; backward uses the output (relu'(x) = [y > 0]), so no input copy is kept.
-      dnnl::eltwise_forward::primitive_desc pd(
-          {prop, dnnl::algorithm::eltwise_relu_use_dst_for_bwd, cur.get_desc(), 0.0f}, attr_, eng_);
-      add(p_.forward, dnnl::eltwise_forward(pd), pd.scratchpad_desc(),
-          {{DNNL_ARG_SRC, cur}, {DNNL_ARG_DST, cur}}, Phase::kEltwise);
-      s.dst = cur;
-      s.fwd_pd = pd;
+      add_relu_forward(cur, s);
       return s;
-    }
     case Kind::kMaxPool:
     case Kind::kAvgPool: {
       const auto alg = l.kind == Kind::kMaxPool ? dnnl::algorithm::pooling_max
@@ -340,16 +334,9 @@ memory PlanBuilder::backward(const Saved& s, bool first, memory diff) {
           Phase::kMatmul);
       return diff_src;
     }
-    case Kind::kReLU: {
-      auto fwd = dnnl::eltwise_forward::primitive_desc(s.fwd_pd.get());
-      dnnl::eltwise_backward::primitive_desc pd(
-          {dnnl::algorithm::eltwise_relu_use_dst_for_bwd, s.dst.get_desc(), s.dst.get_desc(), 0.0f},
-          attr_, eng_, fwd);
-      add(p_.backward, dnnl::eltwise_backward(pd), pd.scratchpad_desc(),
-          {{DNNL_ARG_DST, s.dst}, {DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_DIFF_SRC, diff}},
-          Phase::kEltwise);
+    case Kind::kReLU:
+      add_relu_backward(s, diff);
       return diff;
-    }
     case Kind::kMaxPool:
     case Kind::kAvgPool: {
       auto fwd = dnnl::pooling_forward::primitive_desc(s.fwd_pd.get());
