@@ -11,6 +11,7 @@ Usage: bench/peer_compare.py [--reps 5] [--steps 300] [--cases mlp256,mlp32,scal
        bench/peer_compare.py --cases versions --baseline OLD/cohort   (this build against another)
        bench/peer_compare.py --cases mpi [--mpirun mpirun] [--mpirun-args="..."]
                              (2 ranks x 1 worker vs 1 process x 2 workers vs PyTorch DDP)
+       bench/peer_compare.py --cases resnet20 [--resnet20-steps 20]   (as bf16, for resnet20)
        bench/peer_compare.py --cases bf16 [--bf16-mlp-steps 300] [--bf16-cnn-steps 60]
                              [--bf16-mlp32-steps 1500]
                              (--precision f32 vs bf16, and PyTorch without and with --bf16, for
@@ -121,7 +122,7 @@ def bf16_point(title, model, batch, steps, reps, targets):
     F, B = "cohort --precision f32", "cohort --precision bf16"
     TF, TB = "torch f32", "torch --bf16"
     kept = {F: [], B: []}
-    flags = ["--model", "cnn" if model == "cnn" else "mlp:784-512-256-10", "--batch", str(batch),
+    flags = ["--model", "mlp:784-512-256-10" if model == "mlp" else model, "--batch", str(batch),
              "--workers", "2"]
     peer_flags = ["--model", model, "--threads", "2", "--batch", str(batch)]
 
@@ -233,6 +234,8 @@ def main():
                    help="--cases bf16: steps per run, cnn batch 256")
     p.add_argument("--bf16-mlp32-steps", type=int, default=1500,
                    help="--cases bf16: steps per run, MLP batch 32")
+    p.add_argument("--resnet20-steps", type=int, default=20,
+                   help="--cases resnet20: steps per run (cohort and the peer), batch 256")
     p.add_argument("--mpirun", default=MPIRUN, help="mpirun for --cases mpi")
     p.add_argument("--mpirun-args", default=MPIRUN_ARGS,
                    help='mpirun options before -np, one string: --mpirun-args="..." (--cases mpi)')
@@ -380,6 +383,14 @@ def main():
         for title, what, value, target, ok in rows:
             print(f"| {title} | {what} | {value} | {target} | {'met' if ok else 'not met'} |")
         print(f"\n{sum(r[-1] for r in rows)} of {len(rows)} targets met")
+
+    if "resnet20" in cases:
+        # Target (#14): resnet20 at batch 256, 2 workers: cohort >= 1.5x PyTorch's best of f32 and
+        # bf16 (2 threads). cohort's micro-batch is the bn default (64).
+        rows = bf16_point("resnet20, batch 256", "resnet20", 256, a.resnet20_steps, a.reps,
+                          {"vs torch": 1.5})
+        for title, what, value, target, ok in rows:
+            print(f"| {title} | {what} | {value} | {target} | {'met' if ok else 'not met'} |")
 
 
 if __name__ == "__main__":
