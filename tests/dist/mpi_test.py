@@ -41,6 +41,9 @@ CONFIGS = {
     # bf16 replicas: every rank converts the weights it receives, as the owners' sweeps do.
     "bf16": ["--precision", "bf16", "--allow-emulated-bf16"],
     "bf16_cnn": ["--model", "cnn", "--precision", "bf16", "--allow-emulated-bf16"],
+    # bn (statistics per leaf, all-gathered and folded in leaf order) with seeded augmentation.
+    "bn": ["--model", "conv(8,3,1,1,nobias)-bn-relu-res(8)-res(16,2)-gap-linear(10)",
+           "--augment", "crop:4,flip"],
     # 2 leaves: 3 and 4 ranks leave ranks without leaves (they still own chunks of the root).
     "few_leaves": ["--micro-batch", "32"],
 }
@@ -176,7 +179,7 @@ class MpiTest(unittest.TestCase):
     # a, b ---------------------------------------------------------------------------------------
     def test_digest_matrix(self):
         """Every (ranks x workers) split gives the single process's weights, losses and test
-        figures, bit for bit, for the MLP, the cnn, Adam and gradient clipping."""
+        figures, bit for bit, for the MLP, the cnn, Adam, gradient clipping, bf16 and bn."""
         for config in CONFIGS:
             oracle, oracle_losses, _, _ = Runs.get(config, 1, 1)
             self.assertTrue(oracle_losses, f"{config}: no steps in the metrics")
