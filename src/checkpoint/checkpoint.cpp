@@ -173,8 +173,7 @@ std::vector<std::uint8_t> encode_checkpoint(const Checkpoint& c) {
   for (std::size_t i = 0; i < c.state.size(); ++i)
     add_section(out, state_tag(i), c.state[i].data(), c.state[i].size() * sizeof(float));
   if (stats)
-    add_section(out, kRunningStats, c.running_stats.data(),
-                c.running_stats.size() * sizeof(float));
+    add_section(out, kRunningStats, c.running_stats.data(), c.running_stats.size() * sizeof(float));
   return out;
 }
 
@@ -200,11 +199,11 @@ Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::
            std::to_string(sections));
   std::vector<std::pair<const std::uint8_t*, std::uint64_t>> payload(sections);
   for (std::uint32_t i = 0; i < sections; ++i) {
-    const std::uint32_t expected = i == 0                             ? kMeta
-                                   : i == 1                           ? kParams
-                                   : version == 1                     ? kMomentumV1
+    const std::uint32_t expected = i == 0                              ? kMeta
+                                   : i == 1                            ? kParams
+                                   : version == 1                      ? kMomentumV1
                                    : version == 3 && i + 1 == sections ? kRunningStats
-                                                                      : state_tag(i - 2);
+                                                                       : state_tag(i - 2);
     const auto t = r.get<std::uint32_t>("section tag");
     if (t != expected)
       r.fail("section " + std::to_string(i) + " tag", tag_text(expected), "'" + tag_text(t) + "'");

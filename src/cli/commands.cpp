@@ -62,9 +62,8 @@ std::string logits_npy(const nn::Model& model, const float* weights, const float
       augment->assemble(test, std::span(ids).first(n), 0, /*train=*/false, x.data(), y.data());
     else
       data::assemble_batch(test, std::span(ids).first(n), x.data(), y.data());
-    const float* logits =
-        net.forward(weights, x.data(), static_cast<std::int64_t>(n),
-                    model.stats_layout().total() != 0 ? running_stats : nullptr);
+    const float* logits = net.forward(weights, x.data(), static_cast<std::int64_t>(n),
+                                      model.stats_layout().total() != 0 ? running_stats : nullptr);
     file.append(reinterpret_cast<const char*>(logits),
                 n * classes * sizeof(float));  // (n, classes)
   }

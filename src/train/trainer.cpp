@@ -22,6 +22,7 @@
 #include "cohort/train/root.hpp"
 #include "evaluate.hpp"
 #include "roofline.hpp"
+#include "running_stats.hpp"
 #include "sharded.hpp"
 #include "step_graph.hpp"
 #include "time_account.hpp"
@@ -87,10 +88,7 @@ struct Trainer::Impl {
   AlignedBuffer<float> state[2];  // the optimizer's per-parameter arrays (momentum, moments)
   std::vector<AlignedBuffer<float>> leaf_grads;  // one per leaf of a full batch
   std::vector<double> leaf_loss;                 // summed loss of each leaf
-  const std::size_t stats_n;                     // bn: floats of running statistics (0: no bn)
-  AlignedBuffer<float> running_stats;            // bn: (stats_n), what evaluation normalizes by
-  AlignedBuffer<float> leaf_stats;               // bn: (leaves of a full batch, stats_n): each
-                                                 // leaf's batch mean and biased variance
+  RunningStats bn_stats;                         // bn: per leaf, and the running statistics
   AlignedBuffer<float> staged_x;                 // (B, features): the step's batch
   AlignedBuffer<bf16> staged_x16;                // bf16: the same rows, the Nets' input
   std::vector<std::int32_t> staged_y;            // (B)
@@ -119,8 +117,7 @@ struct Trainer::Impl {
         optimizer(config.optimizer),
         weights(model.layout().total()),
         weights16(bf16_run() ? weights.size() : 0),
-        stats_n(model.stats_layout().total()),
-        running_stats(stats_n),
+        bn_stats(model, (config.batch + config.micro_batch - 1) / config.micro_batch),
         staged_x(config.batch * features),
         staged_x16(bf16_run() ? staged_x.size() : 0),
         staged_y(config.batch),
@@ -145,8 +142,6 @@ struct Trainer::Impl {
     const std::size_t max_leaves = leaves_for(config.batch);
     for (std::size_t i = 0; i < max_leaves; ++i) leaf_grads.emplace_back(model.layout().total());
     leaf_loss.resize(max_leaves);
-    model.init_stats(running_stats.data());
-    leaf_stats = AlignedBuffer<float>(max_leaves * stats_n);
     if (comm.size() > 1)
       sharded = std::make_unique<ShardedStep>(
           comm, root, model.layout().total(), leaf_grads, leaf_loss, weights.data(),
@@ -156,7 +151,7 @@ struct Trainer::Impl {
 
   bool bf16_run() const { return config.precision == nn::Precision::kBf16; }
   ReplicaWeights replica_weights() const {
-    return {weights.data(), weights16.data(), stats_n ? running_stats.data() : nullptr};
+    return {weights.data(), weights16.data(), bn_stats.running()};
   }
   // The bf16 copy of the whole weights (after initialization or a restore).
   void copy_to_bf16() {
@@ -264,7 +259,7 @@ struct Trainer::Impl {
     const auto rows = batch_grads ? std::span<const nn::LinearRows>(r.linear_rows)
                                   : std::span<const nn::LinearRows>();
     const auto N = static_cast<std::int64_t>(n);
-    float* batch_stats = stats_n ? leaf_stats.data() + leaf * stats_n : nullptr;
+    float* batch_stats = bn_stats.leaf(leaf);
     leaf_loss[leaf] =
         bf16_run()
             ? r.net.forward_backward(weights16.data(), staged_x16.data() + first * features,
@@ -332,44 +327,12 @@ struct Trainer::Impl {
     } else if (root.mode() == Root::Mode::kTwoPhase) {
       out.grad_norm = apply_second_phase(out.lr, inv_rows);
     }
-    if (!out.skipped) update_running_stats(rows);
+    if (!out.skipped) bn_stats.fold(rows, config.micro_batch, comm);  // in leaf order
     if (sharded) {
       sharded->end_step();
       time.add_exchange(sharded->exchange_seconds());
     }
     return out;
-  }
-
-  // bn: the running statistics after the step, updated from each leaf's batch statistics in leaf
-  // order (as PyTorch updates them once per forward pass: running = (1 - momentum) * running +
-  // momentum * batch, the variance made unbiased over the leaf's values per channel). Never in
-  // the order the replicas finished. Several ranks: the leaves' statistics are all-gathered first.
-  void update_running_stats(std::size_t rows) {
-    if (stats_n == 0) return;
-    if (sharded) {
-      const auto ranks = static_cast<std::size_t>(comm.size());
-      std::vector<std::size_t> bytes(ranks);
-      for (std::size_t r = 0; r < ranks; ++r)
-        bytes[r] = dist::even_part(plan.leaves, ranks, r).size() * stats_n * sizeof(float);
-      comm.allgatherv(leaf_stats.data(), bytes);
-    }
-    constexpr float m = kBatchNormMomentum;
-    float* run = running_stats.data();
-    for (std::size_t leaf = 0; leaf < plan.leaves; ++leaf) {
-      const std::size_t n = std::min(config.micro_batch, rows - leaf * config.micro_batch);
-      const float* batch = leaf_stats.data() + leaf * stats_n;
-      for (const nn::LayerSpec* l : model.batchnorm_layers()) {
-        const auto C = static_cast<std::size_t>(l->in.C);
-        const double values = static_cast<double>(n) * static_cast<double>(l->in.H * l->in.W);
-        const float unbiased = values > 1 ? static_cast<float>(values / (values - 1)) : 1.0f;
-        for (std::size_t c = 0; c < C; ++c) {
-          float& mean = run[l->running_mean + c];
-          float& var = run[l->running_var + c];
-          mean = (1 - m) * mean + m * batch[l->running_mean + c];
-          var = (1 - m) * var + m * (batch[l->running_var + c] * unbiased);
-        }
-      }
-    }
   }
 
   // Several ranks, batch weight gradients: a first linear layer's gradient reads the whole
@@ -580,7 +543,7 @@ Summary Trainer::Impl::run(Observer& observer) {
   s.micro_batch = config.micro_batch;
   s.parameters = model.layout().numel();
   s.weights_digest =
-      weights_digest(weights.data(), weights.size(), running_stats.data(), running_stats.size());
+      weights_digest(weights.data(), weights.size(), bn_stats.running(), bn_stats.size());
   if (config.roofline && step_number > steps_done_at_start)
     s.roofline =
         measure_roofline(model, config, graph, optimizer.state_buffers(),
@@ -617,7 +580,7 @@ checkpoint::Checkpoint Trainer::checkpoint(std::string config_json) const {
     c.state.emplace_back(m.state[i].size());
     m.model.to_canonical(m.state[i].data(), c.state.back().data());
   }
-  c.running_stats.assign(m.running_stats.data(), m.running_stats.data() + m.stats_n);
+  c.running_stats.assign(m.bn_stats.running(), m.bn_stats.running() + m.bn_stats.size());
   return c;
 }
 
@@ -627,7 +590,7 @@ void Trainer::restore(const checkpoint::Checkpoint& c, const std::string& name) 
   m.model.from_canonical(c.weights.data(), m.weights.data());
   for (std::size_t i = 0; i < c.state.size(); ++i)
     m.model.from_canonical(c.state[i].data(), m.state[i].data());
-  std::copy(c.running_stats.begin(), c.running_stats.end(), m.running_stats.data());
+  std::copy(c.running_stats.begin(), c.running_stats.end(), m.bn_stats.running());
   m.copy_to_bf16();
   m.steps_done = c.step;
   m.updates_done = c.updates;
@@ -650,7 +613,7 @@ Summary Trainer::run(Observer& observer) { return impl_->run(observer); }
 const TrainConfig& Trainer::config() const { return impl_->config; }
 const nn::Model& Trainer::model() const { return impl_->model; }
 const float* Trainer::weights() const { return impl_->weights.data(); }
-const float* Trainer::running_stats() const { return impl_->running_stats.data(); }
+const float* Trainer::running_stats() const { return impl_->bn_stats.running(); }
 
 std::string weights_digest(const float* weights, std::size_t n, const float* stats,
                            std::size_t stats_n) {

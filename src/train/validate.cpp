@@ -94,8 +94,9 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
   if (c.micro_batch < 2 && model.has_batchnorm())
     for (const nn::LayerSpec* l : model.batchnorm_layers())
       if (l->in.flat())
-        bad("--micro-batch", "at least 2 for '" + model.spec() + "' (" + l->name +
-                                 " normalizes each feature over a leaf's rows)",
+        bad("--micro-batch",
+            "at least 2 for '" + model.spec() + "' (" + l->name +
+                " normalizes each feature over a leaf's rows)",
             std::to_string(c.micro_batch));
   // The spec (InputError naming --augment), and images only: the Augmenter refuses any
   // augmentation of tabular data. Normalize's statistics are checked when the trainer builds it.

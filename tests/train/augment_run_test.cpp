@@ -215,8 +215,8 @@ TEST(AugmentEpoch, TheSecondEpochsFirstStepReadsEpochOnesImages) {
 
   const nn::Model& model = first.model();
   std::vector<float> weights(first.weights(), first.weights() + model.layout().total());
-  const std::vector<std::uint32_t> order = data::Sampler(fixture().train.count, c.seed)
-                                               .epoch_order(1);
+  const std::vector<std::uint32_t> order =
+      data::Sampler(fixture().train.count, c.seed).epoch_order(1);
   const auto ids = std::span(order).first(c.batch);
   const data::Augmenter augmenter(data::parse_augment(c.augment), fixture().train, c.seed);
   nn::Net net(model);

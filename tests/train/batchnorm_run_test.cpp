@@ -23,8 +23,7 @@ using testing::Recorder;
 using testing::worker_name;
 
 // A small residual network: bn after a convolution, an identity and a projection block, gap.
-constexpr const char* kSmallResNet =
-    "conv(8,3,1,1,nobias)-bn-relu-res(8)-res(16,2)-gap-linear(10)";
+constexpr const char* kSmallResNet = "conv(8,3,1,1,nobias)-bn-relu-res(8)-res(16,2)-gap-linear(10)";
 
 TrainConfig resnet_config(std::size_t workers) {
   TrainConfig c;
@@ -76,8 +75,7 @@ TEST_P(ResNet20Workers, EqualTheOneWorkerRunWithRunningStatistics) {
   std::vector<float> start(model.stats_layout().total());
   model.init_stats(start.data());
   EXPECT_FALSE(got.stats == start);
-  EXPECT_NE(got.summary.weights_digest,
-            weights_digest(got.weights.data(), got.weights.size()));
+  EXPECT_NE(got.summary.weights_digest, weights_digest(got.weights.data(), got.weights.size()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, ResNet20Workers, ::testing::Values(1, 2, 3, 8), worker_name);
@@ -91,17 +89,17 @@ TEST(BatchNormResume, MidEpochIsBitwiseTheUninterruptedRun) {
   Trainer a(first_part, fixture());
   Recorder first;
   a.run(first);
-  const checkpoint::Checkpoint saved = checkpoint::decode_checkpoint(
-      checkpoint::encode_checkpoint(a.checkpoint("{}")), "mem");
+  const checkpoint::Checkpoint saved =
+      checkpoint::decode_checkpoint(checkpoint::encode_checkpoint(a.checkpoint("{}")), "mem");
   ASSERT_EQ(saved.running_stats.size(), a.model().stats_layout().total());
   Trainer b(c, fixture());
   b.restore(saved, "mem");
   Recorder second;
   const Summary resumed = b.run(second);
   EXPECT_EQ(resumed.weights_digest, whole.summary.weights_digest);
-  EXPECT_TRUE(std::vector<float>(b.running_stats(),
-                                 b.running_stats() + b.model().stats_layout().total()) ==
-              whole.stats);
+  EXPECT_TRUE(
+      std::vector<float>(b.running_stats(), b.running_stats() + b.model().stats_layout().total()) ==
+      whole.stats);
   first.losses.insert(first.losses.end(), second.losses.begin(), second.losses.end());
   EXPECT_EQ(first.losses, whole.losses);
 }
@@ -126,7 +124,8 @@ TEST(BatchNormRunningStatistics, AreFoldedFromEachLeafInLeafOrder) {
 
   std::vector<float> weights(model.layout().total());
   model.init(weights.data(), c.seed);  // the step's forward read the initial weights
-  const std::vector<std::uint32_t> order = data::Sampler(fixture().train.count, c.seed).epoch_order(0);
+  const std::vector<std::uint32_t> order =
+      data::Sampler(fixture().train.count, c.seed).epoch_order(0);
   std::vector<float> expected(S);
   model.init_stats(expected.data());
   nn::Net net(model);

@@ -30,8 +30,8 @@ namespace cohort::train {
 
 struct TrainConfig {
   std::string model = "mlp:784-512-256-10";
-  std::size_t workers = 0;      // 0: one per core; at most kMaxWorkers
-  std::size_t batch = 256;      // global batch B
+  std::size_t workers = 0;  // 0: one per core; at most kMaxWorkers
+  std::size_t batch = 256;  // global batch B
   // Leaf size M; 0: ceil(batch / cores of this machine), or kBatchNormMicroBatch for a model
   // with bn layers (whose statistics are per leaf: M is then part of the model's arithmetic and
   // must not depend on the machine).
