@@ -140,6 +140,17 @@ def rank_pids(mpirun_pid, want, timeout=30):
     raise AssertionError(f"did not find {want} cohort ranks under mpirun {mpirun_pid}")
 
 
+def gone(pid, timeout=5):
+    """Whether pid ends (exits, or is a zombie) within timeout seconds: a SIGKILLed process needs
+    a moment to exit after the signal is sent."""
+    deadline = time.monotonic() + timeout
+    while running(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def running(pid):
     """Whether pid is alive and not a zombie."""
     try:
@@ -345,7 +356,7 @@ class MpiTest(unittest.TestCase):
         finally:
             self.cleanup(proc, pids.values())
         for pid in pids.values():
-            self.assertFalse(running(pid), f"rank pid {pid} still running")
+            self.assertTrue(gone(pid), f"rank pid {pid} still running 5 s after SIGKILL")
 
     def test_kill_rank1_ends_job(self):
         self.kill_case(1)
@@ -373,7 +384,7 @@ class MpiTest(unittest.TestCase):
                     pass
             self.cleanup(proc, pids.values())
         for pid in pids.values():
-            self.assertFalse(running(pid), f"rank pid {pid} still running")
+            self.assertTrue(gone(pid), f"rank pid {pid} still running 5 s after SIGKILL")
 
     # h, i ---------------------------------------------------------------------------------------
     def test_trace(self):
