@@ -117,7 +117,7 @@ struct Trainer::Impl {
         optimizer(config.optimizer),
         weights(model.layout().total()),
         weights16(bf16_run() ? weights.size() : 0),
-        bn_stats(model, (config.batch + config.micro_batch - 1) / config.micro_batch),
+        bn_stats(model, leaves_for(config.batch)),
         staged_x(config.batch * features),
         staged_x16(bf16_run() ? staged_x.size() : 0),
         staged_y(config.batch),
