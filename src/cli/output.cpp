@@ -178,6 +178,7 @@ json summary_json(const train::Summary& s, const json& config) {
             {"root_seconds", s.roofline.root_seconds},
             {"floor_seconds", s.roofline.floor_seconds},
             {"step_seconds", s.roofline.step_seconds},
+            {"first_step_seconds", s.roofline.first_step_seconds},
             {"fraction", s.roofline.fraction}}},
           {"time", to_json(s.time)},
           {"config", config}};

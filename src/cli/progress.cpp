@@ -190,6 +190,9 @@ void print_summary(std::ostream& out, const train::Summary& s) {
         << r.root_seconds * 1e3 << " ms = " << r.floor_seconds * 1e3 << " ms; step "
         << r.step_seconds * 1e3 << " ms: " << std::setprecision(1) << 100 * r.fraction
         << "% of the roofline\n";
+  if (r.first_step_seconds > 0)
+    out << "    (step: the mean after the first step; the first, which creates the primitives, "
+        << std::setprecision(1) << r.first_step_seconds * 1e3 << " ms)\n";
 }
 
 }  // namespace cohort::cli

@@ -183,12 +183,14 @@ struct EpochResult {
 
 // The step against its physical floor (src/train/roofline.hpp), per full-batch step.
 struct Roofline {
-  double gemm_seconds = 0;   // the step's GEMMs at this run's oneDNN rate / replicas
-  double root_bytes = 0;     // what the root reads and writes
-  double root_seconds = 0;   // a sweep of those bytes on the root's threads, this run
-  double floor_seconds = 0;  // gemm_seconds + root_seconds
-  double step_seconds = 0;   // measured (mean over the run's steps)
-  double fraction = 0;       // floor_seconds / step_seconds: 1 is the floor
+  double gemm_seconds = 0;        // the step's GEMMs at this run's oneDNN rate / replicas
+  double root_bytes = 0;          // what the root reads and writes
+  double root_seconds = 0;        // a sweep of those bytes on the root's threads, this run
+  double floor_seconds = 0;       // gemm_seconds + root_seconds
+  double step_seconds = 0;        // measured: the mean over the run's steps after its first
+  double first_step_seconds = 0;  // the run's first step (it creates the primitives); 0 when
+                                  // it was the only one (then step_seconds is that step)
+  double fraction = 0;            // floor_seconds / step_seconds: 1 is the floor
 };
 
 struct Summary {

@@ -1,0 +1,103 @@
+// The step's roofline in the run's summary (src/train/roofline.cpp, docs/architecture.md "The
+// roofline"): its parts add up, the step it compares is the mean after the run's first step, and
+// the bytes it charges the root are the root's own (counted here from the model, independently).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cohort/nn/model.hpp"
+#include "cohort/train/trainer.hpp"
+#include "train_test_util.hpp"
+
+namespace cohort::train {
+namespace {
+
+using testing::fixture;
+using testing::Recorder;
+
+TrainConfig roofline_config(nn::Precision precision, TrainConfig::WeightGrads grads) {
+  TrainConfig c;
+  c.model = "mlp:784-64-32-10";
+  c.batch = 32;
+  c.micro_batch = 8;  // 4 leaves
+  c.workers = 2;
+  c.steps = 6;
+  c.seed = 3;
+  c.precision = precision;
+  c.weight_grads = grads;
+  c.roofline = true;
+  c.allow_emulated_bf16 = true;  // a CPU without AVX512_BF16 runs the bf16 cases too
+  return c;
+}
+
+// What the root reads and writes per step, counted layer by layer: the f32 weights and the SGD
+// momentum read and written, the bf16 copy written; per linear layer either its rows (the batch's
+// X and dY in the replicas' precision) or its gradient read from every leaf.
+double expected_root_bytes(const TrainConfig& c) {
+  const nn::Model model = nn::Model::parse(c.model, {1, 28, 28});
+  const bool b16 = c.precision == nn::Precision::kBf16;
+  const double n = static_cast<double>(model.layout().total());
+  double bytes = n * 4 * 2 * 2 + (b16 ? n * 2 : 0);
+  const double leaves = static_cast<double>(c.batch / c.micro_batch);
+  for (const nn::LayerSpec& l : model.layers()) {
+    if (l.kind != nn::LayerSpec::Kind::kLinear) continue;
+    const double in = static_cast<double>(l.in.numel()), out = static_cast<double>(l.out.C);
+    if (c.weight_grads == TrainConfig::WeightGrads::kBatch)
+      bytes += static_cast<double>(c.batch) * (in + out) * (b16 ? 2 : 4);
+    else
+      bytes += (in * out + out) * 4 * leaves;
+  }
+  return bytes;
+}
+
+struct Case {
+  nn::Precision precision;
+  TrainConfig::WeightGrads grads;
+};
+
+class Roofline : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Roofline, PartsAddUpAndTheStepIsTheMeanAfterTheFirst) {
+  const TrainConfig c = roofline_config(GetParam().precision, GetParam().grads);
+  std::printf("seed %llu\n", static_cast<unsigned long long>(c.seed));
+  Trainer t(c, fixture());
+  Recorder rec;
+  const Summary s = t.run(rec);
+  ASSERT_EQ(s.steps, 6u);
+  const train::Roofline& r = s.roofline;
+  EXPECT_GT(r.gemm_seconds, 0);
+  EXPECT_GT(r.root_seconds, 0);
+  EXPECT_DOUBLE_EQ(r.floor_seconds, r.gemm_seconds + r.root_seconds);
+  EXPECT_DOUBLE_EQ(r.fraction, r.floor_seconds / r.step_seconds);
+  // The first step is left out of the mean, and accounted for: together they are the run's
+  // step time.
+  EXPECT_GT(r.first_step_seconds, 0);
+  EXPECT_NEAR(r.first_step_seconds + 5 * r.step_seconds, s.time.step, 1e-9 * s.time.step);
+  EXPECT_DOUBLE_EQ(r.root_bytes, expected_root_bytes(c));
+}
+
+TEST_P(Roofline, OneStepIsItsOwnStep) {
+  TrainConfig c = roofline_config(GetParam().precision, GetParam().grads);
+  c.steps = 1;
+  Trainer t(c, fixture());
+  Recorder rec;
+  const Summary s = t.run(rec);
+  EXPECT_EQ(s.roofline.first_step_seconds, 0);
+  EXPECT_DOUBLE_EQ(s.roofline.step_seconds, s.time.step);
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return std::string(info.param.precision == nn::Precision::kBf16 ? "Bf16" : "F32") +
+         (info.param.grads == TrainConfig::WeightGrads::kBatch ? "BatchGrads" : "LeafGrads");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Precisions, Roofline,
+    ::testing::Values(Case{nn::Precision::kF32, TrainConfig::WeightGrads::kBatch},
+                      Case{nn::Precision::kF32, TrainConfig::WeightGrads::kLeaf},
+                      Case{nn::Precision::kBf16, TrainConfig::WeightGrads::kBatch},
+                      Case{nn::Precision::kBf16, TrainConfig::WeightGrads::kLeaf}),
+    case_name);
+
+}  // namespace
+}  // namespace cohort::train
