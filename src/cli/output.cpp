@@ -164,6 +164,7 @@ json summary_json(const train::Summary& s, const json& config) {
           {"precision", std::string(name_of(nn::kPrecisionNames, s.precision))},
           {"workers_per_rank", s.workers},
           {"bytes_sent_per_step", s.bytes_sent_per_step},
+          {"rows_staged_ahead", s.rows_staged_ahead},
           {"batch", s.batch},
           {"micro_batch", s.micro_batch},
           {"parameters", s.parameters},

@@ -177,6 +177,9 @@ void print_summary(std::ostream& out, const train::Summary& s) {
   row("  softmax cross-entropy", t.loss, capacity);
   row("  pool, dropout, reorders", t.other, capacity);
   row("batch assembly", t.data, capacity);
+  if (const double rows = s.samples_per_second * t.step; s.rows_staged_ahead > 0 && rows > 0)
+    out << "    rows staged ahead (by a replica waiting for the last leaf): "
+        << std::setprecision(1) << 100.0 * static_cast<double>(s.rows_staged_ahead) / rows << "%\n";
   row("reduce + optimizer", t.reduce, capacity);
   row("  optimizer alone", t.optimizer, capacity);
   row("idle / wait", t.idle, capacity);

@@ -69,15 +69,24 @@ void PlanBuilder::build() {
     reorder_into(p_.x, copy, p_.forward);
     cur = copy;
   }
+  // A ReLU right after a linear layer runs inside it, as a post-op of the inner product: the
+  // output is rounded to bf16 after max(x, 0), which is the max of the rounded value, so the
+  // bits are those of two steps, without a pass over the output.
+  for (std::size_t k = 0; k + 1 < order.size(); ++k)
+    if (layers[order[k]].kind == Kind::kLinear && layers[order[k + 1]].kind == Kind::kReLU)
+      relu_fused_into_previous_.insert(&layers[order[k + 1]]);
   std::vector<Saved> saved;
   std::size_t linear_ordinal = 0;
-  for (std::size_t i : order) {
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const std::size_t i = order[k];
     if (layers[i].kind == Kind::kLinear) linear_of_[&layers[i]] = linear_ordinal++;
     const LayerSpec& l = layers[i];
     where_ = l.name + " forward";
+    fuse_relu_ = k + 1 < order.size() && relu_fused_into_previous_.count(&layers[order[k + 1]]);
     saved.push_back(forward(l, i, cur, /*last=*/i == order.back()));
     cur = saved.back().dst;
   }
+  fuse_relu_ = false;
   // The logits are f32 (N, C): a last linear layer writes them so; anything else (a bf16
   // activation) is converted here, and its gradient back by the last layer's backward.
   const std::int64_t C = model.num_classes();
@@ -125,8 +134,15 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
       memory::desc b_md({l.out.C}, act_, Tag::x);
       memory::desc dst_md({N_, l.out.C}, last ? Dt::f32 : act_, Tag::nc);
       s.src = ensure(cur, memory::desc({N_, l.in.C}, act_, Tag::nc), p_.forward);
+      dnnl::primitive_attr attr;  // a new one: a copy would share attr_'s handle
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      if (fuse_relu_) {
+        dnnl::post_ops relu;
+        relu.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+        attr.set_post_ops(relu);
+      }
       dnnl::inner_product_forward::primitive_desc pd({prop, s.src.get_desc(), w_md, b_md, dst_md},
-                                                     attr_, eng_);
+                                                     attr, eng_);
       s.weights = s.user_weights = external(p_.params, w_md, l.weight);
       memory b = external(p_.params, b_md, l.bias);
       s.dst = new_memory(dst_md);
@@ -157,8 +173,9 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
       return s;
     }
     case Kind::kReLU:
-      // In place; backward uses the output (relu'(x) = [y > 0]), so no input copy is kept.
-      add_relu_forward(cur, s);
+      // In place; backward uses the output (relu'(x) = [y > 0]), so no input copy is kept. Fused
+      // into the linear layer before it: only the description backward needs.
+      add_relu_forward(cur, s, /*run=*/!relu_fused_into_previous_.count(&l));
       return s;
     case Kind::kMaxPool:
     case Kind::kAvgPool: {

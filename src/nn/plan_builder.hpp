@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -80,7 +81,8 @@ class PlanBuilder {
   Saved forward_res(const LayerSpec& l, std::size_t index, memory cur);
   memory backward_res(const Saved& s, bool first, memory diff);
   memory param_f32(const memory::desc& f32_md, std::size_t offset);
-  void add_relu_forward(memory x, Saved& s);
+  // run = false: the ReLU runs fused into the step before it; only its description is made.
+  void add_relu_forward(memory x, Saved& s, bool run = true);
   void add_relu_backward(const Saved& s, const memory& diff);
   void add_sum(std::vector<Exec>& list, const memory& a, const memory& b, const memory& dst);
 
@@ -130,7 +132,9 @@ class PlanBuilder {
   const StreamKey* key_;
   const std::span<const LinearRows>* linear_rows_;
   const bool batch_linear_;
-  std::map<const LayerSpec*, std::size_t> linear_of_;  // linear layer -> its ordinal
+  std::map<const LayerSpec*, std::size_t> linear_of_;    // linear layer -> its ordinal
+  std::set<const LayerSpec*> relu_fused_into_previous_;  // ReLUs run as a linear's post-op
+  bool fuse_relu_ = false;  // the layer being built ends with a fused ReLU
   Plan& p_;
   const std::int64_t N_;
   const bool training_;

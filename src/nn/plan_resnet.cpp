@@ -127,13 +127,14 @@ PlanBuilder::memory PlanBuilder::backward_gap(const Saved& s, memory diff) {
 }
 
 // ReLU in place on x, kept for backward as s.dst (relu'(x) = [y > 0]).
-void PlanBuilder::add_relu_forward(memory x, Saved& s) {
+void PlanBuilder::add_relu_forward(memory x, Saved& s, bool run) {
   const auto prop =
       training_ ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
   dnnl::eltwise_forward::primitive_desc pd(
       {prop, dnnl::algorithm::eltwise_relu_use_dst_for_bwd, x.get_desc(), 0.0f}, attr_, eng_);
-  add(p_.forward, dnnl::eltwise_forward(pd), pd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, x}, {DNNL_ARG_DST, x}}, Phase::kEltwise);
+  if (run)
+    add(p_.forward, dnnl::eltwise_forward(pd), pd.scratchpad_desc(),
+        {{DNNL_ARG_SRC, x}, {DNNL_ARG_DST, x}}, Phase::kEltwise);
   s.dst = x;
   s.fwd_pd = pd;
 }

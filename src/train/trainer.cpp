@@ -24,6 +24,7 @@
 #include "roofline.hpp"
 #include "running_stats.hpp"
 #include "sharded.hpp"
+#include "staging.hpp"
 #include "step_graph.hpp"
 #include "time_account.hpp"
 #include "trace.hpp"
@@ -67,14 +68,15 @@ struct Trainer::Impl {
   // The step being run: written by the controller before the graph runs, read by the replicas.
   struct StepPlan {
     std::uint64_t number = 0;             // 1-based
-    std::uint64_t epoch = 0;              // 0-based: keys the augmentation draws with the ids
-    std::span<const std::uint32_t> ids;   // this step's samples, assembled into `staged_*`
+    std::span<const std::uint32_t> ids;   // this step's samples (Staging assembles them)
     std::size_t leaves = 0, workers = 0;  // workers: replicas with leaves this step
     std::size_t first_leaf = 0;           // this rank's leaves: [first_leaf, end_leaf)
     std::size_t end_leaf = 0;
     reduce::Reducer* reducer = nullptr;
     // Next unclaimed leaf (replicas claim leaves one by one).
     alignas(kCacheLine) std::atomic<std::size_t> next_leaf{0};
+    // Leaves whose contribution has begun: all of them, and the root is running or done.
+    alignas(kCacheLine) std::atomic<std::size_t> contributing{0};
   };
 
   const data::Splits& data;
@@ -89,11 +91,9 @@ struct Trainer::Impl {
   std::vector<AlignedBuffer<float>> leaf_grads;  // one per leaf of a full batch
   std::vector<double> leaf_loss;                 // summed loss of each leaf
   RunningStats bn_stats;                         // bn: per leaf, and the running statistics
-  AlignedBuffer<float> staged_x;                 // (B, features): the step's batch
-  AlignedBuffer<bf16> staged_x16;                // bf16: the same rows, the Nets' input
-  std::vector<std::int32_t> staged_y;            // (B)
   std::unique_ptr<BatchGrads> batch_grads;       // --weight-grads batch
   std::optional<data::Augmenter> augmenter;      // --augment (training set statistics)
+  Staging staging;                               // the step's batch, and the next one's leaves
   Tracer tracer;
   Root root;
   StepGraph graph;
@@ -118,12 +118,15 @@ struct Trainer::Impl {
         weights(model.layout().total()),
         weights16(bf16_run() ? weights.size() : 0),
         bn_stats(model, leaves_for(config.batch)),
-        staged_x(config.batch * features),
-        staged_x16(bf16_run() ? staged_x.size() : 0),
-        staged_y(config.batch),
         batch_grads(config.weight_grads == TrainConfig::WeightGrads::kBatch
                         ? std::make_unique<BatchGrads>(model, config.batch, config.precision)
                         : nullptr),
+        augmenter(config.augment.empty()
+                      ? std::nullopt
+                      : std::make_optional<data::Augmenter>(data::parse_augment(config.augment),
+                                                            data.train, config.seed)),
+        staging(data.train, augmenter ? &*augmenter : nullptr, config.batch, config.micro_batch,
+                bf16_run()),
         tracer(config.workers, config.trace),
         root(optimizer, weights.data(), bf16_run() ? weights16.data() : nullptr, make_state(0),
              make_state(1), model.layout().total(), reduce::ReducerConfig{}.chunk,
@@ -134,8 +137,6 @@ struct Trainer::Impl {
         graph(config.workers, model, config.eval_batch, config.blocked_layouts, config.precision),
         base_lr(optim::scaled_base_lr(config.schedule, config.optimizer.lr, config.batch)) {
     model.init(weights.data(), config.seed);
-    if (!config.augment.empty())
-      augmenter.emplace(data::parse_augment(config.augment), data.train, config.seed);
     copy_to_bf16();
     if (config.no_decay_norm_bias && config.optimizer.weight_decay > 0)
       root.set_no_decay(model.norm_and_bias_ranges());
@@ -156,23 +157,6 @@ struct Trainer::Impl {
   // The bf16 copy of the whole weights (after initialization or a restore).
   void copy_to_bf16() {
     if (bf16_run()) to_bf16(weights.data(), weights16.data(), weights.size());
-  }
-  // The step's staged input as the Nets and the batch gradients read it.
-  const void* staged_input() const {
-    return bf16_run() ? static_cast<const void*>(staged_x16.data()) : staged_x.data();
-  }
-  // Rows [first, first + n) of the staged batch: assembled from the data (and converted).
-  void stage_rows(std::size_t first, std::size_t n) {
-    // Augmented rows depend on (seed, epoch, id) only: the same for every leaf split and rank.
-    if (augmenter)
-      augmenter->assemble(data.train, plan.ids.subspan(first, n), plan.epoch, /*train=*/true,
-                          staged_x.data() + first * features, staged_y.data() + first);
-    else
-      data::assemble_batch(data.train, plan.ids.subspan(first, n),
-                           staged_x.data() + first * features, staged_y.data() + first);
-    if (bf16_run())
-      to_bf16(staged_x.data() + first * features, staged_x16.data() + first * features,
-              n * features);
   }
 
   // The optimizer's state array i (allocated here, during construction), or null if it keeps none.
@@ -224,12 +208,14 @@ struct Trainer::Impl {
         const auto t0 = Clock::now();
         {
           ReducerCall call;
+          plan.contributing.fetch_add(1, std::memory_order_relaxed);
           plan.reducer->contribute(w, leaf, leaf_grads[leaf].data());
         }
         r.clock.reduce += seconds_since(t0);
         if (tracer.on()) tracer.record("combine", track, "leaf", leaf, t0, Clock::now());
       }
       if (!plan.reducer) return;
+      stage_ahead(r, track);
       const auto t0 = Clock::now();
       {
         ReducerCall call;
@@ -242,16 +228,29 @@ struct Trainer::Impl {
     }
   }
 
-  // One leaf: its rows assembled into the staged batch, forward and backward into its gradient
-  // buffer (and, with batch weight gradients, its linear rows into the batch arrays).
+  // Nothing left to claim, and the root waits for a leaf another replica is computing: rather
+  // than wait, assemble rows of the next step, a small piece at a time, until the last leaf is in
+  // (from then on this thread is the root's). Bitwise neutral: rows depend on (id, epoch) only.
+  void stage_ahead(Replica& r, std::uint32_t track) {
+    while (plan.contributing.load(std::memory_order_relaxed) < plan.leaves) {
+      const auto t0 = Clock::now();
+      if (!staging.stage_ahead()) return;
+      r.clock.data += seconds_since(t0);
+      if (tracer.on()) tracer.record("stage ahead", track, nullptr, 0, t0, Clock::now());
+    }
+  }
+
+  // One leaf: its rows assembled into the staged batch (unless staged ahead), forward and
+  // backward into its gradient buffer (and, with batch weight gradients, its linear rows into the
+  // batch arrays).
   void compute_leaf(Replica& r, std::uint32_t track, std::size_t leaf) {
     const std::size_t first = leaf * config.micro_batch;
     const std::size_t n = std::min(config.micro_batch, plan.ids.size() - first);
     const auto t0 = Clock::now();
-    stage_rows(first, n);
+    const bool assembled = staging.stage(first, n) > 0;
     r.clock.data += seconds_since(t0);
     const auto t1 = Clock::now();
-    if (tracer.on()) tracer.record("data", track, "leaf", leaf, t0, t1);
+    if (tracer.on() && assembled) tracer.record("data", track, "leaf", leaf, t0, t1);
     if (config.leaf_hook) config.leaf_hook(plan.number, leaf);
     if (batch_grads) batch_grads->leaf_rows(first, r.linear_rows);
     float* grad = leaf_grads[leaf].data();
@@ -261,11 +260,10 @@ struct Trainer::Impl {
     const auto N = static_cast<std::int64_t>(n);
     float* batch_stats = bn_stats.leaf(leaf);
     leaf_loss[leaf] =
-        bf16_run()
-            ? r.net.forward_backward(weights16.data(), staged_x16.data() + first * features,
-                                     staged_y.data() + first, N, grad, key, rows, batch_stats)
-            : r.net.forward_backward(weights.data(), staged_x.data() + first * features,
-                                     staged_y.data() + first, N, grad, key, rows, batch_stats);
+        bf16_run() ? r.net.forward_backward(weights16.data(), staging.x16() + first * features,
+                                            staging.y() + first, N, grad, key, rows, batch_stats)
+                   : r.net.forward_backward(weights.data(), staging.x() + first * features,
+                                            staging.y() + first, N, grad, key, rows, batch_stats);
     if (tracer.on()) {
       tracer.record("forward", track, "leaf", leaf, t1, r.net.backward_begin());
       tracer.record("backward", track, "leaf", leaf, r.net.backward_begin(), Clock::now());
@@ -280,9 +278,11 @@ struct Trainer::Impl {
                           std::to_string(plan.number - 1));
   }
 
-  // One training step on `ids`: replicas compute the leaves, the reducer sums them, the root
-  // applies the optimizer (fused, or after the whole gradient is checked and measured).
-  StepOutcome step(std::span<const std::uint32_t> ids) {
+  // One training step on `current`'s ids: replicas compute the leaves, the reducer sums them, the
+  // root applies the optimizer (fused, or after the whole gradient is checked and measured).
+  // `next`: the step after it, whose leaves an idle replica may stage ahead (ids empty: none).
+  StepOutcome step(const Staging::Step& current, const Staging::Step& next) {
+    const std::span<const std::uint32_t> ids = current.ids;
     const std::size_t rows = ids.size();
     plan.ids = ids;
     plan.leaves = leaves_for(rows);
@@ -298,11 +298,14 @@ struct Trainer::Impl {
     }
     plan.workers = std::min(config.workers, plan.end_leaf - plan.first_leaf);
     plan.next_leaf.store(0, std::memory_order_relaxed);  // ordered before the nodes by try_put
+    plan.contributing.store(0, std::memory_order_relaxed);
+    // Several ranks stage no leaves ahead (a rank's leaves are its share of the batch).
+    staging.begin_step(current, sharded ? Staging::Step{} : next);
     tracer.begin_step(plan.number);
     StepOutcome out;
     out.lr = optim::lr_at(config.schedule, base_lr, updates_done, total_steps);
     const float inv_rows = 1.0f / static_cast<float>(rows);
-    root.begin_step(optimizer.scalars(out.lr, inv_rows, updates_done + 1), rows, staged_input());
+    root.begin_step(optimizer.scalars(out.lr, inv_rows, updates_done + 1), rows, staging.input());
     if (plan.reducer) plan.reducer->begin_step(root.sink());
     try {
       graph.run_replicas([this](std::size_t w) { run_replica(w); });
@@ -344,7 +347,7 @@ struct Trainer::Impl {
     auto assemble = [&](std::size_t first, std::size_t last) {
       last = std::min(last, rows);
       for (std::size_t at = first; at < last; at += kRowsBetweenProgress) {
-        stage_rows(at, std::min(kRowsBetweenProgress, last - at));
+        staging.stage(at, std::min(kRowsBetweenProgress, last - at));
         comm.progress();
       }
     };
@@ -466,19 +469,35 @@ Summary Trainer::Impl::run(Observer& observer) {
   double first_step_seconds = 0;
   std::uint64_t step_number = steps_done;
   const std::uint64_t steps_done_at_start = steps_done;
+  const std::uint64_t rows_staged_ahead_at_start = staging.rows_staged_ahead();
   std::size_t first_b = static_cast<std::size_t>(step_number % steps_per_epoch);
   bool stopped = false;
+  // This epoch's sample order, and the next epoch's once its first step is the next step (its
+  // leaves may be staged ahead; moved into `order`, its ids stay where they were).
+  std::vector<std::uint32_t> order, next_order;
+  auto batch_of = [&](const std::vector<std::uint32_t>& o, std::size_t b) {
+    return std::span(o).subspan(b * B, std::min(B, o.size() - b * B));
+  };
   for (std::size_t epoch = static_cast<std::size_t>(step_number / steps_per_epoch);
        step_number < total_steps && !stopped; ++epoch) {
-    const std::vector<std::uint32_t> order = sampler.epoch_order(epoch);
+    order = next_order.empty() ? sampler.epoch_order(epoch) : std::move(next_order);
+    next_order.clear();
     double epoch_loss = 0, epoch_seconds = 0;
     std::size_t epoch_samples = 0, epoch_loss_samples = 0;  // the latter: applied steps only
     for (std::size_t b = first_b; b < steps_per_epoch && step_number < total_steps; ++b) {
-      const auto ids = std::span(order).subspan(b * B, std::min(B, order.size() - b * B));
+      const auto ids = batch_of(order, b);
       plan.number = step_number + 1;
-      plan.epoch = epoch;
+      Staging::Step next;  // the step after this one, if the run goes on
+      if (step_number + 1 < total_steps) {
+        if (b + 1 < steps_per_epoch) {
+          next = {plan.number + 1, epoch, batch_of(order, b + 1)};
+        } else {
+          if (next_order.empty()) next_order = sampler.epoch_order(epoch + 1);
+          next = {plan.number + 1, epoch + 1, batch_of(next_order, 0)};
+        }
+      }
       const auto t0 = Clock::now();
-      const StepOutcome o = step(ids);
+      const StepOutcome o = step({plan.number, epoch, ids}, next);
       const double dt = seconds_since(t0);
       if (step_number == steps_done_at_start) first_step_seconds = dt;  // builds the primitives
       tracer.end_step(t0, plan.workers);
@@ -543,6 +562,7 @@ Summary Trainer::Impl::run(Observer& observer) {
                             static_cast<double>(step_number - steps_done_at_start);
   s.batch = config.batch;
   s.micro_batch = config.micro_batch;
+  s.rows_staged_ahead = staging.rows_staged_ahead() - rows_staged_ahead_at_start;
   s.parameters = model.layout().numel();
   s.weights_digest =
       weights_digest(weights.data(), weights.size(), bn_stats.running(), bn_stats.size());

@@ -202,6 +202,9 @@ struct Summary {
   std::size_t ranks = 1;  // processes of the run (MPI ranks); `workers` is per rank
   nn::Precision precision = nn::Precision::kF32;
   double bytes_sent_per_step = 0;  // by a rank to the others, mean over ranks and the run's steps
+  // Training rows a replica assembled in the step before theirs, while it waited for the last
+  // leaf (the rest are assembled by the replica that computes them).
+  std::uint64_t rows_staged_ahead = 0;
   double samples_per_second = 0;
   double train_loss = 0;  // mean over the last epoch's samples (or the partial epoch's)
   double test_loss = 0, test_accuracy = 0;
@@ -211,10 +214,10 @@ struct Summary {
   Roofline roofline;  // measured only with TrainConfig::roofline
 };
 
-// One timed span of a trace: what ran (data, forward, backward, combine, sum+optimizer, sum,
-// optimizer, wait, step, evaluate), on which track (Trainer::trace_tracks), for which step and
-// which leaf or root chunk (index_name "leaf" or "chunk", or null), in microseconds since the
-// trainer was built.
+// One timed span of a trace: what ran (data, stage ahead, forward, backward, combine,
+// sum+optimizer, sum, optimizer, wait, step, evaluate), on which track (Trainer::trace_tracks), for
+// which step and which leaf or root chunk (index_name "leaf" or "chunk", or null), in microseconds
+// since the trainer was built.
 struct TraceSpan {
   const char* name;
   std::uint32_t track;
