@@ -129,7 +129,7 @@ struct Trainer::Impl {
                 bf16_run()),
         tracer(config.workers, config.trace),
         root(optimizer, weights.data(), bf16_run() ? weights16.data() : nullptr, make_state(0),
-             make_state(1), model.layout().total(), reduce::ReducerConfig{}.chunk,
+             make_state(1), model.layout().total(), kRootChunk,
              config.clip_norm > 0 || config.on_nonfinite == TrainConfig::OnNonFinite::kSkip
                  ? Root::Mode::kTwoPhase
                  : Root::Mode::kFused,

@@ -42,7 +42,7 @@ TEST_P(Trace, CoversEveryLeafAndChunkAndNestsPerTrack) {
   EXPECT_EQ(tracks.front(), "replica 0");
   EXPECT_EQ(tracks.back(), "controller");
   EXPECT_FALSE(t.trace_truncated());
-  const std::size_t n = t.model().layout().total(), chunk = 16384;
+  const std::size_t n = t.model().layout().total(), chunk = kRootChunk;
   const std::size_t chunks = (n + chunk - 1) / chunk;
   std::map<std::tuple<std::uint64_t, std::size_t>, std::uint32_t> forward_track;
   std::map<std::string, int> count;
