@@ -308,10 +308,12 @@ def main():
                "cohort / torch")
     if "versions" in cases:
         # This build against --baseline (e.g. the previous commit's binary), same flags,
-        # alternating: the MLP at batch 256 and the cnn preset, 2 workers.
-        for title, flags, steps in (("MLP batch 256", ["--workers", "2"], a.steps),
-                                    ("cnn, batch 256", ["--model", "cnn", "--workers", "2"],
-                                     a.steps // 4)):
+        # alternating: the MLP at batch 256 and the cnn preset, 2 workers, f32 and bf16.
+        for title, flags, steps in tuple(
+                (f"MLP batch 256, {p}", ["--workers", "2", "--precision", p], a.steps)
+                for p in ("f32", "bf16")) + tuple(
+                (f"cnn, batch 256, {p}", ["--model", "cnn", "--workers", "2", "--precision", p],
+                 a.steps // 4) for p in ("f32", "bf16")):
             med, rates = side_by_side(
                 f"This build vs the baseline, {title}",
                 [("baseline", lambda s, f=flags: cohort(f, s, a.baseline)),
