@@ -14,7 +14,7 @@ Staging::Staging(const data::Dataset& train, const data::Augmenter* augmenter, s
       pieces_per_leaf_((micro_batch + kPiece - 1) / kPiece),
       bf16_(bf16_rows) {
   for (Buffers& b : set_) {
-    b.x = AlignedBuffer<float>(batch * features_);
+    b.x = AlignedBuffer<float>(bf16_rows ? 0 : batch * features_);
     b.x16 = AlignedBuffer<bf16>(bf16_rows ? batch * features_ : 0);
     b.y.resize(batch);
     b.ready.resize((batch + micro_batch - 1) / micro_batch * pieces_per_leaf_);
@@ -45,13 +45,27 @@ void Staging::begin_step(const Step& current, const Step& next) {
 }
 
 void Staging::assemble(Buffers& b, const Step& s, std::size_t first, std::size_t n) const {
-  const auto ids = s.ids.subspan(first, n);
-  float* x = b.x.data() + first * features_;
-  if (augmenter_)
-    augmenter_->assemble(train_, ids, s.epoch, /*train=*/true, x, b.y.data() + first);
-  else
-    data::assemble_batch(train_, ids, x, b.y.data() + first);
-  if (bf16_) to_bf16(x, b.x16.data() + first * features_, n * features_);
+  auto rows = [&](std::size_t from, std::size_t count, float* x) {
+    const auto ids = s.ids.subspan(from, count);
+    if (augmenter_)
+      augmenter_->assemble(train_, ids, s.epoch, /*train=*/true, x, b.y.data() + from);
+    else
+      data::assemble_batch(train_, ids, x, b.y.data() + from);
+  };
+  if (!bf16_) {
+    rows(first, n, b.x.data() + first * features_);
+    return;
+  }
+  // bf16 rows only: a few rows at a time in f32 in this thread's L1, then converted; no f32
+  // copy of the batch is written to memory and read back.
+  constexpr std::size_t kRows = 8;
+  thread_local AlignedBuffer<float> block;
+  if (block.size() < kRows * features_) block = AlignedBuffer<float>(kRows * features_);
+  for (std::size_t r = first; r < first + n; r += kRows) {
+    const std::size_t count = std::min(kRows, first + n - r);
+    rows(r, count, block.data());
+    to_bf16(block.data(), b.x16.data() + r * features_, count * features_);
+  }
 }
 
 // Piece j of leaf l of a step of `rows` rows: [begin, end), empty past the leaf's end.

@@ -36,7 +36,7 @@ class Staging {
   static constexpr std::size_t kPiece = 16;
 
   // `augmenter` (may be null) must outlive this object; leaves are `micro_batch` rows;
-  // bf16_rows: a bf16 copy of the rows too.
+  // bf16_rows: the rows are kept in bf16 (rounded from the f32 values), not in f32.
   Staging(const data::Dataset& train, const data::Augmenter* augmenter, std::size_t batch,
           std::size_t micro_batch, bool bf16_rows);
 
@@ -60,7 +60,7 @@ class Staging {
   // Rows that their step found staged ahead, over this object's life.
   std::uint64_t rows_staged_ahead() const { return found_ahead_; }
 
-  // The current step's staged rows.
+  // The current step's staged rows: f32 (f32 rows only) and bf16 (bf16 rows only).
   const float* x() const { return set_[parity_].x.data(); }
   const bf16* x16() const { return set_[parity_].x16.data(); }
   const std::int32_t* y() const { return set_[parity_].y.data(); }
@@ -71,8 +71,8 @@ class Staging {
 
  private:
   struct Buffers {
-    AlignedBuffer<float> x;           // (B, features)
-    AlignedBuffer<bf16> x16;          // bf16 run: the same rows
+    AlignedBuffer<float> x;           // (B, features); f32 runs only
+    AlignedBuffer<bf16> x16;          // bf16 runs: the rows, in bf16 only
     std::vector<std::int32_t> y;      // (B)
     Step ahead_of;                    // the step whose pieces `ready` marks
     std::vector<std::uint8_t> ready;  // per piece of each leaf: staged ahead for `ahead_of`
