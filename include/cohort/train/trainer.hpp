@@ -109,11 +109,11 @@ struct TrainConfig {
 
 inline constexpr std::size_t kMaxWorkers = 1024;
 // The root's chunk, and so the reducer's (floats): 256 KiB. The fused root computes a chunk's
-// batch weight gradients with one GEMM of the chunk's weight rows, and a bf16 GEMM of 32 rows
-// (the reducer's 64 KiB default, for 512-wide rows) ran at 0.80 of one of 128 rows (oneDNN 2.6,
-// Zen 5); the MLP's bf16 step at batch 256 took 0.955 of its time with this chunk, and no
-// configuration measured was slower but MPI ranks' (0.98: a rank's share is whole chunks).
-// One value for every worker count and rank split: the chunk grid is part of the bits' recipe.
+// batch weight gradients with one GEMM of the chunk's weight rows; a bf16 GEMM of 32 rows (the
+// reducer's 64 KiB default, for 512-wide rows) ran at 0.84 of the rate of one of 128 (oneDNN 2.6,
+// Zen 5), and the MLP's bf16 step at batch 256 took 0.955 of its time with this chunk
+// (docs/architecture.md, "The root's chunk"). One value for every worker count and rank split:
+// the chunk grid is part of how the root computes.
 inline constexpr std::size_t kRootChunk = 65536;
 // The default micro-batch of a model with bn layers (ghost batch normalization over the leaf's
 // rows): see docs/architecture.md, "BatchNorm per leaf", for the measurements behind it.
