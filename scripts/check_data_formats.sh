@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The digest test of `--data` formats (a ctest case): converts the IDX fixture to .npy (uint8
 # and float32 X) and to CSV with convert_dataset.py, trains 20 steps on each and on the IDX
-# files, and requires the same weights_digest from all; a control with one pixel moved by one
-# ulp must give a different digest (so the comparison can fail). Also: an mlp whose IN or OUT
+# files, and requires the same weights_digest from all; a control with the first image's non-zero
+# pixels moved by one ulp must give a different digest (so the comparison can fail). Also: an mlp whose IN or OUT
 # does not match CSV data is refused naming both numbers.
 #   check_data_formats.sh COHORT_BINARY FIXTURE_DIR
 set -euo pipefail
@@ -44,7 +44,7 @@ done
 got=$(digest nudged "$work/nudged")
 echo "nudged       $got (must differ)"
 if [[ "$got" == "$want" ]]; then
-  echo "check_data_formats: a one-ulp change of one feature left the digest unchanged" >&2
+  echo "check_data_formats: one-ulp changes of one image's pixels left the digest unchanged" >&2
   status=1
 fi
 # --model against tabular data: refused before training, naming both numbers.

@@ -10,8 +10,8 @@ npy-float32: X = pixel / 255 computed in float32 (as cohort does), shape (N, 784
 csv:         train.csv (with a header line) and test.csv (without): label, then the 784 features
              pixel / 255 in float32, each written with 9 significant digits, which name every
              float32 exactly, so the text round-trips to the same floats.
---nudge:     moves the first training sample's brightest feature up by one float32 ulp (npy-float32 only): a
-             control that the digest test can tell the data apart.
+--nudge:     moves each non-zero feature of the first training sample up by one float32 ulp
+             (npy-float32 only): a control that the digest test can tell the data apart.
 Needs numpy (Debian: python3-numpy). Deterministic: same input, same bytes.
 """
 import argparse
@@ -57,8 +57,10 @@ def main():
             np.save(os.path.join(a.out_dir, f"{split}_y.npy"), y)
         elif a.format == "npy-float32":
             if a.nudge and split == "train":
-                i = int(np.argmax(features[0]))  # a non-zero pixel: 0 + 1 ulp is a denormal
-                features[0, i] = np.nextafter(features[0, i], np.float32(2))
+                # Every non-zero pixel (0 + 1 ulp would be a denormal): one ulp of a single
+                # feature can round away in the first layer's f32 sums (it did on AVX2).
+                lit = features[0] > 0
+                features[0, lit] = np.nextafter(features[0, lit], np.float32(2))
             np.save(os.path.join(a.out_dir, f"{split}_x.npy"), features)
             np.save(os.path.join(a.out_dir, f"{split}_y.npy"), y)
         else:

@@ -150,7 +150,7 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
                                   " workers per rank; rank 0 reports for all\n"
                             : "")
         << config_text(effective_json) << "  oneDNN dispatches " << nn::onednn_isa()
-        << (c.precision == nn::Precision::kBf16 && !nn::cpu_has_bf16()
+        << (c.precision == nn::Precision::kBf16 && nn::bf16_support() == nn::Bf16Support::kEmulated
                 ? " (no AVX512_BF16: bf16 is emulated)\n"
                 : "\n")
         << (in.resume ? "  resumed from " + ck.resume + " at step " +

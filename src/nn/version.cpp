@@ -1,4 +1,5 @@
-// nn::onednn_version, onednn_isa: what the loaded oneDNN reports; cpu_has_bf16 from cpuid.
+// nn::onednn_version, onednn_isa: what the loaded oneDNN reports; cpu_has_bf16 from cpuid;
+// bf16_support: whether oneDNN creates a bf16 primitive here at all.
 #include "cohort/nn/version.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -62,6 +63,38 @@ bool cpu_has_bf16() {
 #else
   return false;
 #endif
+}
+
+Bf16Support bf16_support() {
+  // The smallest bf16 inner product the Net builds (bf16 source and weights, f32 destination):
+  // oneDNN 2.6 refuses its descriptor (status unimplemented) on a CPU without AVX-512.
+  static const Bf16Support support = [] {
+    try {
+      using dt = dnnl::memory::data_type;
+      using tag = dnnl::memory::format_tag;
+      const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+      const dnnl::memory::desc src({16, 16}, dt::bf16, tag::ab), wei({16, 16}, dt::bf16, tag::any),
+          dst({16, 16}, dt::f32, tag::ab);
+      const dnnl::inner_product_forward::desc d(dnnl::prop_kind::forward_training, src, wei, dst);
+      const dnnl::inner_product_forward::primitive_desc pd(d, engine);
+    } catch (const dnnl::error&) {
+      return Bf16Support::kNone;
+    }
+    return cpu_has_bf16() ? Bf16Support::kNative : Bf16Support::kEmulated;
+  }();
+  return support;
+}
+
+const char* to_string(Bf16Support s) {
+  switch (s) {
+    case Bf16Support::kNone:
+      return "none";
+    case Bf16Support::kEmulated:
+      return "emulated";
+    case Bf16Support::kNative:
+      return "native";
+  }
+  return "?";
 }
 
 }  // namespace cohort::nn

@@ -2,6 +2,8 @@
 // the sum reduce::sum_sources (the reducers' own kernel and order), the checks optim's.
 #include "cohort/train/root.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 
 #include "batch_grads.hpp"
@@ -94,6 +96,10 @@ reduce::Sink Root::sink() {
 // null, into this thread's buffer (the fused sweep: the chunk then stays in L2). Returns it.
 const float* Root::batch_gradient(const float* const* sources, std::size_t k, std::size_t begin,
                                   std::size_t end, float* out, ChunkStats& stats) {
+  // The GEMMs run on this thread's OpenMP team, and a root chunk may run on a thread no task
+  // body pinned (the parameter server's, a test's): unpinned, oneDNN ran them on every core,
+  // oversubscribed, and on AVX2 with other bits (its sgemm split the sum over the threads).
+  omp_set_num_threads(1);
   float* scratch = thread_buffer(chunk_ + batch_->scratch_floats(chunk_));
   if (out == nullptr) out = scratch;
   stats.gemm_seconds =

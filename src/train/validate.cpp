@@ -104,12 +104,19 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
       augment.any() && data.train.tabular)
     bad("--augment", "no augmentation on tabular data (" + data.train.describe_shape() + ")",
         "'" + c.augment + "' (crop, flip, erase and normalize need images)");
-  if (c.precision == nn::Precision::kBf16 && !c.allow_emulated_bf16 &&
-      !(c.native_bf16 ? c.native_bf16() : nn::cpu_has_bf16()))
-    throw InputError(
-        "--precision bf16: this CPU has no AVX512_BF16 (native bf16 dot products); oneDNN would "
-        "emulate bf16 at several times the cost of f32. Use --precision f32, or "
-        "--allow-emulated-bf16 to run it anyway");
+  if (c.precision == nn::Precision::kBf16) {
+    const nn::Bf16Support bf16 = c.bf16_support ? c.bf16_support() : nn::bf16_support();
+    if (bf16 == nn::Bf16Support::kNone)
+      throw InputError("--precision bf16: oneDNN " + nn::onednn_version() +
+                       " has no bf16 kernels on this CPU (it dispatches " + nn::onednn_isa() +
+                       "; bf16 needs AVX-512, natively AVX512_BF16), so not even "
+                       "--allow-emulated-bf16 can run it. Use --precision f32");
+    if (bf16 == nn::Bf16Support::kEmulated && !c.allow_emulated_bf16)
+      throw InputError(
+          "--precision bf16: this CPU has no AVX512_BF16 (native bf16 dot products); oneDNN would "
+          "emulate bf16 at several times the cost of f32. Use --precision f32, or "
+          "--allow-emulated-bf16 to run it anyway");
+  }
 }
 
 void check_resume(const TrainConfig& unresolved, const nn::Model& model, const data::Splits& data,

@@ -1,5 +1,6 @@
 // The command line: exit codes, messages that name the bad input, and the files it writes.
 #include "cohort/cli/cli.hpp"
+#include "cohort/nn/version.hpp"
 #include "cohort/version.hpp"
 #include "testing.hpp"
 
@@ -404,8 +405,9 @@ TEST_F(Cli, HelpAndVersionExitZero) {
   EXPECT_NE(cohort({"train", "--help"}).out.find("--micro-batch"), std::string::npos);
 }
 
-// --version names cohort's version (from CMake's project(VERSION)) and the oneDNN and oneTBB
-// libraries it runs on, one a line.
+// --version names cohort's version (from CMake's project(VERSION)), the oneDNN and oneTBB
+// libraries it runs on and what oneDNN does here (its ISA, bf16 none, emulated or native), one a
+// line.
 TEST_F(Cli, VersionNamesCohortOneDnnAndOneTbb) {
   Result r = cohort({"--version"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -413,6 +415,10 @@ TEST_F(Cli, VersionNamesCohortOneDnnAndOneTbb) {
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\noneDNN \d+\.\d+\.\d+ \(.*cpu runtime )")))
       << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\noneTBB \d+\.\d+)"))) << r.out;
+  EXPECT_NE(r.out.find("\nCPU " + nn::onednn_isa() + " (oneDNN's dispatch), bf16 " +
+                       nn::to_string(nn::bf16_support()) + "\n"),
+            std::string::npos)
+      << r.out;
 }
 
 // Every command takes --quiet; eval and plot then print nothing but still write their files.

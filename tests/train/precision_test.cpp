@@ -57,6 +57,7 @@ void PrintTo(const WorkerCase& k, std::ostream* os) { *os << k.model << " W" << 
 class Bf16Workers : public ::testing::TestWithParam<WorkerCase> {};
 
 TEST_P(Bf16Workers, EqualTheOneWorkerRunBitForBit) {
+  COHORT_SKIP_WITHOUT_BF16();
   const WorkerCase& k = GetParam();
   std::printf("seed 21, %s, %zu workers\n", k.model.c_str(), k.workers);
   TrainConfig one = bf16_config(k.model, 1), many = bf16_config(k.model, k.workers);
@@ -87,6 +88,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Several ranks (in-process, tests/train/thread_comm.hpp) in bf16: the received weights get their
 // bf16 copy too, so every rank computes with the one process's weights.
 TEST(Bf16Ranks, TwoAndThreeRanksEqualOneProcessBitForBit) {
+  COHORT_SKIP_WITHOUT_BF16();
   for (const std::string model : {"mlp:784-64-32-10", "cnn"}) {
     const RunResult one = run(bf16_config(model, 1));
     for (int ranks : {2, 3}) {
@@ -111,6 +113,7 @@ TEST(Bf16Ranks, TwoAndThreeRanksEqualOneProcessBitForBit) {
 // bf16 trains like f32: over 60 steps of the fixture the losses stay close (bf16 rounds the
 // activations to 8 bits of mantissa; the weights and their updates stay f32).
 TEST(Bf16Training, FollowsTheF32LossCurve) {
+  COHORT_SKIP_WITHOUT_BF16();
   TrainConfig f32 = bf16_config("mlp:784-64-10", 1);
   f32.steps = 60;
   f32.precision = nn::Precision::kF32;
@@ -128,6 +131,7 @@ TEST(Bf16Training, FollowsTheF32LossCurve) {
 // Checkpoints hold the f32 master weights only: f32 -> bf16 -> f32 resumes, and the bf16 leg
 // starts from exactly the f32 leg's weights.
 TEST(Bf16Resume, F32ThenBf16ThenF32) {
+  COHORT_SKIP_WITHOUT_BF16();
   TrainConfig c = bf16_config("mlp:784-64-10", 2);
   c.precision = nn::Precision::kF32;
   c.steps = 4;
@@ -160,10 +164,13 @@ TEST(Bf16Resume, F32ThenBf16ThenF32) {
   EXPECT_LT(r3.losses.back(), r1.losses.front());
 }
 
+// The refusal follows what oneDNN can do (injected): native runs; emulated only when asked;
+// none (no AVX-512: oneDNN cannot create a bf16 primitive) never, and the message says why.
 TEST(Bf16Refusal, ACpuWithoutNativeBf16IsRefusedUnlessEmulationIsAsked) {
+  using nn::Bf16Support;
   TrainConfig c = bf16_config("mlp:784-64-10", 1);
   c.allow_emulated_bf16 = false;
-  c.native_bf16 = [] { return false; };
+  c.bf16_support = [] { return Bf16Support::kEmulated; };
   const nn::Model model = nn::Model::parse(c.model, input_shape(fixture().train));
   try {
     validate(c, model, fixture());
@@ -176,11 +183,44 @@ TEST(Bf16Refusal, ACpuWithoutNativeBf16IsRefusedUnlessEmulationIsAsked) {
   c.allow_emulated_bf16 = true;
   EXPECT_NO_THROW(validate(c, model, fixture()));
   c.allow_emulated_bf16 = false;
-  c.native_bf16 = [] { return true; };
+  c.bf16_support = [] { return Bf16Support::kNative; };
   EXPECT_NO_THROW(validate(c, model, fixture()));
   c.precision = nn::Precision::kF32;
-  c.native_bf16 = [] { return false; };
+  c.bf16_support = [] { return Bf16Support::kNone; };
   EXPECT_NO_THROW(validate(c, model, fixture()));  // f32 needs no bf16
+}
+
+TEST(Bf16Refusal, NoBf16KernelsAreRefusedEvenWithEmulationAsked) {
+  TrainConfig c = bf16_config("mlp:784-64-10", 1);
+  c.bf16_support = [] { return nn::Bf16Support::kNone; };
+  const nn::Model model = nn::Model::parse(c.model, input_shape(fixture().train));
+  for (bool allow : {true, false}) {
+    c.allow_emulated_bf16 = allow;
+    try {
+      validate(c, model, fixture());
+      FAIL() << "bf16 without oneDNN bf16 kernels was accepted, --allow-emulated-bf16 " << allow;
+    } catch (const InputError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("--precision bf16"), std::string::npos) << what;
+      EXPECT_NE(what.find("AVX-512"), std::string::npos) << what;
+      EXPECT_NE(what.find(nn::onednn_isa()), std::string::npos) << what;
+      EXPECT_NE(what.find("--precision f32"), std::string::npos) << what;
+    }
+  }
+}
+
+// The probe agrees with what the Trainer can build: where it says bf16 runs, a bf16 step runs;
+// where it says none, the Trainer refuses bf16 before building anything.
+TEST(Bf16Refusal, TheProbeAgreesWithTheTrainer) {
+  TrainConfig c = bf16_config("mlp:784-64-10", 1);
+  c.steps = 1;
+  std::printf("oneDNN dispatches %s, bf16 %s\n", nn::onednn_isa().c_str(),
+              nn::to_string(nn::bf16_support()));
+  if (nn::bf16_support() == nn::Bf16Support::kNone) {
+    EXPECT_THROW(Trainer(c, fixture()), InputError);
+  } else {
+    EXPECT_EQ(run(c).losses.size(), 1u);
+  }
 }
 
 }  // namespace

@@ -58,6 +58,9 @@ struct Case {
 class Roofline : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Roofline, PartsAddUpAndTheStepIsTheMeanAfterTheFirst) {
+  if (GetParam().precision == nn::Precision::kBf16) {
+    COHORT_SKIP_WITHOUT_BF16();
+  }
   const TrainConfig c = roofline_config(GetParam().precision, GetParam().grads);
   std::printf("seed %llu\n", static_cast<unsigned long long>(c.seed));
   Trainer t(c, fixture());
@@ -77,6 +80,9 @@ TEST_P(Roofline, PartsAddUpAndTheStepIsTheMeanAfterTheFirst) {
 }
 
 TEST_P(Roofline, OneStepIsItsOwnStep) {
+  if (GetParam().precision == nn::Precision::kBf16) {
+    COHORT_SKIP_WITHOUT_BF16();
+  }
   TrainConfig c = roofline_config(GetParam().precision, GetParam().grads);
   c.steps = 1;
   Trainer t(c, fixture());

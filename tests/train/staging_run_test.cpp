@@ -46,6 +46,9 @@ class StagingAhead : public ::testing::TestWithParam<Case> {};
 
 TEST_P(StagingAhead, GivesTheOneWorkerRunsBits) {
   const Case& k = GetParam();
+  if (k.precision == nn::Precision::kBf16) {
+    COHORT_SKIP_WITHOUT_BF16();
+  }
   std::printf("seed %llu\n", static_cast<unsigned long long>(case_config(k, 1).seed));
   Recorder one_rec;
   Trainer one(case_config(k, 1), fixture());

@@ -1,5 +1,6 @@
 // Shared by the train tests: the Fashion-MNIST fixture, loaded once, an observer that records
-// every step's loss and every epoch's result, and the name of a worker-count parameter.
+// every step's loss and every epoch's result, the name of a worker-count parameter, and the skip
+// of a bf16 run where oneDNN has no bf16 at all.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,7 +9,16 @@
 #include <vector>
 
 #include "cohort/data/dataset.hpp"
+#include "cohort/nn/version.hpp"
 #include "cohort/train/trainer.hpp"
+
+// In a test body: skips the test where oneDNN cannot create a bf16 primitive (no AVX-512), where
+// `--precision bf16` is refused (Bf16Refusal tests that). Emulated bf16 (AVX-512 without
+// AVX512_BF16) runs: its bits are the native kernels' concern, not the promise's.
+#define COHORT_SKIP_WITHOUT_BF16()                                         \
+  if (::cohort::nn::bf16_support() == ::cohort::nn::Bf16Support::kNone)    \
+  GTEST_SKIP() << "oneDNN has no bf16 kernels on this CPU (it dispatches " \
+               << ::cohort::nn::onednn_isa() << "): --precision bf16 is refused here"
 
 namespace cohort::train::testing {
 

@@ -16,4 +16,12 @@ std::string onednn_isa();
 // Whether this CPU has native bf16 dot products (AVX512_BF16, from cpuid).
 bool cpu_has_bf16();
 
+// What oneDNN can do with bf16 here: nothing (oneDNN 2.6 has no bf16 kernels below AVX-512, so
+// a bf16 primitive cannot even be created: the probe tries one), emulated (AVX-512 without
+// AVX512_BF16: several times the cost of f32) or native.
+enum class Bf16Support { kNone, kEmulated, kNative };
+Bf16Support bf16_support();  // probed once per process
+// "none", "emulated", "native": for `cohort --version` and error messages.
+const char* to_string(Bf16Support s);
+
 }  // namespace cohort::nn

@@ -22,6 +22,7 @@
 #include "cohort/dist/comm.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/nn/net.hpp"
+#include "cohort/nn/version.hpp"
 #include "cohort/optim/optimizer.hpp"
 #include "cohort/optim/schedule.hpp"
 #include "cohort/reduce/reducer.hpp"
@@ -79,10 +80,11 @@ struct TrainConfig {
   // gradients, loss, reduction, checks and the optimizer stay f32 (docs/architecture.md).
   nn::Precision precision = nn::Precision::kF32;
   // bf16 on a CPU without AVX512_BF16 is refused (oneDNN would emulate it at several times the
-  // cost of f32) unless this is set.
+  // cost of f32) unless this is set; where oneDNN has no bf16 at all (no AVX-512) it is refused
+  // whatever this says.
   bool allow_emulated_bf16 = false;
-  // Test hook: whether the CPU has native bf16 (null: nn::cpu_has_bf16()).
-  std::function<bool()> native_bf16;
+  // Test hook: what oneDNN does with bf16 here (null: nn::bf16_support()).
+  std::function<nn::Bf16Support()> bf16_support;
   std::size_t eval_batch = 500;  // rows per forward pass in evaluation
   std::string augment;  // --augment: crop:P,flip,erase:P,normalize (data/augment.hpp); "" none
   // Skip each epoch's last, partial batch, as torch_peer.py does: every step then has the same

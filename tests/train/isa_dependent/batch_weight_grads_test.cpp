@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "cohort/nn/version.hpp"
 #include "cohort/train/trainer.hpp"
 #include "train_test_util.hpp"
 
@@ -48,6 +49,10 @@ std::string digest_of(const char* model, std::size_t micro_batch) {
 // so do per-leaf gradients. At batch 256 the default micro-batch is such a size on 1, 2, 4, 8 or
 // 16 cores.
 TEST(Trainer, BatchWeightGradientsMakeAnMlpIndependentOfMicroBatchesOf16Rows) {
+  // Measured on AVX2 (a Zen 4 VM without AVX-512): micro-batches 16 and 64 agreed, 32 did not.
+  if (nn::onednn_isa().rfind("avx512_core", 0) != 0)
+    GTEST_SKIP() << "a property of oneDNN's AVX-512 GEMM kernels; this CPU dispatches "
+                 << nn::onednn_isa();
   for (const char* model : {"mlp:784-32-10", "mlp:784-512-256-10"}) {
     const std::string digest = digest_of(model, 16);
     for (std::size_t m : {32, 64})
