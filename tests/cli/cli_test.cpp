@@ -421,6 +421,25 @@ TEST_F(Cli, VersionNamesCohortOneDnnAndOneTbb) {
       << r.out;
 }
 
+// --precision bf16 where oneDNN has no bf16 kernels (no AVX-512) is refused with exit 2 before
+// anything is written, even with --allow-emulated-bf16; where it has them, the same run trains.
+TEST_F(Cli, Bf16IsRefusedWhereOneDnnHasNoBf16AndRunsWhereItHas) {
+  const auto summary = (dir_ / "bf16.json").string();
+  Result r = cohort(quick({"--precision", "bf16", "--allow-emulated-bf16", "--summary", summary}));
+  std::printf("oneDNN dispatches %s, bf16 %s\n", nn::onednn_isa().c_str(),
+              nn::to_string(nn::bf16_support()));
+  if (nn::bf16_support() == nn::Bf16Support::kNone) {
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_NE(r.err.find("--precision bf16"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("AVX-512"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(summary));
+  } else {
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(fs::exists(summary));
+  }
+}
+
 // Every command takes --quiet; eval and plot then print nothing but still write their files.
 TEST_F(Cli, EveryCommandTakesQuiet) {
   const auto ckpt = (dir_ / "c.ckpt").string(), metrics = (dir_ / "m.jsonl").string();
