@@ -283,7 +283,8 @@ std::string flag_group(const TrainFlag& row) {
 
 std::string version_text() {
   return "cohort " COHORT_VERSION "\noneDNN " + nn::onednn_version() + "\nCPU " + nn::onednn_isa() +
-         " (oneDNN's dispatch), bf16 " + nn::to_string(nn::bf16_support()) + "\noneTBB " +
+         " (oneDNN's dispatch), bf16 " +
+         std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())) + "\noneTBB " +
          train::tbb_version() + "\nMPI " +
          (dist::built_with_mpi() ? "yes (mpirun -np R cohort train ...)" : "no (one process)");
 }

@@ -85,16 +85,4 @@ Bf16Support bf16_support() {
   return support;
 }
 
-const char* to_string(Bf16Support s) {
-  switch (s) {
-    case Bf16Support::kNone:
-      return "none";
-    case Bf16Support::kEmulated:
-      return "emulated";
-    case Bf16Support::kNative:
-      return "native";
-  }
-  return "?";
-}
-
 }  // namespace cohort::nn

@@ -416,7 +416,7 @@ TEST_F(Cli, VersionNamesCohortOneDnnAndOneTbb) {
       << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\noneTBB \d+\.\d+)"))) << r.out;
   EXPECT_NE(r.out.find("\nCPU " + nn::onednn_isa() + " (oneDNN's dispatch), bf16 " +
-                       nn::to_string(nn::bf16_support()) + "\n"),
+                       std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())) + "\n"),
             std::string::npos)
       << r.out;
 }
@@ -427,7 +427,7 @@ TEST_F(Cli, Bf16IsRefusedWhereOneDnnHasNoBf16AndRunsWhereItHas) {
   const auto summary = (dir_ / "bf16.json").string();
   Result r = cohort(quick({"--precision", "bf16", "--allow-emulated-bf16", "--summary", summary}));
   std::printf("oneDNN dispatches %s, bf16 %s\n", nn::onednn_isa().c_str(),
-              nn::to_string(nn::bf16_support()));
+              std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())).c_str());
   if (nn::bf16_support() == nn::Bf16Support::kNone) {
     EXPECT_EQ(r.code, 2) << r.err;
     EXPECT_EQ(r.out, "");

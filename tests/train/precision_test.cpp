@@ -215,7 +215,7 @@ TEST(Bf16Refusal, TheProbeAgreesWithTheTrainer) {
   TrainConfig c = bf16_config("mlp:784-64-10", 1);
   c.steps = 1;
   std::printf("oneDNN dispatches %s, bf16 %s\n", nn::onednn_isa().c_str(),
-              nn::to_string(nn::bf16_support()));
+              std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())).c_str());
   if (nn::bf16_support() == nn::Bf16Support::kNone) {
     EXPECT_THROW(Trainer(c, fixture()), InputError);
   } else {

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "cohort/core/names.hpp"
+
 namespace cohort::nn {
 
 // "2.6.3 (cpu runtime OMP)", or "2.6.3 (commit abc1234, cpu runtime OMP)": the loaded library's
@@ -20,8 +22,9 @@ bool cpu_has_bf16();
 // a bf16 primitive cannot even be created: the probe tries one), emulated (AVX-512 without
 // AVX512_BF16: several times the cost of f32) or native.
 enum class Bf16Support { kNone, kEmulated, kNative };
+inline constexpr Named<Bf16Support> kBf16SupportNames[] = {{Bf16Support::kNone, "none"},
+                                                           {Bf16Support::kEmulated, "emulated"},
+                                                           {Bf16Support::kNative, "native"}};
 Bf16Support bf16_support();  // probed once per process
-// "none", "emulated", "native": for `cohort --version` and error messages.
-const char* to_string(Bf16Support s);
 
 }  // namespace cohort::nn
