@@ -44,6 +44,13 @@ MPI_RANKS = 2  # the mpi case is 2 ranks x 1 worker, as the peer's DDP is 2 proc
 DDP_PORTS = itertools.count(29511)  # a fresh rendezvous port per DDP run: no TIME_WAIT clash
 
 
+def bf16_none():
+    """Whether `cohort --version` says oneDNN has no bf16 kernels on this CPU (no AVX-512)."""
+    out = subprocess.run([COHORT, "--version"], capture_output=True, text=True, check=True).stdout
+    return any(line.startswith("CPU ") and line.endswith(", bf16 none")
+               for line in out.splitlines())
+
+
 def run(cmd, env=None, capture=False, timeout=None):
     """Runs cmd in a process group of its own under `timeout` (default TIMEOUT); on expiry
     terminates the whole group (mpirun's ranks, DDP's spawned children) and raises. Returns stdout
@@ -309,11 +316,13 @@ def main():
     if "versions" in cases:
         # This build against --baseline (e.g. the previous commit's binary), same flags,
         # alternating: the MLP at batch 256 and the cnn preset, 2 workers, f32 and bf16.
+        # Without bf16 kernels here (`cohort --version`: "bf16 none"), f32 only.
+        precisions = ("f32",) if bf16_none() else ("f32", "bf16")
         for title, flags, steps in tuple(
                 (f"MLP batch 256, {p}", ["--workers", "2", "--precision", p], a.steps)
-                for p in ("f32", "bf16")) + tuple(
+                for p in precisions) + tuple(
                 (f"cnn, batch 256, {p}", ["--model", "cnn", "--workers", "2", "--precision", p],
-                 a.steps // 4) for p in ("f32", "bf16")):
+                 a.steps // 4) for p in precisions):
             med, rates = side_by_side(
                 f"This build vs the baseline, {title}",
                 [("baseline", lambda s, f=flags: cohort(f, s, a.baseline)),
