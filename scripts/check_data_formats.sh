@@ -2,8 +2,8 @@
 # The digest test of `--data` formats (a ctest case): converts the IDX fixture to .npy (uint8
 # and float32 X) and to CSV with convert_dataset.py, trains 20 steps on each and on the IDX
 # files, and requires the same weights_digest from all; a control with the first image's non-zero
-# pixels moved by one ulp must give a different digest (so the comparison can fail). Also: an mlp whose IN or OUT
-# does not match CSV data is refused naming both numbers.
+# pixels moved by one ulp must give a different digest (so the comparison can fail). Also: an mlp
+# whose IN or OUT does not match CSV data is refused naming both numbers.
 #   check_data_formats.sh COHORT_BINARY FIXTURE_DIR
 set -euo pipefail
 cohort=$1
