@@ -17,8 +17,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "cohort/core/error.hpp"
+#include "cohort/nn/max_pool.hpp"
 #include "cohort/tensor/bf16.hpp"
 
 namespace cohort::nn::detail {
@@ -185,6 +187,10 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
       dnnl::pooling_forward::primitive_desc pd(
           {prop, alg, cur.get_desc(), any(image(l.out)), st, k, zero, zero}, attr_, eng_);
       s.dst = new_memory(pd.dst_desc());
+      if (l.kind == Kind::kMaxPool && (s.pool = max_pool_shape(l, cur, s.dst))) {
+        add_max_pool_forward(s);  // cohort's kernel, in the layouts oneDNN chose
+        return s;
+      }
       std::unordered_map<int, memory> args{{DNNL_ARG_SRC, cur}, {DNNL_ARG_DST, s.dst}};
       if (training_ && pd.workspace_desc().get_size() != 0) {  // max: where each max came from
         s.workspace = memory(pd.workspace_desc(), eng_, buffer(pd.workspace_desc().get_size()));
@@ -230,6 +236,77 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
   }
   COHORT_CHECK(false, "unknown layer kind");
   __builtin_unreachable();
+}
+
+namespace {
+// A 4-d layout's element offsets as PoolLayout, where its channels are innermost: nhwc-like
+// (channel stride 1) or one block of channels innermost (nChw16c); nothing padded.
+std::optional<PoolLayout> channels_innermost(const dnnl::memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  if (d.ndims != 4 || d.format_kind != dnnl_blocked || d.offset0 != 0) return std::nullopt;
+  for (int i = 0; i < 4; ++i)
+    if (d.padded_dims[i] != d.dims[i]) return std::nullopt;
+  const dnnl_blocking_desc_t& b = d.format_desc.blocking;
+  if (b.inner_nblks == 0 && b.strides[1] == 1)
+    return PoolLayout{d.dims[1], b.strides[0], 0, b.strides[2], b.strides[3]};
+  if (b.inner_nblks == 1 && b.inner_idxs[0] == 1)
+    return PoolLayout{b.inner_blks[0], b.strides[0], b.strides[1], b.strides[2], b.strides[3]};
+  return std::nullopt;
+}
+}  // namespace
+
+// Max pooling on cohort's kernel (max_pool.hpp) where it applies: windows that tile the image,
+// f32 or bf16, src and dst with their channels innermost in the same lanes.
+std::optional<MaxPoolShape> PlanBuilder::max_pool_shape(const LayerSpec& l, const memory& src,
+                                                        const memory& dst) const {
+  if (l.kernel != l.stride) return std::nullopt;
+  const auto a = channels_innermost(src.get_desc()), b = channels_innermost(dst.get_desc());
+  if (!a || !b || src.get_desc().data_type() != act_ || dst.get_desc().data_type() != act_)
+    return std::nullopt;
+  MaxPoolShape shape{N_, l.in.C, l.in.H, l.in.W, l.kernel, *a, *b};
+  if (!max_pool_supported(shape) || shape.OH() != l.out.H || shape.OW() != l.out.W)
+    return std::nullopt;
+  return shape;
+}
+
+void PlanBuilder::add_max_pool_forward(Saved& s) {
+  std::uint8_t* where = nullptr;  // training: the window index of each maximum, laid out as dst
+  if (training_) {
+    const std::size_t count = s.dst.get_desc().get_size() / (act_ == Dt::bf16 ? 2 : 4);
+    where = reinterpret_cast<std::uint8_t*>(buffer(count));
+    s.pool_where = where;
+  }
+  const MaxPoolShape shape = *s.pool;
+  const memory src = s.src, dst = s.dst;  // the input's handle may change between calls
+  if (act_ == Dt::bf16)
+    add_custom(p_.forward, [=] {
+      max_pool_forward(shape, static_cast<const bf16*>(src.get_data_handle()),
+                       static_cast<bf16*>(dst.get_data_handle()), where);
+    });
+  else
+    add_custom(p_.forward, [=] {
+      max_pool_forward(shape, static_cast<const float*>(src.get_data_handle()),
+                       static_cast<float*>(dst.get_data_handle()), where);
+    });
+}
+
+// `diff` is laid out as the forward's dst; the input's gradient as its src.
+PlanBuilder::memory PlanBuilder::add_max_pool_backward(const Saved& s, const memory& diff) {
+  memory diff_src = new_memory(s.src.get_desc());
+  const MaxPoolShape shape = *s.pool;
+  const std::uint8_t* where = s.pool_where;
+  const memory dd = diff;
+  if (act_ == Dt::bf16)
+    add_custom(p_.backward, [=] {
+      max_pool_backward(shape, where, static_cast<const bf16*>(dd.get_data_handle()),
+                        static_cast<bf16*>(diff_src.get_data_handle()));
+    });
+  else
+    add_custom(p_.backward, [=] {
+      max_pool_backward(shape, where, static_cast<const float*>(dd.get_data_handle()),
+                        static_cast<float*>(diff_src.get_data_handle()));
+    });
+  return diff_src;
 }
 
 // x *= mask over the physical buffer (the same layout; padding is zero in both). The mask is
@@ -356,6 +433,7 @@ memory PlanBuilder::backward(const Saved& s, bool first, memory diff) {
       return diff;
     case Kind::kMaxPool:
     case Kind::kAvgPool: {
+      if (s.pool) return add_max_pool_backward(s, diff);
       auto fwd = dnnl::pooling_forward::primitive_desc(s.fwd_pd.get());
       const auto alg = l.kind == Kind::kMaxPool ? dnnl::algorithm::pooling_max
                                                 : dnnl::algorithm::pooling_avg_exclude_padding;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -17,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "cohort/nn/max_pool.hpp"
 #include "plan.hpp"
 
 namespace cohort::nn::detail {
@@ -53,14 +55,16 @@ class PlanBuilder {
     memory src, dst;  // the layer's input and output as the layer saw them
     memory weights;   // linear/conv weights in the primitive's format
     memory user_weights;
-    dnnl::primitive_desc_base fwd_pd;   // res: its final ReLU's
-    memory workspace;                   // max pooling
-    memory mask;                        // dropout: f32, in the output's layout
-    memory::desc flat_src_md;           // flatten, gap: the plain (N, C, H, W) view of the output
-    memory pooled;                      // gap: the pooling's own output, (N, C, 1, 1)
-    memory scale, shift;                // bn: f32 (C)
-    memory mean, var;                   // bn: f32 (C), views into the caller's statistics
-    std::vector<Saved> body, shortcut;  // res: its sub-layers
+    dnnl::primitive_desc_base fwd_pd;    // res: its final ReLU's
+    memory workspace;                    // max pooling on oneDNN
+    std::optional<MaxPoolShape> pool;    // max pooling on cohort's kernel
+    std::uint8_t* pool_where = nullptr;  // its window index of each maximum (training)
+    memory mask;                         // dropout: f32, in the output's layout
+    memory::desc flat_src_md;            // flatten, gap: the plain (N, C, H, W) view of the output
+    memory pooled;                       // gap: the pooling's own output, (N, C, 1, 1)
+    memory scale, shift;                 // bn: f32 (C)
+    memory mean, var;                    // bn: f32 (C), views into the caller's statistics
+    std::vector<Saved> body, shortcut;   // res: its sub-layers
   };
 
   // plan_builder.cpp
@@ -72,6 +76,10 @@ class PlanBuilder {
   memory backward_data_linear(const Saved& s, const memory& diff,
                               const dnnl::inner_product_forward::primitive_desc& fwd);
   void keep_rows(const Saved& s, const memory& diff, std::size_t ordinal);
+  std::optional<MaxPoolShape> max_pool_shape(const LayerSpec& l, const memory& src,
+                                             const memory& dst) const;
+  void add_max_pool_forward(Saved& s);
+  memory add_max_pool_backward(const Saved& s, const memory& diff);
 
   // plan_resnet.cpp
   Saved forward_bn(const LayerSpec& l, memory cur);

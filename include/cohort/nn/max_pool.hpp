@@ -1,0 +1,47 @@
+// Max pooling with windows that tile the image (kernel == stride, no padding) on layouts whose
+// channels are innermost — nhwc, or channels in blocks of 8/16/32 (nChw16c) — in f32 or bf16.
+// A Net runs it instead of oneDNN 2.6's pooling where it applies: oneDNN's jit max pooling took
+// 1.8-3.1 ms for the `cnn` preset's first pooling (128 x 32 x 24 x 24, hot caches, one thread;
+// 2-6 GB/s), several times its memory floor, and a quarter of the preset's leaf.
+// Forward writes, per output element, the window's maximum and where it came from (kh * K + kw,
+// the first maximal element in row-major window order, as oneDNN and PyTorch route the
+// gradient); a NaN in a window is its maximum, so a fault is never pooled away. Backward routes
+// each output gradient to that element and writes zero everywhere else, including rows and
+// columns no window covers. Bits: the maximum is one of the inputs, so both precisions are exact.
+#pragma once
+
+#include <cstdint>
+
+#include "cohort/tensor/bf16.hpp"
+
+namespace cohort::nn {
+
+// Where element (n, c, h, w) lives, in elements:
+//   n * n_stride + (c / lanes) * group_stride + h * h_stride + w * w_stride + c % lanes.
+// nhwc: lanes = C (one group); nChw16c: lanes = 16.
+struct PoolLayout {
+  std::int64_t lanes, n_stride, group_stride, h_stride, w_stride;
+};
+
+struct MaxPoolShape {
+  std::int64_t N, C, IH, IW, K;  // OH = IH / K, OW = IW / K; 1 <= K <= 15 (the index is a byte)
+  PoolLayout src, dst;           // the same lanes; the workspace is laid out as dst
+  std::int64_t OH() const { return IH / K; }
+  std::int64_t OW() const { return IW / K; }
+};
+
+// Whether the kernels take this shape: C a multiple of the lanes, K in range, windows inside.
+bool max_pool_supported(const MaxPoolShape& s);
+
+// dst (N, C, OH, OW) = max over each window of src (N, C, IH, IW); `where` (laid out as dst, one
+// byte an element) the window index of each maximum, or null (inference).
+void max_pool_forward(const MaxPoolShape& s, const float* src, float* dst, std::uint8_t* where);
+void max_pool_forward(const MaxPoolShape& s, const bf16* src, bf16* dst, std::uint8_t* where);
+
+// diff_src (N, C, IH, IW) from diff_dst (N, C, OH, OW) and the forward's `where`.
+void max_pool_backward(const MaxPoolShape& s, const std::uint8_t* where, const float* diff_dst,
+                       float* diff_src);
+void max_pool_backward(const MaxPoolShape& s, const std::uint8_t* where, const bf16* diff_dst,
+                       bf16* diff_src);
+
+}  // namespace cohort::nn
