@@ -1,17 +1,82 @@
 // Max pooling on channel-innermost layouts; see include/cohort/nn/max_pool.hpp. One window at a
-// time, its lanes 16 at a time in fixed-size loops the compiler vectorizes (bf16 widened to f32
-// on load; the maximum's bits are an input's, so the store is exact).
+// time, its lanes 16 at a time in vector types (bf16 widened to f32 on load; the maximum's bits
+// are an input's, so the store is exact), a lane count that is no multiple of 16 lane by lane.
 #include "cohort/nn/max_pool.hpp"
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
 #include <limits>
 
 namespace cohort::nn {
 
 namespace {
 
-constexpr std::int64_t kVec = 16;  // lanes per fixed-size loop: one zmm of f32
+constexpr std::int64_t kVec = 16;  // lanes per vector step: one zmm of f32
+
+// 16 lanes as GCC/Clang vector types: the compiler maps them onto the target's registers (one
+// zmm on AVX-512, two ymm on AVX2). Written out because GCC's vectorizer kept the select of
+// the backward scalar, lane by lane, inside the trainer's build. Values travel as their f32
+// bits; a bf16 lane is widened to the upper half and narrowed back exactly.
+using i32x16 = std::int32_t __attribute__((vector_size(64)));
+using u32x16 = std::uint32_t __attribute__((vector_size(64)));
+using f32x16 = float __attribute__((vector_size(64)));
+using u16x16 = std::uint16_t __attribute__((vector_size(32)));
+using u8x16 = std::uint8_t __attribute__((vector_size(16)));
+
+inline i32x16 load16(const float* p) {
+  i32x16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline i32x16 load16(const bf16* p) {
+  u16x16 h;
+  std::memcpy(&h, p, sizeof h);
+  return __builtin_convertvector(h, i32x16) << 16;
+}
+inline void store16(float* p, i32x16 bits) { std::memcpy(p, &bits, sizeof bits); }
+inline void store16(bf16* p, i32x16 bits) {
+  const u16x16 h = __builtin_convertvector(std::bit_cast<u32x16>(bits) >> 16, u16x16);
+  std::memcpy(p, &h, sizeof h);
+}
+
+// One window's 16 lanes: the first maximal element of each lane (a NaN counts as maximal, and
+// the first NaN stays), its value to out and its window index to at (unless null).
+template <class T>
+void pool16(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int64_t K, T* out,
+            std::uint8_t* at) {
+  i32x16 best = {};
+  best += std::bit_cast<std::int32_t>(-std::numeric_limits<float>::infinity());
+  i32x16 index = {};
+  for (std::int64_t kh = 0; kh < K; ++kh)
+    for (std::int64_t kw = 0; kw < K; ++kw) {
+      const i32x16 v = load16(in + kh * h_stride + kw * w_stride);
+      const f32x16 fv = std::bit_cast<f32x16>(v);
+      const f32x16 fb = std::bit_cast<f32x16>(best);
+      const i32x16 take = ~(fv <= fb) & (fb == fb);  // greater, or the first NaN
+      best = (v & take) | (best & ~take);
+      index = (static_cast<std::int32_t>(kh * K + kw) & take) | (index & ~take);
+    }
+  store16(out, best);
+  if (at) {
+    const u8x16 bytes = __builtin_convertvector(index, u8x16);
+    std::memcpy(at, &bytes, sizeof bytes);
+  }
+}
+
+// One window's 16 lanes backward: each element gets its lane's gradient where it was the
+// maximum, zero elsewhere.
+template <class T>
+void unpool16(const T* diff_dst, const std::uint8_t* at, std::int64_t h_stride,
+              std::int64_t w_stride, std::int64_t K, T* diff_src) {
+  u8x16 bytes;
+  std::memcpy(&bytes, at, sizeof bytes);
+  const i32x16 index = __builtin_convertvector(bytes, i32x16), grad = load16(diff_dst);
+  for (std::int64_t kh = 0; kh < K; ++kh)
+    for (std::int64_t kw = 0; kw < K; ++kw)
+      store16(diff_src + kh * h_stride + kw * w_stride,
+              grad & (index == static_cast<std::int32_t>(kh * K + kw)));
+}
 
 inline float load(const float* p) { return *p; }
 inline float load(const bf16* p) { return to_float(*p); }
@@ -19,50 +84,30 @@ inline void store(float* p, float v) { *p = v; }
 inline void store(bf16* p, float v) {  // v is a widened bf16: its upper half is exact
   p->bits = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(v) >> 16);
 }
-inline float pick(bool take, float v, float zero) { return take ? v : zero; }
-inline bf16 pick(bool take, bf16 v, bf16 zero) {
-  return {static_cast<std::uint16_t>(take ? v.bits : zero.bits)};
-}
 
-// One window's W lanes: the first maximal element of each lane (a NaN counts as maximal, and the
-// first NaN stays), its value to out and its window index to at (unless null).
-template <int W, class T>
-void pool_window(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int64_t K, T* out,
-                 std::uint8_t* at) {
-  float best[W];
-  std::int32_t index[W];
-  for (int l = 0; l < W; ++l) {
-    best[l] = -std::numeric_limits<float>::infinity();
-    index[l] = 0;
-  }
+// One lane of a window (lane counts that are not a multiple of 16): as pool16.
+template <class T>
+void pool_lane(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int64_t K, T* out,
+               std::uint8_t* at) {
+  float best = -std::numeric_limits<float>::infinity();
+  std::uint8_t index = 0;
   for (std::int64_t kh = 0; kh < K; ++kh)
     for (std::int64_t kw = 0; kw < K; ++kw) {
-      const T* p = in + kh * h_stride + kw * w_stride;
-      const auto k = static_cast<std::int32_t>(kh * K + kw);
-      for (int l = 0; l < W; ++l) {
-        const float v = load(p + l);
-        const bool take = !(v <= best[l]) && best[l] == best[l];  // greater, or the first NaN
-        best[l] = take ? v : best[l];
-        index[l] = take ? k : index[l];
+      const float v = load(in + kh * h_stride + kw * w_stride);
+      if (!(v <= best) && best == best) {
+        best = v;
+        index = static_cast<std::uint8_t>(kh * K + kw);
       }
     }
-  for (int l = 0; l < W; ++l) store(out + l, best[l]);
-  if (at)
-    for (int l = 0; l < W; ++l) at[l] = static_cast<std::uint8_t>(index[l]);
+  store(out, best);
+  if (at) *at = index;
 }
 
-// One window's W lanes backward: each element gets its lane's gradient where it was the
-// maximum, zero elsewhere.
-template <int W, class T>
-void unpool_window(const T* diff_dst, const std::uint8_t* at, std::int64_t h_stride,
-                   std::int64_t w_stride, std::int64_t K, T* diff_src) {
-  const T zero{};
-  for (std::int64_t kh = 0; kh < K; ++kh)
-    for (std::int64_t kw = 0; kw < K; ++kw) {
-      T* p = diff_src + kh * h_stride + kw * w_stride;
-      const auto k = static_cast<std::uint8_t>(kh * K + kw);
-      for (int l = 0; l < W; ++l) p[l] = pick(at[l] == k, diff_dst[l], zero);
-    }
+template <class T>
+void unpool_lane(const T* diff_dst, const std::uint8_t* at, std::int64_t h_stride,
+                 std::int64_t w_stride, std::int64_t K, T* diff_src) {
+  for (std::int64_t k = 0; k < K * K; ++k)
+    diff_src[k / K * h_stride + k % K * w_stride] = k == *at ? *diff_dst : T{};
 }
 
 // Calls f(src offset, dst offset, lanes at offset l0 of width 16 or less) for every window and
@@ -90,10 +135,10 @@ void forward(const MaxPoolShape& s, const T* src, T* dst, std::uint8_t* where) {
   for_each_window(s, [&](std::int64_t in, std::int64_t out, std::int64_t width) {
     std::uint8_t* at = where ? where + out : nullptr;
     if (width == kVec) {
-      pool_window<kVec>(src + in, hs, ws, K, dst + out, at);
+      pool16(src + in, hs, ws, K, dst + out, at);
     } else {
       for (std::int64_t l = 0; l < width; ++l)
-        pool_window<1>(src + in + l, hs, ws, K, dst + out + l, at ? at + l : nullptr);
+        pool_lane(src + in + l, hs, ws, K, dst + out + l, at ? at + l : nullptr);
     }
   });
 }
@@ -104,10 +149,10 @@ void backward(const MaxPoolShape& s, const std::uint8_t* where, const T* diff_ds
   const std::int64_t hs = a.h_stride, ws = a.w_stride, K = s.K;
   for_each_window(s, [&](std::int64_t in, std::int64_t out, std::int64_t width) {
     if (width == kVec) {
-      unpool_window<kVec>(diff_dst + out, where + out, hs, ws, K, diff_src + in);
+      unpool16(diff_dst + out, where + out, hs, ws, K, diff_src + in);
     } else {
       for (std::int64_t l = 0; l < width; ++l)
-        unpool_window<1>(diff_dst + out + l, where + out + l, hs, ws, K, diff_src + in + l);
+        unpool_lane(diff_dst + out + l, where + out + l, hs, ws, K, diff_src + in + l);
     }
   });
   // Rows and columns past the last whole window take no gradient.
