@@ -288,6 +288,12 @@ bool Model::has_dropout() const {
 
 bool Model::has_batchnorm() const { return !batchnorm_layers().empty(); }
 
+bool Model::has_conv() const {
+  bool conv = false;
+  visit(layers_, [&](const LayerSpec& l) { conv = conv || l.kind == LayerSpec::Kind::kConv; });
+  return conv;
+}
+
 std::vector<const LayerSpec*> Model::batchnorm_layers() const {
   std::vector<const LayerSpec*> out;
   visit(layers_, [&](const LayerSpec& l) {

@@ -38,9 +38,12 @@ TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
       c.micro_batch = std::min(c.batch, kBatchNormMicroBatch);
     } else {
       // One leaf per core, the fastest decomposition measured (docs/architecture.md,
-      // "Micro-batch"). It depends on the machine (or the job's cores), never on --workers.
+      // "Micro-batch"); with convolutions at most kConvMicroBatch rows, so that a leaf's
+      // activations stay in the core's L2. It depends on the machine (or the job's cores),
+      // never on --workers.
       const std::size_t n = c.job_cores != 0 ? c.job_cores : cores();
       c.micro_batch = (c.batch + n - 1) / n;
+      if (model.has_conv()) c.micro_batch = std::min(c.micro_batch, kConvMicroBatch);
     }
   }
   return c;

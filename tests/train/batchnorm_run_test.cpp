@@ -155,12 +155,15 @@ TEST(BatchNormDefaults, MicroBatchIsFixedForBnModelsAndFromTheCoresOtherwise) {
   TrainConfig c;
   c.batch = 256;
   const nn::Model bn = nn::Model::parse("resnet20");
-  const nn::Model plain = nn::Model::parse("cnn");
-  for (std::size_t cores : {1u, 2u, 3u, 16u}) {
+  const nn::Model conv = nn::Model::parse("cnn");
+  const nn::Model mlp = nn::Model::parse("mlp:784-512-256-10");
+  // (cores, the MLP's micro-batch, the cnn's: at most 32 rows with convolutions)
+  const std::size_t expected[][3] = {{1, 256, 32}, {2, 128, 32}, {3, 86, 32}, {16, 16, 16}};
+  for (const auto& [cores, rows_mlp, rows_conv] : expected) {
     c.job_cores = cores;
     EXPECT_EQ(resolve_defaults(c, bn).micro_batch, kBatchNormMicroBatch) << cores << " cores";
-    EXPECT_EQ(resolve_defaults(c, plain).micro_batch, (256 + cores - 1) / cores)
-        << cores << " cores";
+    EXPECT_EQ(resolve_defaults(c, mlp).micro_batch, rows_mlp) << cores << " cores";
+    EXPECT_EQ(resolve_defaults(c, conv).micro_batch, rows_conv) << cores << " cores";
   }
   c.batch = 40;  // smaller than the fixed default: one leaf of the whole batch
   EXPECT_EQ(resolve_defaults(c, bn).micro_batch, 40u);

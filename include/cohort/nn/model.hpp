@@ -89,6 +89,7 @@ class Model {
   std::int64_t num_classes() const { return num_classes_; }
   bool has_dropout() const;
   bool has_batchnorm() const;
+  bool has_conv() const;  // a conv layer, at the top level or inside a residual block
 
   // Running statistics of the bn layers (not parameters: no gradient, no optimizer): for each,
   // "<name>.running_mean" and "<name>.running_var" (C floats each), in model order. Evaluation

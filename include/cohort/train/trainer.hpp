@@ -33,9 +33,9 @@ struct TrainConfig {
   std::string model = "mlp:784-512-256-10";
   std::size_t workers = 0;  // 0: one per core; at most kMaxWorkers
   std::size_t batch = 256;  // global batch B
-  // Leaf size M; 0: ceil(batch / cores of this machine), or kBatchNormMicroBatch for a model
-  // with bn layers (whose statistics are per leaf: M is then part of the model's arithmetic and
-  // must not depend on the machine).
+  // Leaf size M; 0: ceil(batch / cores of this machine), at most kConvMicroBatch for a model
+  // with convolutions, or kBatchNormMicroBatch for a model with bn layers (whose statistics are
+  // per leaf: M is then part of the model's arithmetic and must not depend on the machine).
   std::size_t micro_batch = 0;
   // The cores the default micro-batch divides the batch by (0: this machine's; several ranks:
   // the job's, so the leaves are those of one process with as many cores).
@@ -120,6 +120,11 @@ inline constexpr std::size_t kRootChunk = 65536;
 // The default micro-batch of a model with bn layers (ghost batch normalization over the leaf's
 // rows): see docs/architecture.md, "BatchNorm per leaf", for the measurements behind it.
 inline constexpr std::size_t kBatchNormMicroBatch = 64;
+// The largest default micro-batch of a model with convolutions (and no bn): the `cnn` preset's
+// first activation is 2.4 MB of f32 (1.2 MB of bf16) at 32 rows, within a 2 MiB L2 in bf16;
+// at 128 rows it was 1.14-1.34x slower in bf16 and 1.06-1.22x in f32 (docs/engine_results.md,
+// ninth session).
+inline constexpr std::size_t kConvMicroBatch = 32;
 // PyTorch's BatchNorm defaults: the running statistics' momentum and the normalization's eps.
 inline constexpr float kBatchNormMomentum = 0.1f;
 inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
@@ -131,8 +136,9 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
 // for tabular data.
 nn::SampleShape input_shape(const data::Dataset& set);
 // The config with the machine's defaults filled in: workers 0 -> one per core, micro_batch 0 ->
-// batch / cores (job_cores, or this machine's), rounded up; for a model with bn layers
-// kBatchNormMicroBatch (at most the batch), whatever the machine.
+// batch / cores (job_cores, or this machine's), rounded up, and at most kConvMicroBatch with
+// convolutions; for a model with bn layers kBatchNormMicroBatch (at most the batch), whatever
+// the machine.
 TrainConfig resolve_defaults(TrainConfig config, const nn::Model& model);
 // Throws InputError naming `name` and the field if checkpoint `c` is not one a run of `config`
 // (defaults resolved here) on `model` and `data` may continue: another model, seed, batch,
