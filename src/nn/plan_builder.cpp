@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
 #include "cohort/core/error.hpp"
 #include "cohort/nn/max_pool.hpp"
@@ -253,6 +254,15 @@ std::optional<PoolLayout> channels_innermost(const dnnl::memory::desc& md) {
     return PoolLayout{b.inner_blks[0], b.strides[0], b.strides[1], b.strides[2], b.strides[3]};
   return std::nullopt;
 }
+
+// Calls f with a null pointer to the activations' element type: float, or bf16.
+template <class F>
+void with_element_type(dnnl::memory::data_type act, F f) {
+  if (act == dnnl::memory::data_type::bf16)
+    f(static_cast<bf16*>(nullptr));
+  else
+    f(static_cast<float*>(nullptr));
+}
 }  // namespace
 
 // Max pooling on cohort's kernel (max_pool.hpp) where it applies: windows that tile the image,
@@ -278,16 +288,13 @@ void PlanBuilder::add_max_pool_forward(Saved& s) {
   }
   const MaxPoolShape shape = *s.pool;
   const memory src = s.src, dst = s.dst;  // the input's handle may change between calls
-  if (act_ == Dt::bf16)
+  with_element_type(act_, [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
     add_custom(p_.forward, [=] {
-      max_pool_forward(shape, static_cast<const bf16*>(src.get_data_handle()),
-                       static_cast<bf16*>(dst.get_data_handle()), where);
+      max_pool_forward(shape, static_cast<const T*>(src.get_data_handle()),
+                       static_cast<T*>(dst.get_data_handle()), where);
     });
-  else
-    add_custom(p_.forward, [=] {
-      max_pool_forward(shape, static_cast<const float*>(src.get_data_handle()),
-                       static_cast<float*>(dst.get_data_handle()), where);
-    });
+  });
 }
 
 // `diff` is laid out as the forward's dst; the input's gradient as its src.
@@ -296,16 +303,13 @@ PlanBuilder::memory PlanBuilder::add_max_pool_backward(const Saved& s, const mem
   const MaxPoolShape shape = *s.pool;
   const std::uint8_t* where = s.pool_where;
   const memory dd = diff;
-  if (act_ == Dt::bf16)
+  with_element_type(act_, [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
     add_custom(p_.backward, [=] {
-      max_pool_backward(shape, where, static_cast<const bf16*>(dd.get_data_handle()),
-                        static_cast<bf16*>(diff_src.get_data_handle()));
+      max_pool_backward(shape, where, static_cast<const T*>(dd.get_data_handle()),
+                        static_cast<T*>(diff_src.get_data_handle()));
     });
-  else
-    add_custom(p_.backward, [=] {
-      max_pool_backward(shape, where, static_cast<const float*>(dd.get_data_handle()),
-                        static_cast<float*>(diff_src.get_data_handle()));
-    });
+  });
   return diff_src;
 }
 
