@@ -40,11 +40,16 @@ inline void store16(bf16* p, i32x16 bits) {
   std::memcpy(p, &h, sizeof h);
 }
 
+// Bit 7 of a window index: ReLU zeroed the window's output. No window position (below K * K <=
+// 128) equals such an index, so backward routes nothing from it: ReLU's backward for free.
+constexpr std::int32_t kReluZeroed = 0x80;
+
 // One window's 16 lanes: the first maximal element of each lane (a NaN counts as maximal, and
-// the first NaN stays), its value to out and its window index to at (unless null).
+// the first NaN stays), its value to out (through ReLU with `relu`: +0 unless above 0 or NaN)
+// and its window index to at (unless null).
 template <class T>
-void pool16(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int64_t K, T* out,
-            std::uint8_t* at) {
+void pool16(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int64_t K, bool relu,
+            T* out, std::uint8_t* at) {
   i32x16 best = {};
   best += std::bit_cast<std::int32_t>(-std::numeric_limits<float>::infinity());
   i32x16 index = {};
@@ -57,6 +62,12 @@ void pool16(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int6
       best = (v & take) | (best & ~take);
       index = (static_cast<std::int32_t>(kh * K + kw) & take) | (index & ~take);
     }
+  if (relu) {
+    const f32x16 fb = std::bit_cast<f32x16>(best);
+    const i32x16 pass = (fb > 0.0f) | (fb != fb);  // above 0, or NaN (a fault is kept)
+    best &= pass;                                   // +0 elsewhere
+    index |= kReluZeroed & ~pass;
+  }
   store16(out, best);
   if (at) {
     const u8x16 bytes = __builtin_convertvector(index, u8x16);
@@ -87,8 +98,8 @@ inline void store(bf16* p, float v) {  // v is a widened bf16: its upper half is
 
 // One lane of a window (lane counts that are not a multiple of 16): as pool16.
 template <class T>
-void pool_lane(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int64_t K, T* out,
-               std::uint8_t* at) {
+void pool_lane(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int64_t K,
+               bool relu, T* out, std::uint8_t* at) {
   float best = -std::numeric_limits<float>::infinity();
   std::uint8_t index = 0;
   for (std::int64_t kh = 0; kh < K; ++kh)
@@ -99,6 +110,10 @@ void pool_lane(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::i
         index = static_cast<std::uint8_t>(kh * K + kw);
       }
     }
+  if (relu && !(best > 0.0f) && best == best) {
+    best = 0.0f;
+    index |= kReluZeroed;
+  }
   store(out, best);
   if (at) *at = index;
 }
@@ -132,13 +147,14 @@ void for_each_window(const MaxPoolShape& s, F f) {
 template <class T>
 void forward(const MaxPoolShape& s, const T* src, T* dst, std::uint8_t* where) {
   const std::int64_t hs = s.src.h_stride, ws = s.src.w_stride, K = s.K;
+  const bool relu = s.relu;
   for_each_window(s, [&](std::int64_t in, std::int64_t out, std::int64_t width) {
     std::uint8_t* at = where ? where + out : nullptr;
     if (width == kVec) {
-      pool16(src + in, hs, ws, K, dst + out, at);
+      pool16(src + in, hs, ws, K, relu, dst + out, at);
     } else {
       for (std::int64_t l = 0; l < width; ++l)
-        pool_lane(src + in + l, hs, ws, K, dst + out + l, at ? at + l : nullptr);
+        pool_lane(src + in + l, hs, ws, K, relu, dst + out + l, at ? at + l : nullptr);
     }
   });
 }
@@ -171,7 +187,8 @@ void backward(const MaxPoolShape& s, const std::uint8_t* where, const T* diff_ds
 
 bool max_pool_supported(const MaxPoolShape& s) {
   const bool lanes = s.src.lanes >= 1 && s.src.lanes == s.dst.lanes && s.C % s.src.lanes == 0;
-  return lanes && s.K >= 1 && s.K <= 15 && s.IH >= s.K && s.IW >= s.K && s.N >= 1;
+  const bool index_fits = s.K <= 15 && (!s.relu || s.K * s.K <= kReluZeroed);
+  return lanes && s.K >= 1 && index_fits && s.IH >= s.K && s.IW >= s.K && s.N >= 1;
 }
 
 void max_pool_forward(const MaxPoolShape& s, const float* src, float* dst, std::uint8_t* where) {

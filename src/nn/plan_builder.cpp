@@ -86,10 +86,12 @@ void PlanBuilder::build() {
     const LayerSpec& l = layers[i];
     where_ = l.name + " forward";
     fuse_relu_ = k + 1 < order.size() && relu_fused_into_previous_.count(&layers[order[k + 1]]);
+    next_ = k + 1 < order.size() ? &layers[order[k + 1]] : nullptr;
     saved.push_back(forward(l, i, cur, /*last=*/i == order.back()));
     cur = saved.back().dst;
   }
   fuse_relu_ = false;
+  next_ = nullptr;
   // The logits are f32 (N, C): a last linear layer writes them so; anything else (a bf16
   // activation) is converted here, and its gradient back by the last layer's backward.
   const std::int64_t C = model.num_classes();
@@ -176,6 +178,10 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
       return s;
     }
     case Kind::kReLU:
+      if (relu_in_pool_.count(&l)) {  // the max pooling before it applied it, and its backward
+        s.dst = cur;
+        return s;
+      }
       // In place; backward uses the output (relu'(x) = [y > 0]), so no input copy is kept. Fused
       // into the linear layer before it: only the description backward needs.
       add_relu_forward(cur, s, /*run=*/!relu_fused_into_previous_.count(&l));
@@ -189,6 +195,15 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
           {prop, alg, cur.get_desc(), any(image(l.out)), st, k, zero, zero}, attr_, eng_);
       s.dst = new_memory(pd.dst_desc());
       if (l.kind == Kind::kMaxPool && (s.pool = max_pool_shape(l, cur, s.dst))) {
+        // A ReLU after it (conv -> relu -> maxpool, reordered above) runs in the same pass, and
+        // its backward inside the pooling's: two passes over the pooled output fewer each way.
+        if (MaxPoolShape fused = *s.pool; next_ && next_->kind == Kind::kReLU) {
+          fused.relu = true;
+          if (max_pool_supported(fused)) {
+            s.pool = fused;
+            relu_in_pool_.insert(next_);
+          }
+        }
         add_max_pool_forward(s);  // cohort's kernel, in the layouts oneDNN chose
         return s;
       }
@@ -433,7 +448,7 @@ memory PlanBuilder::backward(const Saved& s, bool first, memory diff) {
       return diff_src;
     }
     case Kind::kReLU:
-      add_relu_backward(s, diff);
+      if (!relu_in_pool_.count(&l)) add_relu_backward(s, diff);
       return diff;
     case Kind::kMaxPool:
     case Kind::kAvgPool: {

@@ -1,7 +1,8 @@
 // The max pooling kernels (max_pool.hpp) against a naive float64 reference on logical (N, C, H, W)
 // indices, in the layouts a Net hands them (nhwc, channel blocks of 8 and 16) and both
 // precisions: the maxima, the window index of the first maximum, the gradient routed there, zero
-// elsewhere (also rows and columns no window covers), ties and NaNs. The Net's own tests
+// elsewhere (also rows and columns no window covers), ties and NaNs; with a fused ReLU, +0 out
+// and no gradient where the maximum is not above 0 (a NaN stays). The Net's own tests
 // (net_test.cpp, net_bf16_test.cpp) run it inside models against the model reference.
 #include "cohort/nn/max_pool.hpp"
 
@@ -26,13 +27,14 @@ struct Case {
   std::string layout;  // "nhwc", "blocked8", "blocked16"
   std::int64_t N, C, IH, IW, K;
   bool bf16;
+  bool relu = false;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return c.layout + "_N" + std::to_string(c.N) + "_C" + std::to_string(c.C) + "_" +
          std::to_string(c.IH) + "x" + std::to_string(c.IW) + "_K" + std::to_string(c.K) +
-         (c.bf16 ? "_bf16" : "_f32");
+         (c.bf16 ? "_bf16" : "_f32") + (c.relu ? "_relu" : "");
 }
 
 PoolLayout layout_of(const std::string& name, std::int64_t C, std::int64_t H, std::int64_t W) {
@@ -93,7 +95,7 @@ void check_case(const Case& c) {
   const PoolLayout a = layout_of(c.layout, c.C, c.IH, c.IW);
   const std::int64_t OH = c.IH / c.K, OW = c.IW / c.K;
   const PoolLayout b = layout_of(c.layout, c.C, OH, OW);
-  const MaxPoolShape shape{c.N, c.C, c.IH, c.IW, c.K, a, b};
+  const MaxPoolShape shape{c.N, c.C, c.IH, c.IW, c.K, a, b, c.relu};
   ASSERT_TRUE(max_pool_supported(shape));
   const std::vector<double> x = logical_input(c);
   auto xat = [&](std::int64_t n, std::int64_t ch, std::int64_t h, std::int64_t w) {
@@ -139,11 +141,17 @@ void check_case(const Case& c) {
           const std::string at = "n " + std::to_string(n) + " c " + std::to_string(ch) + " oh " +
                                  std::to_string(oh) + " ow " + std::to_string(ow);
           const double got = to_double(dst[o]);
-          if (nan)
+          const bool zeroed = c.relu && !nan && !(best > 0);  // ReLU's output 0, no gradient
+          if (nan) {
             ASSERT_TRUE(std::isnan(got)) << at;
-          else
+          } else if (zeroed) {
+            ASSERT_EQ(got, 0.0) << at;
+            ASSERT_FALSE(std::signbit(got)) << at << ": +0, not -0";
+          } else {
             ASSERT_EQ(got, best) << at;
-          ASSERT_EQ(where[o], first) << at;
+          }
+          ASSERT_EQ(where[o], first | (zeroed ? 0x80 : 0)) << at;
+          if (zeroed) continue;
           expect_ds[static_cast<std::size_t>(
               ((n * c.C + ch) * c.IH + oh * c.K + first / c.K) * c.IW + ow * c.K + first % c.K)] =
               to_double(diff_dst[o]);
@@ -176,6 +184,12 @@ std::vector<Case> cases() {
     out.push_back({"blocked16", 2, 64, 8, 8, 2, b16});  // cnn's second pooling (f32: nChw16c)
     out.push_back({"blocked16", 1, 32, 13, 13, 4, b16});
     out.push_back({"blocked8", 2, 16, 6, 5, 2, b16});
+    // A ReLU fused: the cnn's two poolings, lanes below 16, and K 11 (the largest window whose
+    // index leaves bit 7 free).
+    out.push_back({"nhwc", 3, 32, 24, 24, 2, b16, true});
+    out.push_back({"blocked16", 2, 64, 8, 8, 2, b16, true});
+    out.push_back({"nhwc", 2, 3, 10, 11, 3, b16, true});
+    out.push_back({"blocked16", 1, 16, 23, 22, 11, b16, true});
   }
   return out;
 }
@@ -190,6 +204,9 @@ TEST(MaxPool, SupportsOnlyWholeLaneGroupsAndByteIndices) {
   EXPECT_FALSE(max_pool_supported({2, 40, 8, 8, 2, blocked, blocked}));  // a padded group
   EXPECT_FALSE(max_pool_supported({2, 32, 8, 8, 2, nhwc, blocked}));     // lanes differ
   EXPECT_FALSE(max_pool_supported({2, 32, 16, 16, 16, nhwc, nhwc}));     // K * K > 255
+  EXPECT_TRUE(max_pool_supported({2, 32, 24, 24, 12, nhwc, nhwc}));      // K * K 144: a byte
+  EXPECT_FALSE(max_pool_supported({2, 32, 24, 24, 12, nhwc, nhwc, true}));  // bit 7 taken
+  EXPECT_TRUE(max_pool_supported({2, 32, 22, 22, 11, nhwc, nhwc, true}));   // K * K 121
   EXPECT_FALSE(max_pool_supported({2, 32, 3, 8, 4, nhwc, nhwc}));        // no whole window
 }
 

@@ -8,6 +8,9 @@
 // gradient); a NaN in a window is its maximum, so a fault is never pooled away. Backward routes
 // each output gradient to that element and writes zero everywhere else, including rows and
 // columns no window covers. Bits: the maximum is one of the inputs, so both precisions are exact.
+// With `relu` the output is max(y, 0) (a NaN stays NaN; +0 for y <= 0) in the same pass — a ReLU
+// after the pooling, which a Net runs there instead of before it — and backward routes only the
+// gradients whose output was above 0 (or NaN): ReLU's backward on its output, fused too.
 #pragma once
 
 #include <cstdint>
@@ -26,15 +29,19 @@ struct PoolLayout {
 struct MaxPoolShape {
   std::int64_t N, C, IH, IW, K;  // OH = IH / K, OW = IW / K; 1 <= K <= 15 (the index is a byte)
   PoolLayout src, dst;           // the same lanes; the workspace is laid out as dst
+  bool relu = false;             // ReLU on the output, fused (K <= 11: bit 7 of the index marks
+                                 // a window whose output ReLU zeroed, so no gradient reaches it)
   std::int64_t OH() const { return IH / K; }
   std::int64_t OW() const { return IW / K; }
 };
 
-// Whether the kernels take this shape: C a multiple of the lanes, K in range, windows inside.
+// Whether the kernels take this shape: C a multiple of the lanes, K in range (K * K <= 128 with
+// relu), windows inside.
 bool max_pool_supported(const MaxPoolShape& s);
 
-// dst (N, C, OH, OW) = max over each window of src (N, C, IH, IW); `where` (laid out as dst, one
-// byte an element) the window index of each maximum, or null (inference).
+// dst (N, C, OH, OW) = max over each window of src (N, C, IH, IW) (then ReLU, with s.relu);
+// `where` (laid out as dst, one byte an element) the window index of each maximum (| 0x80 where
+// ReLU zeroed the output), or null (inference).
 void max_pool_forward(const MaxPoolShape& s, const float* src, float* dst, std::uint8_t* where);
 void max_pool_forward(const MaxPoolShape& s, const bf16* src, bf16* dst, std::uint8_t* where);
 
