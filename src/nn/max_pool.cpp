@@ -47,9 +47,12 @@ constexpr std::int32_t kReluZeroed = 0x80;
 // One window's 16 lanes: the first maximal element of each lane (a NaN counts as maximal, and
 // the first NaN stays), its value to out (through ReLU with `relu`: +0 unless above 0 or NaN)
 // and its window index to at (unless null).
-template <class T>
-void pool16(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int64_t K, bool relu,
-            T* out, std::uint8_t* at) {
+// KFixed: the window's side known at compile time (2: the loops unrolled, no index arithmetic
+// left at run time), or 0 for any K.
+template <class T, std::int64_t KFixed>
+void pool16(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int64_t K_any,
+            bool relu, T* out, std::uint8_t* at) {
+  const std::int64_t K = KFixed ? KFixed : K_any;
   i32x16 best = {};
   best += std::bit_cast<std::int32_t>(-std::numeric_limits<float>::infinity());
   i32x16 index = {};
@@ -75,14 +78,21 @@ void pool16(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int6
   }
 }
 
-// One window's 16 lanes backward: each element gets its lane's gradient where it was the
-// maximum, zero elsewhere.
-template <class T>
-void unpool16(const T* diff_dst, const std::uint8_t* at, std::int64_t h_stride,
-              std::int64_t w_stride, std::int64_t K, T* diff_src) {
+// 16 window indices widened to 32-bit lanes in two steps (bytes to 16 bits to 32): GCC 12
+// turned the one-step conversion into a byte-by-byte extraction, 40-odd instructions a window.
+inline i32x16 load_index16(const std::uint8_t* at) {
   u8x16 bytes;
   std::memcpy(&bytes, at, sizeof bytes);
-  const i32x16 index = __builtin_convertvector(bytes, i32x16), grad = load16(diff_dst);
+  return __builtin_convertvector(__builtin_convertvector(bytes, u16x16), i32x16);
+}
+
+// One window's 16 lanes backward: each element gets its lane's gradient where it was the
+// maximum, zero elsewhere. KFixed: as pool16.
+template <class T, std::int64_t KFixed>
+void unpool16(const T* diff_dst, const std::uint8_t* at, std::int64_t h_stride,
+              std::int64_t w_stride, std::int64_t K_any, T* diff_src) {
+  const std::int64_t K = KFixed ? KFixed : K_any;
+  const i32x16 index = load_index16(at), grad = load16(diff_dst);
   for (std::int64_t kh = 0; kh < K; ++kh)
     for (std::int64_t kw = 0; kw < K; ++kw)
       store16(diff_src + kh * h_stride + kw * w_stride,
@@ -144,19 +154,28 @@ void for_each_window(const MaxPoolShape& s, F f) {
         }
 }
 
-template <class T>
-void forward(const MaxPoolShape& s, const T* src, T* dst, std::uint8_t* where) {
+template <class T, std::int64_t KFixed>
+void forward_k(const MaxPoolShape& s, const T* src, T* dst, std::uint8_t* where) {
   const std::int64_t hs = s.src.h_stride, ws = s.src.w_stride, K = s.K;
   const bool relu = s.relu;
   for_each_window(s, [&](std::int64_t in, std::int64_t out, std::int64_t width) {
     std::uint8_t* at = where ? where + out : nullptr;
     if (width == kVec) {
-      pool16(src + in, hs, ws, K, relu, dst + out, at);
+      pool16<T, KFixed>(src + in, hs, ws, K, relu, dst + out, at);
     } else {
       for (std::int64_t l = 0; l < width; ++l)
         pool_lane(src + in + l, hs, ws, K, relu, dst + out + l, at ? at + l : nullptr);
     }
   });
+}
+
+// 2 x 2 windows (the common pooling) with the window unrolled; any other K through the loops.
+template <class T>
+void forward(const MaxPoolShape& s, const T* src, T* dst, std::uint8_t* where) {
+  if (s.K == 2)
+    forward_k<T, 2>(s, src, dst, where);
+  else
+    forward_k<T, 0>(s, src, dst, where);
 }
 
 template <class T>
@@ -165,7 +184,10 @@ void backward(const MaxPoolShape& s, const std::uint8_t* where, const T* diff_ds
   const std::int64_t hs = a.h_stride, ws = a.w_stride, K = s.K;
   for_each_window(s, [&](std::int64_t in, std::int64_t out, std::int64_t width) {
     if (width == kVec) {
-      unpool16(diff_dst + out, where + out, hs, ws, K, diff_src + in);
+      if (K == 2)
+        unpool16<T, 2>(diff_dst + out, where + out, hs, ws, K, diff_src + in);
+      else
+        unpool16<T, 0>(diff_dst + out, where + out, hs, ws, K, diff_src + in);
     } else {
       for (std::int64_t l = 0; l < width; ++l)
         unpool_lane(diff_dst + out + l, where + out + l, hs, ws, K, diff_src + in + l);
