@@ -49,8 +49,8 @@ std::int64_t offset(const PoolLayout& l, std::int64_t n, std::int64_t c, std::in
          c % l.lanes;
 }
 
-// Values from a set of five, so that windows often hold equal maxima; the first element of
-// every 37th window a NaN, and every 41st window all -inf.
+// Values from a set of five, so that windows often hold equal maxima; NaNs in some windows'
+// corners, and every 41st window all -inf.
 std::vector<double> logical_input(const Case& c) {
   Rng rng({kSeed, static_cast<std::uint64_t>(c.C * 1000 + c.IH)});
   std::vector<double> x(static_cast<std::size_t>(c.N * c.C * c.IH * c.IW));
@@ -66,7 +66,12 @@ std::vector<double> logical_input(const Case& c) {
             return x[static_cast<std::size_t>(((n * c.C + ch) * c.IH + oh * c.K + kh) * c.IW +
                                               ow * c.K + kw)];
           };
-          if (window % 37 == 5) at(c.K - 1, 0) = std::numeric_limits<double>::quiet_NaN();
+          // NaNs at three corners, some windows holding two of them: which one is first
+          // matters to the index (and K = 2 compares its window as a tree).
+          const double nan = std::numeric_limits<double>::quiet_NaN();
+          if (window % 37 == 5) at(c.K - 1, 0) = nan;
+          if (window % 31 == 3) at(0, c.K - 1) = nan;
+          if (window % 29 == 13) at(c.K - 1, c.K - 1) = nan;
           if (window % 41 == 7)
             for (std::int64_t kh = 0; kh < c.K; ++kh)
               for (std::int64_t kw = 0; kw < c.K; ++kw)
