@@ -174,29 +174,56 @@ std::vector<std::uint32_t> Sampler::epoch_order(std::uint64_t epoch) const {
   return order;
 }
 
-void assemble_batch(const Dataset& set, std::span<const std::uint32_t> ids, float* x,
-                    std::int32_t* y) {
+namespace {
+// One row of the batch from sample `offset`: f32 pixels as a true division by 255 (as
+// torch_peer.py's `/ 255.0` in float32; x * (1/255) differs in the last bit for some pixels),
+// which vectorises (convert + divide), unlike a table lookup; bf16 pixels by the multiply, the
+// same bits once rounded (dataset.hpp).
+void convert_row(const Dataset& set, std::size_t offset, float* __restrict dst) {
+  const std::size_t f = set.features();
+  if (set.images.empty()) {
+    std::memcpy(dst, set.float_features.data() + offset, f * sizeof(float));
+    return;
+  }
+  const std::uint8_t* __restrict src = set.images.data() + offset;
+  for (std::size_t i = 0; i < f; ++i) dst[i] = static_cast<float>(src[i]) / 255.0f;
+}
+void convert_row(const Dataset& set, std::size_t offset, bf16* __restrict dst) {
+  const std::size_t f = set.features();
+  if (set.images.empty()) {
+    to_bf16(set.float_features.data() + offset, dst, f);
+    return;
+  }
+  constexpr float kInv255 = 1.0f / 255.0f;
+  const std::uint8_t* __restrict src = set.images.data() + offset;
+  for (std::size_t i = 0; i < f; ++i) dst[i] = to_bf16(static_cast<float>(src[i]) * kInv255);
+}
+
+template <class T>
+void assemble(const Dataset& set, std::span<const std::uint32_t> ids, T* x, std::int32_t* y) {
   const std::size_t f = set.features();
   for (std::size_t r = 0; r < ids.size(); ++r) {
     COHORT_CHECK(ids[r] < set.count, "sample id out of range");
-    const std::size_t offset = static_cast<std::size_t>(ids[r]) * f;
-    float* __restrict dst = x + r * f;
-    if (set.images.empty()) {
-      std::memcpy(dst, set.float_features.data() + offset, f * sizeof(float));
-    } else {
-      // The next sample's image is at a random place in the set: ask for its lines now, so they
-      // arrive while this one is converted.
-      if (r + 1 < ids.size()) {
-        const std::uint8_t* next = set.images.data() + static_cast<std::size_t>(ids[r + 1]) * f;
-        for (std::size_t line = 0; line < f; line += 64) __builtin_prefetch(next + line);
-      }
-      const std::uint8_t* __restrict src = set.images.data() + offset;
-      // A true division, as torch_peer.py's `/ 255.0` in float32 (x * (1/255) differs in the
-      // last bit for some pixels); it vectorises (convert + divide), unlike a table lookup.
-      for (std::size_t i = 0; i < f; ++i) dst[i] = static_cast<float>(src[i]) / 255.0f;
+    // The next sample's image is at a random place in the set: ask for its lines now, so they
+    // arrive while this one is converted.
+    if (!set.images.empty() && r + 1 < ids.size()) {
+      const std::uint8_t* next = set.images.data() + static_cast<std::size_t>(ids[r + 1]) * f;
+      for (std::size_t line = 0; line < f; line += 64) __builtin_prefetch(next + line);
     }
+    convert_row(set, static_cast<std::size_t>(ids[r]) * f, x + r * f);
     y[r] = static_cast<std::int32_t>(set.labels[ids[r]]);
   }
+}
+}  // namespace
+
+void assemble_batch(const Dataset& set, std::span<const std::uint32_t> ids, float* x,
+                    std::int32_t* y) {
+  assemble(set, ids, x, y);
+}
+
+void assemble_batch(const Dataset& set, std::span<const std::uint32_t> ids, bf16* x,
+                    std::int32_t* y) {
+  assemble(set, ids, x, y);
 }
 
 }  // namespace cohort::data

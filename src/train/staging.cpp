@@ -56,7 +56,12 @@ void Staging::assemble(Buffers& b, const Step& s, std::size_t first, std::size_t
     rows(first, n, b.x.data() + first * features_);
     return;
   }
-  // bf16 rows only: a few rows at a time in f32 in this thread's L1, then converted; no f32
+  if (!augmenter_) {  // bf16 rows converted straight from the source
+    data::assemble_batch(train_, s.ids.subspan(first, n), b.x16.data() + first * features_,
+                         b.y.data() + first);
+    return;
+  }
+  // Augmented bf16 rows: a few rows at a time in f32 in this thread's L1, then converted; no f32
   // copy of the batch is written to memory and read back.
   constexpr std::size_t kRows = 8;
   thread_local AlignedBuffer<float> block;

@@ -1,10 +1,15 @@
-// Sampler ordering and batch assembly.
+// Sampler ordering and batch assembly (f32, and bf16 straight from the source).
 #include "cohort/data/dataset.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <numeric>
+
+#include "cohort/core/rng.hpp"
 
 namespace cohort::data {
 namespace {
@@ -49,6 +54,54 @@ TEST(AssembleBatch, NormalisesPixelsAndCopiesLabels) {
   assemble_batch(set, ids, x.data(), y.data());
   EXPECT_EQ(x, (std::vector<float>{1 / 255.0f, 2 / 255.0f, 3 / 255.0f, 0.0f, 1.0f, 51 / 255.0f}));
   EXPECT_EQ(y, (std::vector<std::int32_t>{9, 4}));
+}
+
+// bf16 rows are to_bf16 of the f32 rows, bit for bit: pixels by a multiply where f32 divides.
+TEST(AssembleBatch, Bf16PixelTimesInverseRoundsAsPixelOver255ForEveryByte) {
+  for (int p = 0; p < 256; ++p) {
+    const float v = static_cast<float>(p);
+    EXPECT_EQ(to_bf16(v * (1.0f / 255.0f)).bits, to_bf16(v / 255.0f).bits) << "pixel " << p;
+  }
+}
+
+// Every byte value in a few rows, gathered in a shuffled order, and float features of every
+// magnitude (and a NaN): the bf16 batch is the f32 batch rounded, element by element.
+TEST(AssembleBatch, Bf16RowsAreTheF32RowsRounded) {
+  constexpr std::uint64_t kSeed = 20261202;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  Rng rng({kSeed, 1});
+  for (const bool images : {true, false}) {
+    Dataset set;
+    set.count = 40;
+    set.rows = 1;
+    set.cols = 100;  // not a multiple of 16: a vector loop's tail
+    set.num_classes = 10;
+    const std::size_t f = set.cols, n = set.count * f;
+    if (images) {
+      set.images.resize(n);
+      for (std::size_t i = 0; i < n; ++i) set.images[i] = static_cast<std::uint8_t>(i % 256);
+    } else {
+      set.float_features.resize(n);
+      for (std::size_t i = 0; i < n; ++i)
+        set.float_features[i] =
+            std::ldexp(static_cast<float>(rng.below(1u << 24)) - 8388608.0f, -20 + static_cast<int>(i % 40));
+      set.float_features[7] = std::nanf("");
+    }
+    for (std::size_t i = 0; i < set.count; ++i)
+      set.labels.push_back(static_cast<std::uint32_t>(i % 10));
+    std::vector<std::uint32_t> ids(set.count);
+    std::iota(ids.begin(), ids.end(), 0u);
+    for (std::size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[rng.below(i)]);
+    std::vector<float> x(n);
+    std::vector<bf16> x16(n);
+    std::vector<std::int32_t> y(set.count), y16(set.count);
+    assemble_batch(set, ids, x.data(), y.data());
+    assemble_batch(set, ids, x16.data(), y16.data());
+    EXPECT_EQ(y16, y);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(x16[i].bits, to_bf16(x[i]).bits)
+          << (images ? "images" : "float features") << ", element " << i;
+  }
 }
 
 }  // namespace
