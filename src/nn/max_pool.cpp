@@ -47,8 +47,8 @@ constexpr std::int32_t kReluZeroed = 0x80;
 // One window's 16 lanes: the first maximal element of each lane (a NaN counts as maximal, and
 // the first NaN stays), its value to out (through ReLU with `relu`: +0 unless above 0 or NaN)
 // and its window index to at (unless null).
-// KFixed: the window's side known at compile time (2: the loops unrolled, no index arithmetic
-// left at run time), or 0 for any K.
+// KFixed: the window's side known at compile time (2, the common pooling: the loops unrolled,
+// no index arithmetic left at run time; the public functions pick it), or 0 for any K.
 template <class T, std::int64_t KFixed>
 void pool16(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int64_t K_any,
             bool relu, T* out, std::uint8_t* at) {
@@ -68,7 +68,7 @@ void pool16(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int6
   if (relu) {
     const f32x16 fb = std::bit_cast<f32x16>(best);
     const i32x16 pass = (fb > 0.0f) | (fb != fb);  // above 0, or NaN (a fault is kept)
-    best &= pass;                                   // +0 elsewhere
+    best &= pass;                                  // +0 elsewhere
     index |= kReluZeroed & ~pass;
   }
   store16(out, best);
@@ -108,8 +108,8 @@ inline void store(bf16* p, float v) {  // v is a widened bf16: its upper half is
 
 // One lane of a window (lane counts that are not a multiple of 16): as pool16.
 template <class T>
-void pool_lane(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int64_t K,
-               bool relu, T* out, std::uint8_t* at) {
+void pool_lane(const T* in, std::int64_t h_stride, std::int64_t w_stride, std::int64_t K, bool relu,
+               T* out, std::uint8_t* at) {
   float best = -std::numeric_limits<float>::infinity();
   std::uint8_t index = 0;
   for (std::int64_t kh = 0; kh < K; ++kh)
@@ -155,7 +155,7 @@ void for_each_window(const MaxPoolShape& s, F f) {
 }
 
 template <class T, std::int64_t KFixed>
-void forward_k(const MaxPoolShape& s, const T* src, T* dst, std::uint8_t* where) {
+void forward(const MaxPoolShape& s, const T* src, T* dst, std::uint8_t* where) {
   const std::int64_t hs = s.src.h_stride, ws = s.src.w_stride, K = s.K;
   const bool relu = s.relu;
   for_each_window(s, [&](std::int64_t in, std::int64_t out, std::int64_t width) {
@@ -169,25 +169,13 @@ void forward_k(const MaxPoolShape& s, const T* src, T* dst, std::uint8_t* where)
   });
 }
 
-// 2 x 2 windows (the common pooling) with the window unrolled; any other K through the loops.
-template <class T>
-void forward(const MaxPoolShape& s, const T* src, T* dst, std::uint8_t* where) {
-  if (s.K == 2)
-    forward_k<T, 2>(s, src, dst, where);
-  else
-    forward_k<T, 0>(s, src, dst, where);
-}
-
-template <class T>
+template <class T, std::int64_t KFixed>
 void backward(const MaxPoolShape& s, const std::uint8_t* where, const T* diff_dst, T* diff_src) {
   const PoolLayout& a = s.src;
   const std::int64_t hs = a.h_stride, ws = a.w_stride, K = s.K;
   for_each_window(s, [&](std::int64_t in, std::int64_t out, std::int64_t width) {
     if (width == kVec) {
-      if (K == 2)
-        unpool16<T, 2>(diff_dst + out, where + out, hs, ws, K, diff_src + in);
-      else
-        unpool16<T, 0>(diff_dst + out, where + out, hs, ws, K, diff_src + in);
+      unpool16<T, KFixed>(diff_dst + out, where + out, hs, ws, K, diff_src + in);
     } else {
       for (std::int64_t l = 0; l < width; ++l)
         unpool_lane(diff_dst + out + l, where + out + l, hs, ws, K, diff_src + in + l);
@@ -214,18 +202,20 @@ bool max_pool_supported(const MaxPoolShape& s) {
 }
 
 void max_pool_forward(const MaxPoolShape& s, const float* src, float* dst, std::uint8_t* where) {
-  forward(s, src, dst, where);
+  s.K == 2 ? forward<float, 2>(s, src, dst, where) : forward<float, 0>(s, src, dst, where);
 }
 void max_pool_forward(const MaxPoolShape& s, const bf16* src, bf16* dst, std::uint8_t* where) {
-  forward(s, src, dst, where);
+  s.K == 2 ? forward<bf16, 2>(s, src, dst, where) : forward<bf16, 0>(s, src, dst, where);
 }
 void max_pool_backward(const MaxPoolShape& s, const std::uint8_t* where, const float* diff_dst,
                        float* diff_src) {
-  backward(s, where, diff_dst, diff_src);
+  s.K == 2 ? backward<float, 2>(s, where, diff_dst, diff_src)
+           : backward<float, 0>(s, where, diff_dst, diff_src);
 }
 void max_pool_backward(const MaxPoolShape& s, const std::uint8_t* where, const bf16* diff_dst,
                        bf16* diff_src) {
-  backward(s, where, diff_dst, diff_src);
+  s.K == 2 ? backward<bf16, 2>(s, where, diff_dst, diff_src)
+           : backward<bf16, 0>(s, where, diff_dst, diff_src);
 }
 
 }  // namespace cohort::nn

@@ -142,7 +142,7 @@ class PlanBuilder {
   const bool batch_linear_;
   std::map<const LayerSpec*, std::size_t> linear_of_;    // linear layer -> its ordinal
   std::set<const LayerSpec*> relu_fused_into_previous_;  // ReLUs run as a linear's post-op
-  bool fuse_relu_ = false;  // the layer being built ends with a fused ReLU
+  bool fuse_relu_ = false;                   // the layer being built ends with a fused ReLU
   std::set<const LayerSpec*> relu_in_pool_;  // ReLUs run inside cohort's max pooling before them
   const LayerSpec* next_ = nullptr;          // the layer after the one being built, in order
   Plan& p_;

@@ -83,8 +83,8 @@ TEST(AssembleBatch, Bf16RowsAreTheF32RowsRounded) {
     } else {
       set.float_features.resize(n);
       for (std::size_t i = 0; i < n; ++i)
-        set.float_features[i] =
-            std::ldexp(static_cast<float>(rng.below(1u << 24)) - 8388608.0f, -20 + static_cast<int>(i % 40));
+        set.float_features[i] = std::ldexp(static_cast<float>(rng.below(1u << 24)) - 8388608.0f,
+                                           -20 + static_cast<int>(i % 40));
       set.float_features[7] = std::nanf("");
     }
     for (std::size_t i = 0; i < set.count; ++i)

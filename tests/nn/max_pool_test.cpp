@@ -204,15 +204,15 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MaxPoolVsReference, ::testing::ValuesIn(cases(
 TEST(MaxPool, SupportsOnlyWholeLaneGroupsAndByteIndices) {
   const PoolLayout nhwc{32, 32 * 8 * 8, 0, 8 * 32, 32}, blocked{16, 48 * 64, 64 * 16, 8 * 16, 16};
   EXPECT_TRUE(max_pool_supported({2, 32, 8, 8, 2, nhwc, nhwc}));
-  EXPECT_FALSE(max_pool_supported({2, 48, 8, 8, 2, nhwc, nhwc}));        // C not the lanes
-  EXPECT_TRUE(max_pool_supported({2, 48, 8, 8, 2, blocked, blocked}));   // 3 groups of 16
-  EXPECT_FALSE(max_pool_supported({2, 40, 8, 8, 2, blocked, blocked}));  // a padded group
-  EXPECT_FALSE(max_pool_supported({2, 32, 8, 8, 2, nhwc, blocked}));     // lanes differ
-  EXPECT_FALSE(max_pool_supported({2, 32, 16, 16, 16, nhwc, nhwc}));     // K * K > 255
-  EXPECT_TRUE(max_pool_supported({2, 32, 24, 24, 12, nhwc, nhwc}));      // K * K 144: a byte
+  EXPECT_FALSE(max_pool_supported({2, 48, 8, 8, 2, nhwc, nhwc}));           // C not the lanes
+  EXPECT_TRUE(max_pool_supported({2, 48, 8, 8, 2, blocked, blocked}));      // 3 groups of 16
+  EXPECT_FALSE(max_pool_supported({2, 40, 8, 8, 2, blocked, blocked}));     // a padded group
+  EXPECT_FALSE(max_pool_supported({2, 32, 8, 8, 2, nhwc, blocked}));        // lanes differ
+  EXPECT_FALSE(max_pool_supported({2, 32, 16, 16, 16, nhwc, nhwc}));        // K * K > 255
+  EXPECT_TRUE(max_pool_supported({2, 32, 24, 24, 12, nhwc, nhwc}));         // K * K 144: a byte
   EXPECT_FALSE(max_pool_supported({2, 32, 24, 24, 12, nhwc, nhwc, true}));  // bit 7 taken
   EXPECT_TRUE(max_pool_supported({2, 32, 22, 22, 11, nhwc, nhwc, true}));   // K * K 121
-  EXPECT_FALSE(max_pool_supported({2, 32, 3, 8, 4, nhwc, nhwc}));        // no whole window
+  EXPECT_FALSE(max_pool_supported({2, 32, 3, 8, 4, nhwc, nhwc}));           // no whole window
 }
 
 }  // namespace
