@@ -111,6 +111,8 @@ struct Net::Impl {
       std::size_t linear = 0;
       for (const auto& l : model->layers()) linear += l.kind == LayerSpec::Kind::kLinear;
       COHORT_CHECK(rows.size() == linear, "one LinearRows per linear layer");
+      for (const LinearRows& r : rows)
+        COHORT_CHECK(!r.dy_pairs || precision == Precision::kBf16, "row pairs are bf16 rows");
     }
     Plan& p = plan(N, /*training=*/true, batch_linear);
     key = k;

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "cohort/core/error.hpp"
+#include "cohort/nn/batch_grad.hpp"
 #include "cohort/nn/max_pool.hpp"
 #include "cohort/tensor/bf16.hpp"
 
@@ -364,10 +365,15 @@ void PlanBuilder::keep_rows(const Saved& s, const memory& diff, std::size_t ordi
   const std::span<const LinearRows>* rows = linear_rows_;
   const std::size_t x_bytes = s.src.get_desc().get_size(), dy_bytes = diff.get_desc().get_size();
   memory src = s.src, dd = diff;
+  const std::int64_t n = N_, out = s.layer->out.C;
   add_custom(p_.backward, [=] {
     const LinearRows& r = (*rows)[ordinal];
     if (r.x) std::memcpy(r.x, src.get_data_handle(), x_bytes);
-    std::memcpy(r.dy, dd.get_data_handle(), dy_bytes);
+    if (r.dy_pairs)
+      to_row_pairs(static_cast<const bf16*>(dd.get_data_handle()), n, out,
+                   static_cast<bf16*>(r.dy));
+    else
+      std::memcpy(r.dy, dd.get_data_handle(), dy_bytes);
   });
 }
 

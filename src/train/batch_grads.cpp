@@ -11,9 +11,12 @@
 
 namespace cohort::train {
 
-BatchGrads::BatchGrads(const nn::Model& model, std::size_t batch, nn::Precision precision)
-    : precision_(precision) {
+BatchGrads::BatchGrads(const nn::Model& model, std::size_t batch, nn::Precision precision,
+                       std::size_t micro_batch)
+    : precision_(precision),
+      pairs_(precision == nn::Precision::kBf16 && micro_batch % 2 == 0 && nn::row_pair_kernel()) {
   const bool b16 = precision == nn::Precision::kBf16;
+  batch += batch % 2;  // row pairs: an odd batch's last pair has room for its zero partner
   const auto& layers = model.layers();
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const nn::LayerSpec& l = layers[i];
@@ -49,7 +52,7 @@ void BatchGrads::leaf_rows(std::size_t first, std::vector<nn::LinearRows>& rows)
     const std::size_t in = first * static_cast<std::size_t>(l.in),
                       out = first * static_cast<std::size_t>(l.out);
     if (precision_ == nn::Precision::kBf16) {
-      rows[o] = {l.reads_input ? nullptr : l.x16.data() + in, l.dy16.data() + out};
+      rows[o] = {l.reads_input ? nullptr : l.x16.data() + in, l.dy16.data() + out, pairs_};
     } else {
       rows[o] = {l.reads_input ? nullptr : l.x.data() + in, l.dy.data() + out};
     }
@@ -71,8 +74,10 @@ std::vector<BatchGrads::RowArray> BatchGrads::row_arrays() {
     const std::size_t bytes = b16 ? sizeof(bf16) : sizeof(float);
     void* x = b16 ? static_cast<void*>(l.x16.data()) : static_cast<void*>(l.x.data());
     void* dy = b16 ? static_cast<void*>(l.dy16.data()) : static_cast<void*>(l.dy.data());
-    if (!l.reads_input) out.push_back({x, static_cast<std::size_t>(l.in), bytes, {wb, 0}, {we, 0}});
-    out.push_back({dy, static_cast<std::size_t>(l.out), bytes, {wb, bb}, {we, be}});
+    if (!l.reads_input)
+      out.push_back({x, static_cast<std::size_t>(l.in), 1, bytes, {wb, 0}, {we, 0}});
+    out.push_back(
+        {dy, static_cast<std::size_t>(l.out), pairs_ ? 2u : 1u, bytes, {wb, bb}, {we, be}});
   }
   return out;
 }
@@ -115,7 +120,9 @@ double BatchGrads::gradient(const float* const* sources, std::size_t k, std::siz
     const auto lo = static_cast<std::int64_t>(a - r.begin),
                hi = static_cast<std::int64_t>(b - r.begin);
     if (r.bias) {
-      if (b16)
+      if (pairs_)
+        nn::linear_bias_grad_pairs(l.dy16.data(), n_rows, l.out, lo, hi, dst);
+      else if (b16)
         nn::linear_bias_grad(l.dy16.data(), n_rows, l.out, lo, hi, dst);
       else
         nn::linear_bias_grad(l.dy.data(), n_rows, l.out, lo, hi, dst);
@@ -125,7 +132,10 @@ double BatchGrads::gradient(const float* const* sources, std::size_t k, std::siz
       float* dw = whole_rows ? dst : scratch;
       if (b16) {
         const bf16* x = l.reads_input ? static_cast<const bf16*>(staged_input) : l.x16.data();
-        nn::linear_weight_grad(x, l.dy16.data(), n_rows, l.in, l.out, r0, r1, dw);
+        if (pairs_)
+          nn::linear_weight_grad_pairs(x, l.dy16.data(), n_rows, l.in, l.out, r0, r1, dw);
+        else
+          nn::linear_weight_grad(x, l.dy16.data(), n_rows, l.in, l.out, r0, r1, dw);
       } else {
         const float* x = l.reads_input ? static_cast<const float*>(staged_input) : l.x.data();
         nn::linear_weight_grad(x, l.dy.data(), n_rows, l.in, l.out, r0, r1, dw);

@@ -1,7 +1,8 @@
 // Batch weight gradients (--weight-grads batch, docs/architecture.md): the batch-wide arrays of
 // linear layers' input rows X (B, IC) and output-gradient rows dY (B, OC) that replicas fill at
 // their leaves' rows, and the root's gradient of a range of the flat parameter array computed
-// from them (one GEMM per overlapped weight, column sums per bias; oneDNN's sgemm, nn/batch_grad).
+// from them (one GEMM per overlapped weight, column sums per bias; oneDNN's GEMMs, or for bf16 rows
+// cohort's own kernel on row pairs, nn/batch_grad).
 // Not the reducer: every other tensor's gradient in the range is still the leaves' sum.
 //
 // Thread-safety: leaf_rows and the replicas' writes through its pointers touch disjoint rows;
@@ -23,7 +24,12 @@ class BatchGrads {
  public:
   // Room for `batch` rows of every linear layer of `model`, in the replicas' precision (bf16
   // rows: products of bf16 values accumulated in f32, as the bf16 Net's own weight gradients).
-  BatchGrads(const nn::Model& model, std::size_t batch, nn::Precision precision);
+  // bf16 with an even micro-batch on a build and CPU with nn::row_pair_kernel(): dY is kept in
+  // row pairs and the weight gradients run on cohort's own kernel (nn/batch_grad.hpp); otherwise
+  // row-major, on oneDNN's GEMMs.
+  BatchGrads(const nn::Model& model, std::size_t batch, nn::Precision precision,
+             std::size_t micro_batch);
+  bool row_pairs() const { return pairs_; }
 
   // Where the leaf starting at batch row `first` keeps its rows: one entry per linear layer, in
   // model order (Net::forward_backward's linear_rows).
@@ -46,6 +52,7 @@ class BatchGrads {
   struct RowArray {
     void* data;
     std::size_t width;                           // values per row
+    std::size_t row_multiple;                    // 2 for row pairs: send whole pairs
     std::size_t value_bytes;                     // 4 (f32) or 2 (bf16)
     std::size_t reader_begin[2], reader_end[2];  // the weight's range, and (dY only) the bias's
   };
@@ -64,6 +71,7 @@ class BatchGrads {
     AlignedBuffer<bf16> x16, dy16;  // bf16 rows
   };
   const nn::Precision precision_;
+  const bool pairs_;
   struct Range {  // a linear layer's weight or bias in the flat array, in array order
     std::size_t begin = 0, end = 0, linear = 0;
     bool bias = false;

@@ -59,7 +59,8 @@ double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c) {
         row_store.emplace_back(c.micro_batch * static_cast<std::size_t>(l.in.numel()) * value);
         void* xr = row_store.back().data();
         row_store.emplace_back(c.micro_batch * static_cast<std::size_t>(l.out.C) * value);
-        rows.push_back({&l == &model.layers().front() ? nullptr : xr, row_store.back().data()});
+        rows.push_back({&l == &model.layers().front() ? nullptr : xr, row_store.back().data(),
+                        b16 && c.micro_batch % 2 == 0 && nn::row_pair_kernel()});  // as the run's
       }
   AlignedBuffer<float> stats(model.stats_layout().total());  // bn: the leaf's batch statistics
   float* batch_stats = stats.size() ? stats.data() : nullptr;
@@ -76,7 +77,8 @@ double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c) {
 }
 
 // Seconds of the root's batch weight-gradient GEMMs of one step (every linear layer's whole
-// dW = X^T dY over the batch), on this thread.
+// dW = X^T dY over the batch), on this thread, at oneDNN's rate (the definition of the
+// floor), also where the run computes them on cohort's own row-pair kernel (bf16).
 double batch_gemm_seconds(const nn::Model& model, const TrainConfig& c) {
   if (c.weight_grads != TrainConfig::WeightGrads::kBatch) return 0;
   const auto B = static_cast<std::int64_t>(c.batch);

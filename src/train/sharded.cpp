@@ -146,8 +146,11 @@ void ShardedStep::post_rows(bool send) {
     if (first == last) continue;
     for (const BatchGrads::RowArray& a : rows_) {
       if (!reads(send ? o : me_, a)) continue;
+      // Row pairs: leaves start at even rows (an even micro-batch); an odd last row is sent with
+      // its zero partner.
+      const std::size_t end = (last + a.row_multiple - 1) / a.row_multiple * a.row_multiple;
       void* at = static_cast<char*>(a.data) + first * a.width * a.value_bytes;
-      const std::size_t bytes = (last - first) * a.width * a.value_bytes;
+      const std::size_t bytes = (end - first) * a.width * a.value_bytes;
       if (send) {
         comm_.isend(at, bytes, static_cast<int>(o), kRows);
       } else {

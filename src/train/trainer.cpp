@@ -34,7 +34,8 @@ Trainer::Impl::Impl(TrainConfig c, const data::Splits& d, dist::Comm& world)
       weights16(bf16_run() ? weights.size() : 0),
       bn_stats(model, leaves_for(config.batch)),
       batch_grads(config.weight_grads == TrainConfig::WeightGrads::kBatch
-                      ? std::make_unique<BatchGrads>(model, config.batch, config.precision)
+                      ? std::make_unique<BatchGrads>(model, config.batch, config.precision,
+                                                     config.micro_batch)
                       : nullptr),
       augmenter(config.augment.empty()
                     ? std::nullopt

@@ -85,6 +85,32 @@ INSTANTIATE_TEST_SUITE_P(
                       WorkerCase{"cnn", 3, TrainConfig::WeightGrads::kLeaf}),
     worker_case_name);
 
+// A batch of 61 rows in leaves of 8: the last leaf has 5 rows, so its last output-gradient row
+// pairs with a zero (batch weight gradients on row pairs, nn/batch_grad.hpp). 2 workers and 2
+// ranks (sending whole pairs) give the one worker's bits.
+TEST(Bf16RowPairs, AnOddLastLeafGivesTheSameBitsOnAnyWorkersAndRanks) {
+  COHORT_SKIP_WITHOUT_BF16();
+  auto config = [](std::size_t workers) {
+    TrainConfig c = bf16_config("mlp:784-64-32-10", workers);
+    c.batch = 61;
+    return c;
+  };
+  std::printf("seed 21, batch 61, micro-batch 8\n");
+  const RunResult one = run(config(1)), two = run(config(2));
+  EXPECT_EQ(two.summary.weights_digest, one.summary.weights_digest);
+  EXPECT_EQ(two.losses, one.losses);
+  testing::ThreadWorld world(2);
+  std::vector<RunResult> got(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      testing::ThreadComm comm(world, r);
+      got[static_cast<std::size_t>(r)] = run(config(1), &comm);
+    });
+  for (auto& t : threads) t.join();
+  for (const RunResult& g : got) EXPECT_EQ(g.summary.weights_digest, one.summary.weights_digest);
+}
+
 // Several ranks (in-process, tests/train/thread_comm.hpp) in bf16: the received weights get their
 // bf16 copy too, so every rank computes with the one process's weights.
 TEST(Bf16Ranks, TwoAndThreeRanksEqualOneProcessBitForBit) {

@@ -35,4 +35,23 @@ void linear_weight_grad(const bf16* x, const bf16* dy, std::int64_t rows, std::i
 void linear_bias_grad(const bf16* dy, std::int64_t rows, std::int64_t out, std::int64_t o0,
                       std::int64_t o1, float* db);
 
+// Row pairs (src/nn/row_pairs.cpp): bf16 dY kept as pairs of rows, element (r, o) at
+// (r / 2) * 2 * OC + 2 * o + r % 2 (an odd last row's partner is 0), which cohort's own
+// AVX512_BF16 kernel reads directly: measured faster than oneDNN 2.6's gemm_bf16bf16f32 on the
+// root's chunks (docs/engine_results.md, eleventh session). A range of even rows [a, b) occupies
+// the same elements as in row-major order.
+//
+// Whether this build and CPU have the kernel (built with AVX512_BF16, and the CPU has it).
+bool row_pair_kernel();
+// pairs = dy (rows, OC) in row pairs; rows odd: the last pair's partner is written 0.
+void to_row_pairs(const bf16* dy, std::int64_t rows, std::int64_t out, bf16* pairs);
+// As linear_weight_grad (bf16), with dy in row pairs: each element a sum over the rows in order,
+// products of bf16 accumulated in f32 two at a time (vdpbf16ps). Requires row_pair_kernel().
+void linear_weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t rows,
+                              std::int64_t in, std::int64_t out, std::int64_t i0, std::int64_t i1,
+                              float* dw);
+// As linear_bias_grad (bf16), with dy in row pairs: the same sums, in row order (the same bits).
+void linear_bias_grad_pairs(const bf16* dy_pairs, std::int64_t rows, std::int64_t out,
+                            std::int64_t o0, std::int64_t o1, float* db);
+
 }  // namespace cohort::nn

@@ -35,10 +35,13 @@ struct PhaseTimes {
 // of the layer's weight and bias gradients. x: (N, IC), the layer's input rows; null when the
 // caller already holds them (the Net's own input of a first linear layer). dy: (N, OC), the
 // gradient of the summed loss with respect to the layer's output.
-// Elements are floats, or bf16 for a bf16 Net.
+// Elements are floats, or bf16 for a bf16 Net. dy_pairs (bf16 only): dy is written in row pairs
+// (nn/batch_grad.hpp), for cohort's own weight-gradient kernel; the leaf's first row must then be
+// even.
 struct LinearRows {
   void* x = nullptr;
   void* dy = nullptr;
+  bool dy_pairs = false;
 };
 
 // The arithmetic of a Net's primitives. kBf16: activations, weights and the input in bf16

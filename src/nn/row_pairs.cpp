@@ -1,0 +1,148 @@
+// Batch weight gradients of bf16 linear layers on cohort's own AVX512_BF16 kernel; see
+// include/cohort/nn/batch_grad.hpp ("Row pairs").
+//
+// dW (IC, OC) = X^T dY with K = the batch's rows. vdpbf16ps multiplies pairs of bf16 values and
+// adds both products to one f32 lane, so the kernel wants each operand's K pairs adjacent: dY is
+// kept by the replicas in row pairs ([r / 2][o][r % 2]), and a tile's 12 columns of X are packed
+// here, per tile, into the same form (one 32-bit pair per (k, i), broadcast to 16 lanes). A tile
+// is 12 rows of dW by 32 columns: 24 zmm accumulators, 2 loads of dY and 12 broadcasts per 24
+// dot products. Each element's sum runs over k in order, in one lane, so the result depends only
+// on the inputs: not on the range asked for, the thread or the addresses.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cohort/core/error.hpp"
+#include "cohort/nn/batch_grad.hpp"
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define COHORT_PAIR_KERNEL 1
+#endif
+
+namespace cohort::nn {
+
+namespace {
+
+#ifdef COHORT_PAIR_KERNEL
+constexpr int kTileRows = 12;
+
+// c[m][0, 32) (masked by m0, m1) = sum over k < k2 of a[k][m] . b[k][0, 32): a is the packed
+// tile ([k][kTileRows] pairs), b the row pairs of dY from the tile's first column (ldb pairs a k).
+template <int MR>
+void tile(const std::uint32_t* __restrict a, const std::uint32_t* __restrict b, std::size_t ldb,
+          std::size_t k2, float* __restrict c, std::size_t ldc, __mmask16 m0, __mmask16 m1) {
+  __m512 acc[MR][2];
+#pragma GCC unroll 16
+  for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  for (std::size_t k = 0; k < k2; ++k) {
+    const auto b0 = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi32(m0, b + k * ldb));
+    const auto b1 = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi32(m1, b + k * ldb + 16));
+#pragma GCC unroll 16
+    for (int m = 0; m < MR; ++m) {
+      const auto x = reinterpret_cast<__m512bh>(
+          _mm512_set1_epi32(static_cast<int>(a[k * kTileRows + static_cast<std::size_t>(m)])));
+      acc[m][0] = _mm512_dpbf16_ps(acc[m][0], x, b0);
+      acc[m][1] = _mm512_dpbf16_ps(acc[m][1], x, b1);
+    }
+  }
+#pragma GCC unroll 16
+  for (int m = 0; m < MR; ++m) {
+    _mm512_mask_storeu_ps(c + static_cast<std::size_t>(m) * ldc, m0, acc[m][0]);
+    _mm512_mask_storeu_ps(c + static_cast<std::size_t>(m) * ldc + 16, m1, acc[m][1]);
+  }
+}
+
+using TileFn = void (*)(const std::uint32_t*, const std::uint32_t*, std::size_t, std::size_t,
+                        float*, std::size_t, __mmask16, __mmask16);
+constexpr TileFn kTiles[kTileRows + 1] = {nullptr,  tile<1>,  tile<2>, tile<3>, tile<4>,
+                                          tile<5>,  tile<6>,  tile<7>, tile<8>, tile<9>,
+                                          tile<10>, tile<11>, tile<12>};
+
+__mmask16 lanes(std::int64_t n) {
+  return n >= 16  ? __mmask16{0xffff}
+         : n <= 0 ? __mmask16{0}
+                  : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// Pairs (a[j], b[j]) for the j in `m` (b null: zeros), as 32-bit lanes; reads only those j.
+__m512i interleave(const bf16* a, const bf16* b, __mmask16 m) {
+  // The maskz forms: GCC 12 warns that the plain ones' "undefined" pass-through is uninitialized.
+  const __m512i lo = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, a));
+  if (b == nullptr) return lo;
+  const __m512i hi = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, b));
+  return _mm512_or_si512(lo, _mm512_maskz_slli_epi32(m, hi, 16));
+}
+#endif
+
+}  // namespace
+
+bool row_pair_kernel() {
+#ifdef COHORT_PAIR_KERNEL
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+void to_row_pairs(const bf16* dy, std::int64_t rows, std::int64_t out, bf16* pairs) {
+  for (std::int64_t r = 0; r < rows; r += 2) {
+    const bf16* r0 = dy + r * out;
+    const bf16* r1 = r + 1 < rows ? r0 + out : nullptr;  // an odd last row pairs with zero
+    bf16* p = pairs + r * out;
+#ifdef COHORT_PAIR_KERNEL
+    for (std::int64_t o = 0; o < out; o += 16) {
+      const __mmask16 m = lanes(out - o);
+      _mm512_mask_storeu_epi32(p + 2 * o, m, interleave(r0 + o, r1 ? r1 + o : nullptr, m));
+    }
+#else
+    for (std::int64_t o = 0; o < out; ++o) {
+      p[2 * o] = r0[o];
+      p[2 * o + 1] = r1 ? r1[o] : bf16{0};
+    }
+#endif
+  }
+}
+
+void linear_weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t rows,
+                              std::int64_t in, std::int64_t out, std::int64_t i0, std::int64_t i1,
+                              float* dw) {
+  COHORT_CHECK(0 <= i0 && i0 < i1 && i1 <= in && rows > 0 && out > 0,
+               "bad linear_weight_grad_pairs range");
+#ifdef COHORT_PAIR_KERNEL
+  const auto k2 = static_cast<std::size_t>((rows + 1) / 2);
+  thread_local std::vector<std::uint32_t> packed;
+  packed.resize(k2 * kTileRows);
+  const auto* b = reinterpret_cast<const std::uint32_t*>(dy_pairs);
+  const auto ldc = static_cast<std::size_t>(out);
+  for (std::int64_t t = i0; t < i1; t += kTileRows) {
+    const auto mr = static_cast<int>(std::min<std::int64_t>(kTileRows, i1 - t));
+    // The tile's columns of X as pairs of rows (2k, 2k + 1); an odd last row pairs with zero.
+    const __mmask16 cols = lanes(mr);
+    for (std::size_t k = 0; k < k2; ++k) {
+      const bf16* r0 = x + static_cast<std::int64_t>(2 * k) * in + t;
+      const bool odd_end = static_cast<std::int64_t>(2 * k + 1) >= rows;
+      _mm512_mask_storeu_epi32(packed.data() + k * kTileRows, cols,
+                               interleave(r0, odd_end ? nullptr : r0 + in, cols));
+    }
+    float* c = dw + static_cast<std::size_t>(t - i0) * ldc;
+    for (std::int64_t o = 0; o < out; o += 32)
+      kTiles[mr](packed.data(), b + o, ldc, k2, c + o, ldc, lanes(out - o), lanes(out - o - 16));
+  }
+#else
+  (void)x, (void)dy_pairs, (void)dw;
+  throw InternalError("linear_weight_grad_pairs: built without AVX512_BF16");
+#endif
+}
+
+void linear_bias_grad_pairs(const bf16* dy_pairs, std::int64_t rows, std::int64_t out,
+                            std::int64_t o0, std::int64_t o1, float* db) {
+  const std::int64_t n = o1 - o0;
+  for (std::int64_t j = 0; j < n; ++j) db[j] = 0.0f;
+  for (std::int64_t r = 0; r < rows; ++r) {  // in row order, as linear_bias_grad
+    const bf16* p = dy_pairs + (r / 2) * 2 * out + 2 * o0 + (r % 2);
+    for (std::int64_t j = 0; j < n; ++j) db[j] += to_float(p[2 * j]);
+  }
+}
+
+}  // namespace cohort::nn

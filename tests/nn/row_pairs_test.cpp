@@ -1,0 +1,193 @@
+// Row pairs (nn/batch_grad.hpp): the layout to_row_pairs writes, cohort's own bf16 weight-gradient
+// kernel against a float64 loop and against itself over other ranges, the bias sums bitwise equal
+// to the row-major ones, and a bf16 Net keeping its output-gradient rows in pairs.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cohort/core/error.hpp"
+#include "cohort/core/rng.hpp"
+#include "cohort/nn/batch_grad.hpp"
+#include "cohort/nn/net.hpp"
+#include "cohort/tensor/bf16.hpp"
+#include "cohort/tensor/buffer.hpp"
+#include "nn_test_util.hpp"
+
+namespace cohort::nn {
+namespace {
+
+constexpr std::uint64_t kSeed = 20261202;
+
+struct Shape {
+  std::int64_t rows, in, out;
+};
+
+std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
+  return "rows" + std::to_string(info.param.rows) + "_in" + std::to_string(info.param.in) + "_out" +
+         std::to_string(info.param.out);
+}
+
+// Seeded bf16 rows x (rows, in) and dy (rows, out), and dy in row pairs.
+struct Rows {
+  AlignedBuffer<bf16> x, dy, pairs;
+  explicit Rows(const Shape& s)
+      : x(static_cast<std::size_t>(s.rows * s.in)),
+        dy(static_cast<std::size_t>(s.rows * s.out)),
+        pairs(static_cast<std::size_t>((s.rows + 1) / 2 * 2 * s.out)) {
+    Rng rng({kSeed, static_cast<std::uint64_t>(s.rows * 1000000 + s.in * 1000 + s.out)});
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = to_bf16(rng.uniform(-1.0f, 1.0f));
+    for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = to_bf16(rng.uniform(-1.0f, 1.0f));
+    for (std::size_t i = 0; i < pairs.size(); ++i) pairs[i] = to_bf16(12345.0f);  // overwritten
+    to_row_pairs(dy.data(), s.rows, s.out, pairs.data());
+  }
+};
+
+class RowPairs : public ::testing::TestWithParam<Shape> {
+ protected:
+  void SetUp() override {
+    if (!row_pair_kernel()) GTEST_SKIP() << "no AVX512_BF16 in this build or CPU";
+    omp_set_num_threads(1);
+    std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  }
+};
+
+// Element (r, o) at (r / 2) * 2 * OC + 2 * o + r % 2; an odd last row's partner is +0.
+TEST_P(RowPairs, LayoutIsPairsOfRowsWithAZeroPartnerAfterAnOddLastRow) {
+  const Shape s = GetParam();
+  const Rows d(s);
+  for (std::int64_t r = 0; r < (s.rows + 1) / 2 * 2; ++r)
+    for (std::int64_t o = 0; o < s.out; ++o) {
+      const bf16 want = r < s.rows ? d.dy[static_cast<std::size_t>(r * s.out + o)] : bf16{0};
+      ASSERT_EQ(d.pairs[static_cast<std::size_t>((r / 2) * 2 * s.out + 2 * o + r % 2)].bits,
+                want.bits)
+          << "row " << r << " column " << o;
+    }
+}
+
+// The products of two bf16 values are exact in f32, so only f32 accumulation differs from the
+// float64 sum: |dw - ref| <= rows * 2^-24 * sum |x dy|. Computed in uneven ranges of rows of dW
+// (tiles cut anywhere), the result is bitwise the whole range's.
+TEST_P(RowPairs, WeightGradientMatchesAFloat64LoopInAnyRanges) {
+  const Shape s = GetParam();
+  const Rows d(s);
+  const auto n = static_cast<std::size_t>(s.in * s.out);
+  AlignedBuffer<float> whole(n), cut(n);
+  linear_weight_grad_pairs(d.x.data(), d.pairs.data(), s.rows, s.in, s.out, 0, s.in, whole.data());
+  for (std::int64_t i0 = 0, len = 1; i0 < s.in; i0 += len, len = len * 2 + 1) {
+    const std::int64_t i1 = std::min(s.in, i0 + len);
+    linear_weight_grad_pairs(d.x.data(), d.pairs.data(), s.rows, s.in, s.out, i0, i1,
+                             cut.data() + i0 * s.out);
+  }
+  for (std::int64_t i = 0; i < s.in; ++i)
+    for (std::int64_t o = 0; o < s.out; ++o) {
+      const auto at = static_cast<std::size_t>(i * s.out + o);
+      double sum = 0, abs_sum = 0;
+      for (std::int64_t r = 0; r < s.rows; ++r) {
+        const double t = double(to_float(d.x[static_cast<std::size_t>(r * s.in + i)])) *
+                         to_float(d.dy[static_cast<std::size_t>(r * s.out + o)]);
+        sum += t;
+        abs_sum += std::abs(t);
+      }
+      ASSERT_NEAR(whole[at], sum, double(s.rows) * std::ldexp(1.0, -24) * abs_sum)
+          << "at (" << i << ", " << o << ")";
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(cut[at]), std::bit_cast<std::uint32_t>(whole[at]))
+          << "at (" << i << ", " << o << "): a range's result differs from the whole's";
+    }
+}
+
+// The same sums in the same (row) order as linear_bias_grad on row-major dy: the same bits.
+TEST_P(RowPairs, BiasGradientIsBitwiseTheRowMajorOne) {
+  const Shape s = GetParam();
+  const Rows d(s);
+  const auto out = static_cast<std::size_t>(s.out);
+  AlignedBuffer<float> plain(out), pairs(out);
+  linear_bias_grad(d.dy.data(), s.rows, s.out, 0, s.out, plain.data());
+  for (std::int64_t o0 = 0; o0 < s.out; o0 += 5)
+    linear_bias_grad_pairs(d.pairs.data(), s.rows, s.out, o0, std::min(s.out, o0 + 5),
+                           pairs.data() + o0);
+  for (std::size_t o = 0; o < out; ++o)
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(pairs[o]), std::bit_cast<std::uint32_t>(plain[o]))
+        << "bias " << o;
+}
+
+// Shapes: one row; odd row counts (a zero partner); widths below, at and past a 16- and 32-lane
+// block and a 12-row tile; the default MLP's layers at a leaf and at the batch.
+INSTANTIATE_TEST_SUITE_P(Shapes, RowPairs,
+                         ::testing::Values(Shape{1, 1, 1}, Shape{3, 13, 5}, Shape{2, 12, 16},
+                                           Shape{7, 25, 33}, Shape{64, 65, 63}, Shape{33, 256, 10},
+                                           Shape{128, 784, 512}, Shape{256, 512, 256}),
+                         shape_name);
+
+// A bf16 Net told to keep dy in row pairs writes exactly to_row_pairs of what it writes
+// row-major, and the same x rows; an odd N pairs its last row with zero.
+TEST(RowPairsNet, KeepsOutputGradientRowsInPairs) {
+  const Model m = Model::parse("mlp:20-24-10");
+  for (const std::int64_t N : {4, 5}) {
+    const auto in = testing::make_inputs(m, N, kSeed);
+    AlignedBuffer<bf16> params(in.params.size()), x(in.x.size());
+    to_bf16(in.params.data(), params.data(), params.size());
+    to_bf16(in.x.data(), x.data(), x.size());
+    std::vector<AlignedBuffer<bf16>> store;
+    auto rows_for = [&](bool pairs) {
+      std::vector<LinearRows> rows;
+      for (const auto& l : m.layers()) {
+        if (l.kind != LayerSpec::Kind::kLinear) continue;
+        const bool first = &l == &m.layers().front();
+        void* xr =
+            first ? nullptr : store.emplace_back(static_cast<std::size_t>(N * l.in.C)).data();
+        void* dy = store.emplace_back(static_cast<std::size_t>((N + 1) * l.out.C)).data();
+        rows.push_back({xr, dy, pairs});
+      }
+      return rows;
+    };
+    const std::vector<LinearRows> plain = rows_for(false), pairs = rows_for(true);
+    Net net(m, true, Precision::kBf16);
+    AlignedBuffer<float> grad(m.layout().total());
+    net.forward_backward(params.data(), x.data(), in.labels.data(), N, grad.data(), {}, plain);
+    net.forward_backward(params.data(), x.data(), in.labels.data(), N, grad.data(), {}, pairs);
+    std::size_t k = 0;
+    for (const auto& l : m.layers()) {
+      if (l.kind != LayerSpec::Kind::kLinear) continue;
+      const std::int64_t out = l.out.C;
+      AlignedBuffer<bf16> want(static_cast<std::size_t>((N + 1) / 2 * 2 * out));
+      to_row_pairs(static_cast<const bf16*>(plain[k].dy), N, out, want.data());
+      const auto* got = static_cast<const bf16*>(pairs[k].dy);
+      for (std::size_t i = 0; i < want.size(); ++i)
+        ASSERT_EQ(got[i].bits, want[i].bits) << l.name << " N " << N << " element " << i;
+      if (plain[k].x) {
+        const auto* px = static_cast<const bf16*>(plain[k].x);
+        const auto* qx = static_cast<const bf16*>(pairs[k].x);
+        for (std::int64_t i = 0; i < N * l.in.C; ++i)
+          ASSERT_EQ(px[i].bits, qx[i].bits) << l.name << " x " << i;
+      }
+      ++k;
+    }
+  }
+}
+
+// Row pairs are bf16 rows: an f32 Net refuses them.
+TEST(RowPairsNet, AnF32NetRefusesRowPairs) {
+  const Model m = Model::parse("mlp:4-3-2");
+  const auto in = testing::make_inputs(m, 2, kSeed);
+  std::vector<AlignedBuffer<float>> store;
+  std::vector<LinearRows> rows;
+  for (const auto& l : m.layers())
+    if (l.kind == LayerSpec::Kind::kLinear)
+      rows.push_back({store.emplace_back(8 * 8).data(), store.emplace_back(8 * 8).data(), true});
+  rows.front().x = nullptr;
+  Net net(m);
+  AlignedBuffer<float> grad(m.layout().total());
+  EXPECT_THROW(net.forward_backward(in.params.data(), in.x.data(), in.labels.data(), 2, grad.data(),
+                                    {}, rows),
+               InternalError);
+}
+
+}  // namespace
+}  // namespace cohort::nn
