@@ -13,8 +13,7 @@ namespace cohort::train {
 
 BatchGrads::BatchGrads(const nn::Model& model, std::size_t batch, nn::Precision precision,
                        std::size_t micro_batch)
-    : precision_(precision),
-      pairs_(precision == nn::Precision::kBf16 && micro_batch % 2 == 0 && nn::row_pair_kernel()) {
+    : precision_(precision), pairs_(row_pairs_for(precision, micro_batch)) {
   const bool b16 = precision == nn::Precision::kBf16;
   batch += batch % 2;  // row pairs: an odd batch's last pair has room for its zero partner
   const auto& layers = model.layers();

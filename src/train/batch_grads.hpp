@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cohort/nn/batch_grad.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/tensor/buffer.hpp"
@@ -30,6 +31,9 @@ class BatchGrads {
   BatchGrads(const nn::Model& model, std::size_t batch, nn::Precision precision,
              std::size_t micro_batch);
   bool row_pairs() const { return pairs_; }
+  static bool row_pairs_for(nn::Precision precision, std::size_t micro_batch) {
+    return precision == nn::Precision::kBf16 && micro_batch % 2 == 0 && nn::row_pair_kernel();
+  }
 
   // Where the leaf starting at batch row `first` keeps its rows: one entry per linear layer, in
   // model order (Net::forward_backward's linear_rows).

@@ -7,6 +7,7 @@
 #include <map>
 #include <tuple>
 
+#include "batch_grads.hpp"
 #include "cohort/nn/batch_grad.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/tensor/buffer.hpp"
@@ -60,7 +61,7 @@ double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c) {
         void* xr = row_store.back().data();
         row_store.emplace_back(c.micro_batch * static_cast<std::size_t>(l.out.C) * value);
         rows.push_back({&l == &model.layers().front() ? nullptr : xr, row_store.back().data(),
-                        b16 && c.micro_batch % 2 == 0 && nn::row_pair_kernel()});  // as the run's
+                        BatchGrads::row_pairs_for(c.precision, c.micro_batch)});  // as the run's
       }
   AlignedBuffer<float> stats(model.stats_layout().total());  // bn: the leaf's batch statistics
   float* batch_stats = stats.size() ? stats.data() : nullptr;
