@@ -13,7 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include "cohort/nn/batch_grad.hpp"
 #include "cohort/optim/optimizer.hpp"
+#include "cohort/tensor/bf16.hpp"
 #include "cohort/tensor/buffer.hpp"
 #include "cohort/train/root.hpp"
 
@@ -104,6 +106,59 @@ void apply_only(benchmark::State& state, cohort::optim::Kind kind) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * arrays * kParams * 4));
 }
 
+// The bf16 root of the default MLP's first layer (784 x 512, batch 256, the trainer's 256 KiB
+// chunks): each chunk's weight gradient on the row-pair kernel, then the checked optimizer and the
+// bf16 copy (Root::apply_checked) over it. `fused` hands the kernel's rows to the optimizer a tile
+// at a time while the kernel prefetches the next tile's weights, state and copy (the trainer's
+// fused root); otherwise the chunk's gradient is written whole, then applied. Argument: MiB swept
+// between iterations, as above (64: the root's arrays come from memory, as in training here).
+void batch_root(benchmark::State& state, bool fused) {
+  if (!cohort::nn::row_pair_kernel()) {
+    state.SkipWithError("no AVX512_BF16 row-pair kernel on this build or CPU");
+    return;
+  }
+  constexpr std::int64_t kIn = 784, kOut = 512, kRows = 256;
+  constexpr std::size_t kN = kIn * kOut, kRootChunk = 65536;
+  const bool cold = state.range(0) != 0;
+  Arrays a(static_cast<std::size_t>(state.range(0)));
+  AlignedBuffer<cohort::bf16> w16(kN), x(kRows * kIn), dy(kRows * kOut);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = cohort::to_bf16(float(i % 17) / 17.0f - 0.5f);
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = cohort::to_bf16(float(i % 13) / 13.0f - 0.5f);
+  AlignedBuffer<float> buffer(kRootChunk);
+  cohort::optim::Optimizer opt({.kind = cohort::optim::Kind::kSgd, .lr = 1e-6f});
+  Root r(opt, a.w.data(), w16.data(), a.s0.data(), nullptr, kN, kRootChunk, Root::Mode::kFused);
+  for (auto _ : state) {
+    if (cold) {
+      state.PauseTiming();
+      a.evict();
+      state.ResumeTiming();
+    }
+    r.begin_step(opt.scalars(1e-6f, 1.0f / kRows, 1));
+    for (std::size_t b = 0; b < kN; b += kRootChunk) {
+      const std::size_t e = std::min(kN, b + kRootChunk);
+      const auto i0 = static_cast<std::int64_t>(b / kOut), i1 = static_cast<std::int64_t>(e / kOut);
+      if (fused) {
+        auto take = [&](std::int64_t i, std::int64_t j, const float* g) {
+          return r.apply_checked(g, static_cast<std::size_t>(i) * kOut,
+                                 static_cast<std::size_t>(j) * kOut);
+        };
+        const cohort::nn::RowConsumer rows{
+            take,
+            buffer.data(),
+            {{{a.w.data(), kOut * 4}, {w16.data(), kOut * 2}, {a.s0.data(), kOut * 4}}}};
+        cohort::nn::linear_weight_grad_pairs(x.data(), dy.data(), kRows, kIn, kOut, i0, i1, rows);
+      } else {
+        cohort::nn::linear_weight_grad_pairs(x.data(), dy.data(), kRows, kIn, kOut, i0, i1,
+                                             buffer.data());
+        r.apply_checked(buffer.data(), b, e);
+      }
+    }
+    if (r.first_non_finite() != kN) state.SkipWithError("non-finite");
+    benchmark::DoNotOptimize(a.w.data());
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * 2 * kRows * kN));
+}
+
 // The same bytes as the SGD root with trivial arithmetic: w and s0 read and written, g0 and g1
 // read, one vectorised pass.
 void stream(benchmark::State& state) {
@@ -137,6 +192,8 @@ BENCHMARK_CAPTURE(apply_only, sgd_momentum, cohort::optim::Kind::kSgd)
     ->Arg(64)
     ->Arg(-1);
 BENCHMARK(stream)->Arg(0)->Arg(8)->Arg(16)->Arg(64);
+BENCHMARK_CAPTURE(batch_root, fused, true)->Arg(0)->Arg(64);
+BENCHMARK_CAPTURE(batch_root, chunk_then_apply, false)->Arg(0)->Arg(64);
 
 }  // namespace
 

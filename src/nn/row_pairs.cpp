@@ -25,17 +25,28 @@ namespace cohort::nn {
 namespace {
 
 #ifdef COHORT_PAIR_KERNEL
-constexpr int kTileRows = 12;
+constexpr int kTileRows = static_cast<int>(kPairTileRows);
 
 // c[m][0, 32) (masked by m0, m1) = sum over k < k2 of a[k][m] . b[k][0, 32): a is the packed
 // tile ([k][kTileRows] pairs), b the row pairs of dY from the tile's first column (ldb pairs a k).
+// Meanwhile the lines pf[0, npf) (npf <= k2) are prefetched for writing, spread evenly over the k
+// steps: issued in a burst, they held the core's miss buffers that the loads of dY need (the
+// tiles' GEMMs slowed by as much as the optimizer gained).
 template <int MR>
 void tile(const std::uint32_t* __restrict a, const std::uint32_t* __restrict b, std::size_t ldb,
-          std::size_t k2, float* __restrict c, std::size_t ldc, __mmask16 m0, __mmask16 m1) {
+          std::size_t k2, float* __restrict c, std::size_t ldc, __mmask16 m0, __mmask16 m1,
+          const char* const* pf, std::size_t npf) {
   __m512 acc[MR][2];
 #pragma GCC unroll 16
   for (int m = 0; m < MR; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_ps();
+  const std::size_t every = npf ? std::max<std::size_t>(1, k2 / npf) : k2;
+  std::size_t next = 0, issued = 0;
   for (std::size_t k = 0; k < k2; ++k) {
+    if (k == next && issued < npf) {
+      __builtin_prefetch(pf[issued], 1, 3);  // prefetchw: the consumer writes these lines
+      ++issued;
+      next += every;
+    }
     const auto b0 = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi32(m0, b + k * ldb));
     const auto b1 = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi32(m1, b + k * ldb + 16));
 #pragma GCC unroll 16
@@ -54,7 +65,7 @@ void tile(const std::uint32_t* __restrict a, const std::uint32_t* __restrict b, 
 }
 
 using TileFn = void (*)(const std::uint32_t*, const std::uint32_t*, std::size_t, std::size_t,
-                        float*, std::size_t, __mmask16, __mmask16);
+                        float*, std::size_t, __mmask16, __mmask16, const char* const*, std::size_t);
 constexpr TileFn kTiles[kTileRows + 1] = {nullptr,  tile<1>,  tile<2>, tile<3>, tile<4>,
                                           tile<5>,  tile<6>,  tile<7>, tile<8>, tile<9>,
                                           tile<10>, tile<11>, tile<12>};
@@ -72,6 +83,61 @@ __m512i interleave(const bf16* a, const bf16* b, __mmask16 m) {
   if (b == nullptr) return lo;
   const __m512i hi = _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, b));
   return _mm512_or_si512(lo, _mm512_maskz_slli_epi32(m, hi, 16));
+}
+
+// The cache lines of rows [r0, r1) of every array the consumer touches, in order.
+void touched_lines(const RowConsumer& consumer, std::int64_t r0, std::int64_t r1,
+                   std::vector<const char*>& lines) {
+  lines.clear();
+  for (const RowConsumer::Touched& t : consumer.touched) {
+    if (t.base == nullptr || r0 >= r1) continue;
+    const auto first =
+        reinterpret_cast<std::uintptr_t>(t.base) + static_cast<std::uintptr_t>(r0) * t.row_bytes;
+    const auto last =
+        reinterpret_cast<std::uintptr_t>(t.base) + static_cast<std::uintptr_t>(r1) * t.row_bytes;
+    for (std::uintptr_t line = first & ~std::uintptr_t{63}; line < last; line += 64)
+      lines.push_back(reinterpret_cast<const char*>(line));
+  }
+}
+
+// dW rows [i0, i1): each tile of rows written at dw + (t - i0) * OC, or with a consumer into its
+// buffer and handed to it (false: it stopped the kernel).
+bool weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t rows, std::int64_t in,
+                       std::int64_t out, std::int64_t i0, std::int64_t i1, float* dw,
+                       const RowConsumer* consumer) {
+  const auto k2 = static_cast<std::size_t>((rows + 1) / 2);
+  thread_local std::vector<std::uint32_t> packed;
+  thread_local std::vector<const char*> lines;
+  packed.resize(k2 * kTileRows);
+  lines.clear();
+  const auto* b = reinterpret_cast<const std::uint32_t*>(dy_pairs);
+  const auto ldc = static_cast<std::size_t>(out);
+  const std::size_t col_tiles = (ldc + 31) / 32;
+  for (std::int64_t t = i0; t < i1; t += kTileRows) {
+    const auto mr = static_cast<int>(std::min<std::int64_t>(kTileRows, i1 - t));
+    // The tile's columns of X as pairs of rows (2k, 2k + 1); an odd last row pairs with zero.
+    const __mmask16 cols = lanes(mr);
+    for (std::size_t k = 0; k < k2; ++k) {
+      const bf16* r0 = x + static_cast<std::int64_t>(2 * k) * in + t;
+      const bool odd_end = static_cast<std::int64_t>(2 * k + 1) >= rows;
+      _mm512_mask_storeu_epi32(packed.data() + k * kTileRows, cols,
+                               interleave(r0, odd_end ? nullptr : r0 + in, cols));
+    }
+    // The next tile's rows of the consumer's arrays, spread over this tile's column tiles.
+    if (consumer != nullptr)
+      touched_lines(*consumer, t + kTileRows, std::min<std::int64_t>(t + 2 * kTileRows, i1), lines);
+    const std::size_t per = std::min(k2, (lines.size() + col_tiles - 1) / col_tiles);
+    float* c = consumer != nullptr ? consumer->buffer : dw + static_cast<std::size_t>(t - i0) * ldc;
+    for (std::size_t j = 0; j < col_tiles; ++j) {
+      const std::size_t o = 32 * j, p0 = std::min(lines.size(), j * per),
+                        p1 = std::min(lines.size(), p0 + per);
+      const auto left = static_cast<std::int64_t>(ldc - o);
+      kTiles[mr](packed.data(), b + o, ldc, k2, c + o, ldc, lanes(left), lanes(left - 16),
+                 lines.data() + p0, p1 - p0);
+    }
+    if (consumer != nullptr && !consumer->take(t, t + mr, c)) return false;
+  }
+  return true;
 }
 #endif
 
@@ -110,27 +176,23 @@ void linear_weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t 
   COHORT_CHECK(0 <= i0 && i0 < i1 && i1 <= in && rows > 0 && out > 0,
                "bad linear_weight_grad_pairs range");
 #ifdef COHORT_PAIR_KERNEL
-  const auto k2 = static_cast<std::size_t>((rows + 1) / 2);
-  thread_local std::vector<std::uint32_t> packed;
-  packed.resize(k2 * kTileRows);
-  const auto* b = reinterpret_cast<const std::uint32_t*>(dy_pairs);
-  const auto ldc = static_cast<std::size_t>(out);
-  for (std::int64_t t = i0; t < i1; t += kTileRows) {
-    const auto mr = static_cast<int>(std::min<std::int64_t>(kTileRows, i1 - t));
-    // The tile's columns of X as pairs of rows (2k, 2k + 1); an odd last row pairs with zero.
-    const __mmask16 cols = lanes(mr);
-    for (std::size_t k = 0; k < k2; ++k) {
-      const bf16* r0 = x + static_cast<std::int64_t>(2 * k) * in + t;
-      const bool odd_end = static_cast<std::int64_t>(2 * k + 1) >= rows;
-      _mm512_mask_storeu_epi32(packed.data() + k * kTileRows, cols,
-                               interleave(r0, odd_end ? nullptr : r0 + in, cols));
-    }
-    float* c = dw + static_cast<std::size_t>(t - i0) * ldc;
-    for (std::int64_t o = 0; o < out; o += 32)
-      kTiles[mr](packed.data(), b + o, ldc, k2, c + o, ldc, lanes(out - o), lanes(out - o - 16));
-  }
+  weight_grad_pairs(x, dy_pairs, rows, in, out, i0, i1, dw, nullptr);
 #else
   (void)x, (void)dy_pairs, (void)dw;
+  throw InternalError("linear_weight_grad_pairs: built without AVX512_BF16");
+#endif
+}
+
+bool linear_weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t rows,
+                              std::int64_t in, std::int64_t out, std::int64_t i0, std::int64_t i1,
+                              const RowConsumer& consumer) {
+  COHORT_CHECK(0 <= i0 && i0 < i1 && i1 <= in && rows > 0 && out > 0 && consumer.take &&
+                   consumer.buffer != nullptr,
+               "bad linear_weight_grad_pairs range or consumer");
+#ifdef COHORT_PAIR_KERNEL
+  return weight_grad_pairs(x, dy_pairs, rows, in, out, i0, i1, nullptr, &consumer);
+#else
+  (void)x, (void)dy_pairs;
   throw InternalError("linear_weight_grad_pairs: built without AVX512_BF16");
 #endif
 }

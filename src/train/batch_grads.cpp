@@ -96,28 +96,39 @@ std::pair<std::size_t, std::size_t> BatchGrads::input_reader() const {
 // A chunk end inside a weight row computes the whole rows into `scratch` and copies its part.
 double BatchGrads::gradient(const float* const* sources, std::size_t k, std::size_t begin,
                             std::size_t end, std::size_t rows, const void* staged_input, float* out,
-                            float* scratch) const {
+                            float* scratch, const Consumer* consumer) const {
   const bool b16 = precision_ == nn::Precision::kBf16;
   const auto n_rows = static_cast<std::int64_t>(rows);
   std::size_t pos = begin;
+  double gemm_seconds = 0, taking = 0;  // taking: the consumer's seconds
+  bool going = true;
+  auto hand = [&](const float* g, std::size_t a, std::size_t b) {
+    if (consumer == nullptr || a >= b) return;
+    const auto t0 = Clock::now();
+    going = consumer->take(g, a, b);
+    taking += seconds_since(t0);
+  };
   auto leaf_sum = [&](std::size_t a, std::size_t b) {
     if (a >= b) return;
     const float* at[reduce::kMaxArity];
     for (std::size_t j = 0; j < k; ++j) at[j] = sources[j] + a;
     reduce::sum_sources(out + (a - begin), at, k, b - a);
+    hand(out + (a - begin), a, b);
   };
-  double gemm_seconds = 0;
   for (const Range& r : ranges_) {
     if (r.end <= begin) continue;
-    if (r.begin >= end) break;
+    if (r.begin >= end || !going) break;
     const std::size_t a = std::max(r.begin, begin), b = std::min(r.end, end);
     leaf_sum(pos, a);
+    if (!going) break;
     pos = b;
     const Linear& l = linear_[r.linear];
     const auto t0 = Clock::now();
+    const double taken_before = taking;
     float* dst = out + (a - begin);
     const auto lo = static_cast<std::int64_t>(a - r.begin),
                hi = static_cast<std::int64_t>(b - r.begin);
+    bool handed = false;
     if (r.bias) {
       if (pairs_)
         nn::linear_bias_grad_pairs(l.dy16.data(), n_rows, l.out, lo, hi, dst);
@@ -131,19 +142,35 @@ double BatchGrads::gradient(const float* const* sources, std::size_t k, std::siz
       float* dw = whole_rows ? dst : scratch;
       if (b16) {
         const bf16* x = l.reads_input ? static_cast<const bf16*>(staged_input) : l.x16.data();
-        if (pairs_)
+        if (pairs_ && whole_rows && consumer != nullptr) {
+          // Rows i of this weight are [r.begin + i * OC, r.begin + (i + 1) * OC) of the array.
+          const auto width = static_cast<std::size_t>(l.out);
+          auto take_rows = [&](std::int64_t i, std::int64_t j, const float* g) {
+            hand(g, r.begin + static_cast<std::size_t>(i) * width,
+                 r.begin + static_cast<std::size_t>(j) * width);
+            return going;
+          };
+          nn::RowConsumer rows_to{take_rows, scratch, {}};
+          for (std::size_t j = 0; j < consumer->arrays.size(); ++j)
+            if (const auto [base, bytes] = consumer->arrays[j]; base != nullptr)
+              rows_to.touched[j] = {static_cast<char*>(base) + r.begin * bytes, width * bytes};
+          handed = true;
+          nn::linear_weight_grad_pairs(x, l.dy16.data(), n_rows, l.in, l.out, r0, r1, rows_to);
+        } else if (pairs_) {
           nn::linear_weight_grad_pairs(x, l.dy16.data(), n_rows, l.in, l.out, r0, r1, dw);
-        else
+        } else {
           nn::linear_weight_grad(x, l.dy16.data(), n_rows, l.in, l.out, r0, r1, dw);
+        }
       } else {
         const float* x = l.reads_input ? static_cast<const float*>(staged_input) : l.x.data();
         nn::linear_weight_grad(x, l.dy.data(), n_rows, l.in, l.out, r0, r1, dw);
       }
       if (!whole_rows) std::memcpy(dst, scratch + (lo - r0 * l.out), (b - a) * sizeof(float));
     }
-    gemm_seconds += seconds_since(t0);
+    gemm_seconds += seconds_since(t0) - (taking - taken_before);
+    if (!handed) hand(dst, a, b);
   }
-  leaf_sum(pos, end);
+  if (going) leaf_sum(pos, end);
   return gemm_seconds;
 }
 

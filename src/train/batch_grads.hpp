@@ -10,10 +10,14 @@
 // reducer's ordering makes the rows visible).
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
+#include "cohort/core/function_ref.hpp"
 #include "cohort/nn/batch_grad.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/nn/net.hpp"
@@ -40,15 +44,29 @@ class BatchGrads {
   void leaf_rows(std::size_t first, std::vector<nn::LinearRows>& rows);
   // Floats of scratch gradient() needs besides its output for ranges of up to `chunk` floats: the
   // whole weight rows a range cuts, up to a row more at each end.
-  std::size_t scratch_floats(std::size_t chunk) const { return chunk + 2 * widest_; }
+  // (Or, with a consumer, a tile of the widest weight's rows.)
+  std::size_t scratch_floats(std::size_t chunk) const {
+    return std::max(chunk + 2 * widest_, static_cast<std::size_t>(nn::kPairTileRows) * widest_);
+  }
 
+  // What takes the gradient as gradient() computes it (the root's optimizer): take(g, a, b) gets
+  // the gradient of [a, b), piece after piece in order over the range; false stops gradient().
+  // With row pairs a weight's rows come a tile at a time straight from the kernel, which
+  // prefetches the rows of `arrays` (the flat arrays take updates: base, bytes per element) for
+  // the next tile while it computes one.
+  struct Consumer {
+    FunctionRef<bool(const float* g, std::size_t a, std::size_t b)> take;
+    std::array<std::pair<void*, std::size_t>, 4> arrays{};
+  };
   // out[0, end - begin) = the batch's summed gradient of [begin, end) of the flat array, over
   // `rows` rows; staged_input (rows, IC of the first layer, in the rows' precision) is the step's
   // assembled batch, which a first linear layer reads instead of a copy. Ranges of no linear layer
-  // are the sources' sum, left to right (reduce::sum_sources, as the leaf mode). Returns the
-  // seconds in GEMMs and sums.
+  // are the sources' sum, left to right (reduce::sum_sources, as the leaf mode). With a
+  // consumer, every piece is handed to it as soon as it is computed (a fused weight's rows are
+  // then not in `out`). Returns the seconds in GEMMs and sums, without the consumer's.
   double gradient(const float* const* sources, std::size_t k, std::size_t begin, std::size_t end,
-                  std::size_t rows, const void* staged_input, float* out, float* scratch) const;
+                  std::size_t rows, const void* staged_input, float* out, float* scratch,
+                  const Consumer* consumer = nullptr) const;
 
   // For a rank that computes the gradient of part of the flat array (src/train/sharded.hpp):
   // every row array (B rows of `width` floats), with the ranges of the flat array whose

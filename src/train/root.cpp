@@ -93,18 +93,29 @@ reduce::Sink Root::sink() {
 
 // Batch weight gradients: the chunk's whole summed gradient into `out` (end - begin floats), with
 // this thread's buffer as the GEMMs' scratch for rows cut by the chunk's ends; or, with `out`
-// null, into this thread's buffer (the fused sweep: the chunk then stays in L2). Returns it.
+// null, into this thread's buffer. Returns it. With `apply` (the fused sweep), each piece is
+// instead checked and applied as soon as it is computed: a weight's rows straight from the
+// row-pair kernel, which meanwhile prefetches the next rows of the weights, their bf16 copy and
+// the state (BatchGrads::Consumer); returns null.
 const float* Root::batch_gradient(const float* const* sources, std::size_t k, std::size_t begin,
-                                  std::size_t end, float* out, ChunkStats& stats) {
+                                  std::size_t end, float* out, ChunkStats& stats, bool apply) {
   // The GEMMs run on this thread's OpenMP team, and a root chunk may run on a thread no task
   // body pinned (the parameter server's, a test's): unpinned, oneDNN ran them on every core,
   // oversubscribed, and on AVX2 with other bits (its sgemm split the sum over the threads).
   omp_set_num_threads(1);
   float* scratch = thread_buffer(chunk_ + batch_->scratch_floats(chunk_));
   if (out == nullptr) out = scratch;
-  stats.gemm_seconds =
-      batch_->gradient(sources, k, begin, end, rows_, staged_input_, out, scratch + chunk_);
-  return out;
+  auto take = [this](const float* g, std::size_t a, std::size_t b) {
+    return apply_checked(g, a, b);
+  };
+  const BatchGrads::Consumer consumer{take,
+                                      {{{weights_, sizeof(float)},
+                                        {weights16_, sizeof(bf16)},
+                                        {state0_, sizeof(float)},
+                                        {state1_, sizeof(float)}}}};
+  stats.gemm_seconds = batch_->gradient(sources, k, begin, end, rows_, staged_input_, out,
+                                        scratch + chunk_, apply ? &consumer : nullptr);
+  return apply ? nullptr : out;
 }
 
 bool Root::apply_checked(const float* g, std::size_t begin, std::size_t end) {
@@ -127,7 +138,7 @@ void Root::fused_chunk(const float* const* sources, std::size_t k, std::size_t b
   stats.begin = Clock::now();
   stats.inside_reducer_call = t_inside_reducer_call;
   if (batch_ != nullptr) {
-    apply_checked(batch_gradient(sources, k, begin, end, nullptr, stats), begin, end);
+    batch_gradient(sources, k, begin, end, nullptr, stats, true);
   } else if (k == 1) {
     apply_checked(sources[0] + begin, begin, end);
   } else {
@@ -158,7 +169,7 @@ void Root::summed_chunk(const float* const* sources, std::size_t k, std::size_t 
   float* sum = grad_sum_.data() + begin;
   const float* g = sum;
   if (batch_ != nullptr) {
-    batch_gradient(sources, k, begin, end, sum, stats);
+    batch_gradient(sources, k, begin, end, sum, stats, false);
   } else if (k == 1) {
     g = sources[0] + begin;  // the reducer's own result (or the only leaf): valid until next step
   } else {

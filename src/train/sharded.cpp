@@ -214,8 +214,7 @@ void ShardedStep::run_group(reduce::Executor& executor, const Group& g) {
   });
 }
 
-void ShardedStep::reduce(reduce::Executor& executor, bool stop,
-                         reduce::FunctionRef<void()> meanwhile) {
+void ShardedStep::reduce(reduce::Executor& executor, bool stop, FunctionRef<void()> meanwhile) {
   const auto t0 = Clock::now();
   const bool fused = root_.mode() == Root::Mode::kFused;
   post_slices(true);

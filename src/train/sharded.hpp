@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "batch_grads.hpp"
+#include "cohort/core/function_ref.hpp"
 #include "cohort/dist/comm.hpp"
 #include "cohort/dist/shard_plan.hpp"
-#include "cohort/reduce/function_ref.hpp"
 #include "cohort/reduce/tree_shape.hpp"
 #include "cohort/tensor/buffer.hpp"
 #include "cohort/train/root.hpp"
@@ -47,7 +47,7 @@ class ShardedStep {
   // sending each group's weights at once), then all-gathers the leaf losses, the chunk
   // statistics (into Root::import_chunk) and `stop` (see stop_agreed).
   // `meanwhile` runs once the sends are posted, before the first wait.
-  void reduce(reduce::Executor& executor, bool stop, reduce::FunctionRef<void()> meanwhile);
+  void reduce(reduce::Executor& executor, bool stop, FunctionRef<void()> meanwhile);
   // Two-phase root, after Root::apply_summed on owned_chunks(): sends the owned weights.
   void share_weights();
   // Completes every message: the weights are the whole step's on every rank.

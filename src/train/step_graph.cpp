@@ -26,7 +26,7 @@ void one_openmp_thread() { omp_set_num_threads(1); }
 class ArenaExecutor final : public reduce::Executor {
  public:
   explicit ArenaExecutor(oneapi::tbb::task_arena& arena) : arena_(arena) {}
-  void parallel_for(std::size_t n, reduce::FunctionRef<void(std::size_t)> body) override {
+  void parallel_for(std::size_t n, FunctionRef<void(std::size_t)> body) override {
     arena_.execute([&] {
       oneapi::tbb::parallel_for(std::size_t{0}, n, [&](std::size_t i) {
         one_openmp_thread();
@@ -62,7 +62,7 @@ struct StepGraph::Impl {
   oneapi::tbb::task_arena arena;
   ArenaExecutor executor{arena};
   // Set by run_replicas before the start message, read by the nodes (try_put orders the two).
-  reduce::FunctionRef<void(std::size_t)> body;
+  FunctionRef<void(std::size_t)> body;
   // Built inside the arena it belongs to: start -> replica 0 .. W-1.
   std::unique_ptr<flow::graph> graph;
   std::unique_ptr<flow::broadcast_node<flow::continue_msg>> start;
@@ -103,7 +103,7 @@ StepGraph::StepGraph(std::size_t workers, const nn::Model& model, std::size_t ev
 
 StepGraph::~StepGraph() = default;
 
-void StepGraph::run_replicas(reduce::FunctionRef<void(std::size_t)> body) {
+void StepGraph::run_replicas(FunctionRef<void(std::size_t)> body) {
   impl_->body = body;
   try {
     impl_->arena.execute([&] {
@@ -119,7 +119,7 @@ void StepGraph::run_replicas(reduce::FunctionRef<void(std::size_t)> body) {
 
 reduce::Executor& StepGraph::executor() { return impl_->executor; }
 
-void StepGraph::for_each_replica(std::size_t n, reduce::FunctionRef<void(std::size_t)> body) {
+void StepGraph::for_each_replica(std::size_t n, FunctionRef<void(std::size_t)> body) {
   impl_->arena.execute([&] {
     oneapi::tbb::parallel_for(
         std::size_t{0}, n,

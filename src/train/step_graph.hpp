@@ -59,12 +59,12 @@ class StepGraph {
   // Runs body(w) for every w in [0, W) on the graph's replica nodes, inside the arena, and
   // returns when all have returned. If a body throws, the graph cancels what has not started,
   // waits for the running bodies, is reset for the next run, and the first exception is rethrown.
-  void run_replicas(reduce::FunctionRef<void(std::size_t)> body);
+  void run_replicas(FunctionRef<void(std::size_t)> body);
   // Runs body(i) for i in [0, n) on the arena's threads (from inside or outside the arena); the
   // reducer's and the root's chunk-parallel work.
   reduce::Executor& executor();
   // One body per index, each on its own task (evaluation: index = replica).
-  void for_each_replica(std::size_t n, reduce::FunctionRef<void(std::size_t)> body);
+  void for_each_replica(std::size_t n, FunctionRef<void(std::size_t)> body);
 
  private:
   struct Impl;

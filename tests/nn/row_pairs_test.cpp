@@ -117,6 +117,63 @@ TEST_P(RowPairs, BiasGradientIsBitwiseTheRowMajorOne) {
         << "bias " << o;
 }
 
+// Handed to a consumer a tile at a time, rows [i0, i1) of dW arrive in order, kPairTileRows at a
+// time (a shorter last tile), bitwise the rows the whole-range call writes; the prefetched rows
+// of the consumer's arrays (unaligned bases, widths that cut cache lines) are only touched, never
+// changed.
+TEST_P(RowPairs, AConsumerGetsEveryTileInOrderBitwiseTheWholeRangesRows) {
+  const Shape s = GetParam();
+  const Rows d(s);
+  const auto n = static_cast<std::size_t>(s.in * s.out), out = static_cast<std::size_t>(s.out);
+  AlignedBuffer<float> whole(n), buffer(static_cast<std::size_t>(kPairTileRows) * out);
+  linear_weight_grad_pairs(d.x.data(), d.pairs.data(), s.rows, s.in, s.out, 0, s.in, whole.data());
+  AlignedBuffer<float> w(n + 1), state(n + 1);
+  AlignedBuffer<bf16> w16(n + 3);
+  for (std::size_t i = 0; i < n; ++i) w[i] = state[i] = static_cast<float>(i);
+  for (std::int64_t i0 = 0, len = 1; i0 < s.in; i0 += len, len = len * 3 + 2) {
+    const std::int64_t i1 = std::min(s.in, i0 + len);
+    std::int64_t next = i0;
+    auto take = [&](std::int64_t i, std::int64_t j, const float* rows) {
+      EXPECT_EQ(i, next) << "tiles out of order";
+      EXPECT_EQ(j, std::min(i1, i + kPairTileRows)) << "tile [" << i << ", " << j << ")";
+      EXPECT_EQ(rows, buffer.data());
+      for (std::size_t e = 0; e < static_cast<std::size_t>(j - i) * out; ++e)
+        EXPECT_EQ(std::bit_cast<std::uint32_t>(rows[e]),
+                  std::bit_cast<std::uint32_t>(whole[static_cast<std::size_t>(i) * out + e]))
+            << "row " << i + static_cast<std::int64_t>(e / out) << " column " << e % out;
+      next = j;
+      return true;
+    };
+    const RowConsumer consumer{take,
+                               buffer.data(),
+                               {{{w.data() + 1, out * sizeof(float)},
+                                 {w16.data() + 3, out * sizeof(bf16)},
+                                 {state.data(), out * sizeof(float)}}}};
+    EXPECT_TRUE(linear_weight_grad_pairs(d.x.data(), d.pairs.data(), s.rows, s.in, s.out, i0, i1,
+                                         consumer));
+    EXPECT_EQ(next, i1) << "range [" << i0 << ", " << i1 << ") not handed on whole";
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(w[i], static_cast<float>(i));
+    ASSERT_EQ(state[i], static_cast<float>(i));
+  }
+}
+
+// A consumer that answers false stops the kernel: no further tile is handed on.
+TEST_P(RowPairs, AConsumerThatSaysStopGetsNoFurtherTile) {
+  const Shape s = GetParam();
+  const Rows d(s);
+  AlignedBuffer<float> buffer(static_cast<std::size_t>(kPairTileRows * s.out));
+  int calls = 0;
+  auto take = [&](std::int64_t, std::int64_t, const float*) { return ++calls < 2; };
+  const RowConsumer consumer{take, buffer.data(), {}};
+  const bool whole =
+      linear_weight_grad_pairs(d.x.data(), d.pairs.data(), s.rows, s.in, s.out, 0, s.in, consumer);
+  const std::int64_t tiles = (s.in + kPairTileRows - 1) / kPairTileRows;
+  EXPECT_EQ(calls, std::min<std::int64_t>(tiles, 2));
+  EXPECT_EQ(whole, tiles < 2);
+}
+
 // Shapes: one row; odd row counts (a zero partner); widths below, at and past a 16- and 32-lane
 // block and a 12-row tile; the default MLP's layers at a leaf and at the batch.
 INSTANTIATE_TEST_SUITE_P(Shapes, RowPairs,

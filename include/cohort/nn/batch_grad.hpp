@@ -12,8 +12,11 @@
 // shape the result does not depend on the thread, the buffers' addresses or anything else.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 
+#include "cohort/core/function_ref.hpp"
 #include "cohort/tensor/bf16.hpp"
 
 namespace cohort::nn {
@@ -50,6 +53,31 @@ void to_row_pairs(const bf16* dy, std::int64_t rows, std::int64_t out, bf16* pai
 void linear_weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t rows,
                               std::int64_t in, std::int64_t out, std::int64_t i0, std::int64_t i1,
                               float* dw);
+
+// dW handed on a tile of rows at a time, as the kernel finishes each, to a caller that consumes
+// the rows at once (the root's optimizer): the rows then go from registers through L1 to the
+// optimizer instead of through a chunk-sized buffer in L2, and the rows of the arrays the
+// consumer updates are prefetched while the tile before them computes, so they come from memory
+// while the core does arithmetic, not while the optimizer waits for them.
+inline constexpr std::int64_t kPairTileRows = 12;
+struct RowConsumer {
+  // Rows [i, j) of dW ((j - i) x OC floats at `rows`, which is `buffer`); false stops the kernel.
+  FunctionRef<bool(std::int64_t i, std::int64_t j, const float* rows)> take;
+  // kPairTileRows * OC floats, where the kernel writes each tile's rows.
+  float* buffer = nullptr;
+  // Arrays whose row i the consumer touches for dW row i: row_bytes bytes at base + i * row_bytes.
+  // The kernel prefetches, for writing, the next tile's rows of each while it computes a tile.
+  struct Touched {
+    void* base = nullptr;
+    std::size_t row_bytes = 0;
+  };
+  std::array<Touched, 4> touched{};
+};
+// As linear_weight_grad_pairs, rows [i0, i1) of dW handed to `consumer` kPairTileRows at a time,
+// in row order (the same bits as the whole-range call). Returns false if the consumer stopped it.
+bool linear_weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t rows,
+                              std::int64_t in, std::int64_t out, std::int64_t i0, std::int64_t i1,
+                              const RowConsumer& consumer);
 // As linear_bias_grad (bf16), with dy in row pairs: the same sums, in row order (the same bits).
 void linear_bias_grad_pairs(const bf16* dy_pairs, std::int64_t rows, std::int64_t out,
                             std::int64_t o0, std::int64_t o1, float* db);

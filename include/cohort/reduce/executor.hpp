@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "cohort/reduce/function_ref.hpp"
+#include "cohort/core/function_ref.hpp"
 #include "cohort/tensor/buffer.hpp"
 
 namespace cohort::reduce {

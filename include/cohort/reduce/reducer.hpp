@@ -13,9 +13,9 @@
 #include <string_view>
 #include <vector>
 
+#include "cohort/core/function_ref.hpp"
 #include "cohort/core/names.hpp"
 #include "cohort/reduce/executor.hpp"
-#include "cohort/reduce/function_ref.hpp"
 #include "cohort/reduce/tree_shape.hpp"
 #include "cohort/tensor/buffer.hpp"
 

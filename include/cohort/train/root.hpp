@@ -111,8 +111,9 @@ class Root {
   std::size_t chunks() const { return stats_.size(); }
 
  private:
+  // (apply: each piece of the gradient is applied as it is computed; returns null.)
   const float* batch_gradient(const float* const* sources, std::size_t k, std::size_t begin,
-                              std::size_t end, float* out, ChunkStats& stats);
+                              std::size_t end, float* out, ChunkStats& stats, bool apply);
 
   // The sink's callables: members, so the reducer's FunctionRef to them stays valid.
   struct FusedCall {

@@ -1,5 +1,6 @@
 // FunctionRef<R(Args...)>: a non-owning, trivially copyable reference to a callable, two words.
-// Used for executor bodies and the root callback so no std::function allocation happens per step.
+// Used for executor bodies, the root callback and the row-pair kernel's row consumer, so no
+// std::function allocation happens per step.
 // Not an owner: the referenced callable must outlive every call through the reference.
 #pragma once
 
@@ -7,7 +8,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace cohort::reduce {
+namespace cohort {
 
 template <typename Signature>
 class FunctionRef;
@@ -34,4 +35,4 @@ class FunctionRef<R(Args...)> {
   R (*call_)(void*, Args...) = nullptr;
 };
 
-}  // namespace cohort::reduce
+}  // namespace cohort
