@@ -360,18 +360,27 @@ memory PlanBuilder::backward_data_linear(const Saved& s, const memory& diff,
 
 // Batch weight gradients: copies the linear layer's input rows (unless the caller holds them)
 // and output-gradient rows, in the activations' type, to the call's LinearRows entry
-// `ordinal`. The memory objects are read when the step runs, so a rebound input is seen.
-void PlanBuilder::keep_rows(const Saved& s, const memory& diff, std::size_t ordinal) {
+// `ordinal`. The memory objects are read when the step runs, so a rebound input is seen. With
+// `relu_dst`, the ReLU after the layer (fused into its forward) has its backward here: dz is
+// written as rows (in pairs, fused into the copy), and over diff unless the layer is the first.
+void PlanBuilder::keep_rows(const Saved& s, const memory& diff, std::size_t ordinal,
+                            const memory& relu_dst, bool first) {
   const std::span<const LinearRows>* rows = linear_rows_;
   const std::size_t x_bytes = s.src.get_desc().get_size(), dy_bytes = diff.get_desc().get_size();
-  memory src = s.src, dd = diff;
+  memory src = s.src, dd = diff, y = relu_dst;
   const std::int64_t n = N_, out = s.layer->out.C;
   add_custom(p_.backward, [=] {
     const LinearRows& r = (*rows)[ordinal];
     if (r.x) std::memcpy(r.x, src.get_data_handle(), x_bytes);
+    auto* d = static_cast<bf16*>(dd.get_data_handle());
+    if (y && r.dy_pairs) {
+      relu_backward_to_row_pairs(static_cast<const bf16*>(y.get_data_handle()), d, n, out,
+                                 static_cast<bf16*>(r.dy), /*in_place=*/!first);
+      return;
+    }
+    if (y) relu_backward(static_cast<const bf16*>(y.get_data_handle()), d, dy_bytes / sizeof(bf16));
     if (r.dy_pairs)
-      to_row_pairs(static_cast<const bf16*>(dd.get_data_handle()), n, out,
-                   static_cast<bf16*>(r.dy));
+      to_row_pairs(d, n, out, static_cast<bf16*>(r.dy));
     else
       std::memcpy(r.dy, dd.get_data_handle(), dy_bytes);
   });
@@ -390,7 +399,8 @@ memory PlanBuilder::backward(const Saved& s, bool first, memory diff) {
     case Kind::kLinear: {
       auto fwd = dnnl::inner_product_forward::primitive_desc(s.fwd_pd.get());
       if (batch_linear_) {
-        keep_rows(s, diff, linear_of_.at(&l));
+        keep_rows(s, diff, linear_of_.at(&l), relu_for_rows_, first);
+        relu_for_rows_ = memory();
         if (first) return {};
         return backward_data_linear(s, diff, fwd);
       }
@@ -454,7 +464,15 @@ memory PlanBuilder::backward(const Saved& s, bool first, memory diff) {
       return diff_src;
     }
     case Kind::kReLU:
-      if (!relu_in_pool_.count(&l)) add_relu_backward(s, diff);
+      if (relu_in_pool_.count(&l)) return diff;
+      // bf16 with batch weight gradients: the linear layer before it (whose forward ran it)
+      // runs its backward in the pass that keeps its rows (keep_rows).
+      if (batch_linear_ && act_ == Dt::bf16 && relu_fused_into_previous_.count(&l) &&
+          diff.get_desc() == s.dst.get_desc()) {
+        relu_for_rows_ = s.dst;
+        return diff;
+      }
+      add_relu_backward(s, diff);
       return diff;
     case Kind::kMaxPool:
     case Kind::kAvgPool: {

@@ -75,7 +75,10 @@ class PlanBuilder {
   void apply_mask(std::vector<Exec>& list, const memory& x, const memory& mask);
   memory backward_data_linear(const Saved& s, const memory& diff,
                               const dnnl::inner_product_forward::primitive_desc& fwd);
-  void keep_rows(const Saved& s, const memory& diff, std::size_t ordinal);
+  // relu_dst: the output of a ReLU fused into this linear layer's forward whose backward runs
+  // here, in the same pass (null: none; unset for the first layer: dz is kept only as rows).
+  void keep_rows(const Saved& s, const memory& diff, std::size_t ordinal, const memory& relu_dst,
+                 bool first);
   std::optional<MaxPoolShape> max_pool_shape(const LayerSpec& l, const memory& src,
                                              const memory& dst) const;
   void add_max_pool_forward(Saved& s);
@@ -144,7 +147,8 @@ class PlanBuilder {
   std::set<const LayerSpec*> relu_fused_into_previous_;  // ReLUs run as a linear's post-op
   bool fuse_relu_ = false;                   // the layer being built ends with a fused ReLU
   std::set<const LayerSpec*> relu_in_pool_;  // ReLUs run inside cohort's max pooling before them
-  const LayerSpec* next_ = nullptr;          // the layer after the one being built, in order
+  memory relu_for_rows_;  // backward: a ReLU's output whose backward the linear layer's rows run
+  const LayerSpec* next_ = nullptr;  // the layer after the one being built, in order
   Plan& p_;
   const std::int64_t N_;
   const bool training_;

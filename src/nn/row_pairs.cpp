@@ -9,6 +9,7 @@
 // dot products. Each element's sum runs over k in order, in one lane, so the result depends only
 // on the inputs: not on the range asked for, the thread or the addresses.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <vector>
 
@@ -168,6 +169,71 @@ void to_row_pairs(const bf16* dy, std::int64_t rows, std::int64_t out, bf16* pai
     }
 #endif
   }
+}
+
+namespace {
+// dy * [y > 0] as oneDNN's ReLU backward computes it: in f32, dy * 0 where y is not above 0.
+float relu_grad(bf16 y, bf16 dy) {
+  const float d = to_float(dy);
+  return to_float(y) > 0.0f ? d : d * 0.0f;
+}
+bf16 exact_bf16(float f) {
+  return bf16{static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(f) >> 16)};
+}
+
+#ifdef COHORT_PAIR_KERNEL
+// 16 lanes (masked) of relu_grad, as bf16 bits in 32-bit lanes; the values are bf16 already
+// (dy or a signed zero or NaN), so dropping the low half is exact. (The maskz forms throughout:
+// see interleave.)
+__m512i relu_grad16(const bf16* y, const bf16* dy, __mmask16 m) {
+  const auto wide = [m](const bf16* p) {
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(
+        m, _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, p)), 16));
+  };
+  const __m512 yv = wide(y), d = wide(dy);
+  const __mmask16 above = _mm512_cmp_ps_mask(yv, _mm512_setzero_ps(), _CMP_GT_OQ);
+  const __m512 z = _mm512_mask_blend_ps(above, _mm512_mul_ps(d, _mm512_setzero_ps()), d);
+  return _mm512_maskz_srli_epi32(m, _mm512_castps_si512(z), 16);
+}
+#endif
+}  // namespace
+
+void relu_backward_to_row_pairs(const bf16* y, bf16* dy, std::int64_t rows, std::int64_t out,
+                                bf16* pairs, bool in_place) {
+  for (std::int64_t r = 0; r < rows; r += 2) {
+    const bool two = r + 1 < rows;  // an odd last row pairs with zero
+    const bf16 *y0 = y + r * out, *y1 = y0 + out;
+    bf16 *d0 = dy + r * out, *d1 = d0 + out;
+    bf16* p = pairs + r * out;
+#ifdef COHORT_PAIR_KERNEL
+    for (std::int64_t o = 0; o < out; o += 16) {
+      const __mmask16 m = lanes(out - o);
+      const __m512i z0 = relu_grad16(y0 + o, d0 + o, m);
+      const __m512i z1 = two ? relu_grad16(y1 + o, d1 + o, m) : _mm512_setzero_si512();
+      if (in_place) {
+        _mm256_mask_storeu_epi16(d0 + o, m, _mm512_maskz_cvtepi32_epi16(m, z0));
+        if (two) _mm256_mask_storeu_epi16(d1 + o, m, _mm512_maskz_cvtepi32_epi16(m, z1));
+      }
+      _mm512_mask_storeu_epi32(p + 2 * o, m,
+                               _mm512_or_si512(z0, _mm512_maskz_slli_epi32(m, z1, 16)));
+    }
+#else
+    for (std::int64_t o = 0; o < out; ++o) {
+      const bf16 z0 = exact_bf16(relu_grad(y0[o], d0[o]));
+      const bf16 z1 = two ? exact_bf16(relu_grad(y1[o], d1[o])) : bf16{0};
+      if (in_place) {
+        d0[o] = z0;
+        if (two) d1[o] = z1;
+      }
+      p[2 * o] = z0;
+      p[2 * o + 1] = z1;
+    }
+#endif
+  }
+}
+
+void relu_backward(const bf16* y, bf16* dy, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dy[i] = exact_bf16(relu_grad(y[i], dy[i]));
 }
 
 void linear_weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t rows,

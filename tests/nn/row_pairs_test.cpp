@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -227,6 +228,95 @@ TEST(RowPairsNet, KeepsOutputGradientRowsInPairs) {
       ++k;
     }
   }
+}
+
+// ReLU's backward fused into the pairs: dz = y > 0 ? dy : dy * 0 (oneDNN's formula: -0 where dy
+// is negative, NaN where dy is infinite or NaN, 0 where y is NaN), written in pairs and, in place,
+// row-major; an odd last row pairs with zero; every width's tail.
+TEST(RowPairsRelu, BackwardIsTheFormulaInPairsAndInPlace) {
+  if (!row_pair_kernel()) GTEST_SKIP() << "no AVX512_BF16 in this build or CPU";
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  const float inf = std::numeric_limits<float>::infinity(),
+              nan = std::numeric_limits<float>::quiet_NaN();
+  const float special[] = {0.0f, -0.0f, 1.0f, -1.0f, inf, -inf, nan, 1e-40f, -1e-40f, 3.5f};
+  for (const std::int64_t rows : {1, 2, 5, 8})
+    for (const std::int64_t out : {1, 15, 16, 17, 40})
+      for (const bool in_place : {false, true}) {
+        const auto n = static_cast<std::size_t>(rows * out);
+        AlignedBuffer<bf16> y(n), dy(n), want(n),
+            pairs(static_cast<std::size_t>((rows + 1) / 2 * 2 * out));
+        Rng rng({kSeed, static_cast<std::uint64_t>(rows * 100 + out)});
+        for (std::size_t i = 0; i < n; ++i) {
+          y[i] = to_bf16(i % 3 == 0 ? special[i % 10] : rng.uniform(-1.0f, 1.0f));
+          dy[i] = to_bf16(i % 4 == 1 ? special[(i / 4) % 10] : rng.uniform(-1.0f, 1.0f));
+          const float d = to_float(dy[i]), z = to_float(y[i]) > 0.0f ? d : d * 0.0f;
+          want[i] = bf16{static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(z) >> 16)};
+        }
+        AlignedBuffer<bf16> d(n);
+        std::copy(dy.data(), dy.data() + n, d.data());
+        relu_backward_to_row_pairs(y.data(), d.data(), rows, out, pairs.data(), in_place);
+        AlignedBuffer<bf16> want_pairs(pairs.size());
+        to_row_pairs(want.data(), rows, out, want_pairs.data());
+        const std::string at = "rows " + std::to_string(rows) + " out " + std::to_string(out);
+        for (std::size_t i = 0; i < pairs.size(); ++i)
+          ASSERT_EQ(pairs[i].bits, want_pairs[i].bits) << at << " pair element " << i;
+        for (std::size_t i = 0; i < n; ++i)
+          ASSERT_EQ(d[i].bits, (in_place ? want[i] : dy[i]).bits) << at << " element " << i;
+        std::copy(dy.data(), dy.data() + n, d.data());
+        relu_backward(y.data(), d.data(), n);
+        for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(d[i].bits, want[i].bits) << at << " " << i;
+      }
+}
+
+// The rows a bf16 Net keeps (ReLU's backward now in the pass that keeps them, plain and in
+// pairs) give the weight gradients oneDNN's own backward (its ReLU, its backward-weights) gives
+// the same leaf: a wrong mask or a lost row would be a large difference, not a rounding one.
+TEST(RowPairsRelu, KeptRowsGiveTheLeafModesWeightGradients) {
+  if (!row_pair_kernel()) GTEST_SKIP() << "no AVX512_BF16 in this build or CPU";
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  const Model m = Model::parse("mlp:20-24-18-10");
+  for (const std::int64_t N : {6, 7})
+    for (const bool use_pairs : {false, true}) {
+      const auto in = testing::make_inputs(m, N, kSeed);
+      AlignedBuffer<bf16> params(in.params.size()), x(in.x.size());
+      to_bf16(in.params.data(), params.data(), params.size());
+      to_bf16(in.x.data(), x.data(), x.size());
+      Net net(m, true, Precision::kBf16);
+      AlignedBuffer<float> leaf(m.layout().total()), unused(m.layout().total());
+      net.forward_backward(params.data(), x.data(), in.labels.data(), N, leaf.data());
+      std::vector<AlignedBuffer<bf16>> store;
+      std::vector<LinearRows> rows;
+      for (const auto& l : m.layers()) {
+        if (l.kind != LayerSpec::Kind::kLinear) continue;
+        const bool first = &l == &m.layers().front();
+        void* xr =
+            first ? nullptr : store.emplace_back(static_cast<std::size_t>(N * l.in.C)).data();
+        void* dy = store.emplace_back(static_cast<std::size_t>((N + 1) * l.out.C)).data();
+        rows.push_back({xr, dy, use_pairs});
+      }
+      net.forward_backward(params.data(), x.data(), in.labels.data(), N, unused.data(), {}, rows);
+      std::size_t k = 0;
+      for (const auto& l : m.layers()) {
+        if (l.kind != LayerSpec::Kind::kLinear) continue;
+        const std::int64_t ic = l.in.C, oc = l.out.C;
+        const bf16* xr = rows[k].x ? static_cast<const bf16*>(rows[k].x) : x.data();
+        AlignedBuffer<float> dw(static_cast<std::size_t>(ic * oc));
+        if (use_pairs)
+          linear_weight_grad_pairs(xr, static_cast<const bf16*>(rows[k].dy), N, ic, oc, 0, ic,
+                                   dw.data());
+        else
+          linear_weight_grad(xr, static_cast<const bf16*>(rows[k].dy), N, ic, oc, 0, ic, dw.data());
+        float largest = 0;
+        for (std::int64_t i = 0; i < ic * oc; ++i)
+          largest = std::max(largest, std::abs(leaf[l.weight + static_cast<std::size_t>(i)]));
+        ASSERT_GT(largest, 0.0f) << l.name;
+        for (std::int64_t i = 0; i < ic * oc; ++i)
+          ASSERT_NEAR(dw[static_cast<std::size_t>(i)], leaf[l.weight + static_cast<std::size_t>(i)],
+                      1e-5f * largest)
+              << l.name << " N " << N << (use_pairs ? " pairs" : " plain") << " element " << i;
+        ++k;
+      }
+    }
 }
 
 // Row pairs are bf16 rows: an f32 Net refuses them.

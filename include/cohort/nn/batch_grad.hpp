@@ -53,6 +53,15 @@ void to_row_pairs(const bf16* dy, std::int64_t rows, std::int64_t out, bf16* pai
 void linear_weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t rows,
                               std::int64_t in, std::int64_t out, std::int64_t i0, std::int64_t i1,
                               float* dw);
+// ReLU's backward fused with to_row_pairs, for a linear layer followed by a ReLU: with y the
+// ReLU's output (rows, OC) and dy the gradient of it, the layer's output gradient is
+// dz = y > 0 ? dy : dy * 0 (oneDNN's eltwise_relu backward, bit for bit: -0 where dy is negative,
+// NaN where it is infinite or NaN). Writes dz in row pairs to `pairs`, and row-major over dy
+// itself when `in_place` (a layer whose backward-data still reads it). One pass instead of two.
+void relu_backward_to_row_pairs(const bf16* y, bf16* dy, std::int64_t rows, std::int64_t out,
+                                bf16* pairs, bool in_place);
+// The same ReLU backward in place on n values (dy = y > 0 ? dy : dy * 0).
+void relu_backward(const bf16* y, bf16* dy, std::size_t n);
 
 // dW handed on a tile of rows at a time, as the kernel finishes each, to a caller that consumes
 // the rows at once (the root's optimizer): the rows then go from registers through L1 to the
