@@ -96,6 +96,16 @@ void apply_rank_defaults(train::TrainConfig& c, dist::Comm& comm) {
   const std::uint64_t total = comm.sum(mine);
   if (c.workers == 0) c.workers = mine;
   c.job_cores = static_cast<std::size_t>(total);  // the default micro-batch's divisor
+  // The job's smallest L2 (the conv micro-batch's bound), found bit by bit from sums: every
+  // rank agrees on the same value, whatever its own.
+  const std::uint64_t l2 = train::l2_cache_bytes();
+  const auto ranks = static_cast<std::uint64_t>(comm.size());
+  std::uint64_t least = 0;
+  for (int bit = 40; bit-- > 0;)
+    if (const std::uint64_t v = least | (std::uint64_t{1} << bit); comm.sum(l2 >= v) == ranks)
+      least = v;
+  // Unknown on some rank: no bound (as a single process that cannot tell).
+  c.job_l2_bytes = least != 0 ? static_cast<std::size_t>(least) : SIZE_MAX;
 }
 
 // Several ranks: every rank checks its own inputs, then all agree before anything else is

@@ -30,6 +30,20 @@ nn::SampleShape input_shape(const data::Dataset& set) {
           static_cast<std::int64_t>(set.cols)};
 }
 
+std::size_t l2_cache_bytes() {
+  const long bytes = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return bytes > 0 ? static_cast<std::size_t>(bytes) : 0;
+}
+
+std::size_t conv_micro_batch(const nn::Model& model, nn::Precision precision,
+                             std::size_t l2_bytes) {
+  if (precision != nn::Precision::kBf16 || l2_bytes == 0) return kConvMicroBatch;
+  std::int64_t largest = model.input().numel();  // values a row, of any layer's output
+  for (const nn::LayerSpec& l : model.layers()) largest = std::max(largest, l.out.numel());
+  const auto bytes = static_cast<std::size_t>(largest) * sizeof(bf16) * kConvMicroBatch;
+  return bytes > l2_bytes ? kConvMicroBatch / 2 : kConvMicroBatch;
+}
+
 TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
   if (c.workers == 0) c.workers = cores();
   if (c.micro_batch == 0 && c.batch != 0) {
@@ -38,12 +52,16 @@ TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
       c.micro_batch = std::min(c.batch, kBatchNormMicroBatch);
     } else {
       // One leaf per core, the fastest decomposition measured (docs/architecture.md,
-      // "Micro-batch"); with convolutions at most kConvMicroBatch rows, so that a leaf's
-      // activations stay in the core's L2. It depends on the machine (or the job's cores),
-      // never on --workers.
+      // "Micro-batch"); with convolutions at most kConvMicroBatch rows (16 in bf16 where 32
+      // rows' largest activation exceeds the core's L2), so that a leaf's activations stay in it.
+      // It depends on the machine (or the job's cores), never on --workers.
       const std::size_t n = c.job_cores != 0 ? c.job_cores : cores();
       c.micro_batch = (c.batch + n - 1) / n;
-      if (model.has_conv()) c.micro_batch = std::min(c.micro_batch, kConvMicroBatch);
+      if (model.has_conv())
+        c.micro_batch =
+            std::min(c.micro_batch,
+                     conv_micro_batch(model, c.precision,
+                                      c.job_l2_bytes != 0 ? c.job_l2_bytes : l2_cache_bytes()));
     }
   }
   return c;

@@ -40,6 +40,10 @@ struct TrainConfig {
   // The cores the default micro-batch divides the batch by (0: this machine's; several ranks:
   // the job's, so the leaves are those of one process with as many cores).
   std::size_t job_cores = 0;
+  // The L2 bytes of a core the default micro-batch of a bf16 model with convolutions is sized
+  // for (0: this machine's; several ranks: the smallest of the job's, so every rank takes the
+  // same leaves).
+  std::size_t job_l2_bytes = 0;
   std::size_t epochs = 5;
   std::size_t steps = 0;  // stop after this many optimizer steps; 0: run all epochs
   optim::OptimizerConfig optimizer{};
@@ -123,8 +127,15 @@ inline constexpr std::size_t kBatchNormMicroBatch = 64;
 // The largest default micro-batch of a model with convolutions (and no bn): the `cnn` preset's
 // first activation is 2.4 MB of f32 (1.2 MB of bf16) at 32 rows, within a 2 MiB L2 in bf16;
 // at 128 rows it was 1.14-1.34x slower in bf16 and 1.06-1.22x in f32 (docs/engine_results.md,
-// ninth session).
+// ninth session). In bf16 it is halved where a leaf's largest activation at 32 rows would not
+// fit in the L2 (conv_micro_batch; twelfth session: 16 rows 1.03x the speed of 32 on Zen 4's
+// 1 MiB L2; in f32 8, 16 and 32 rows measured the same there).
 inline constexpr std::size_t kConvMicroBatch = 32;
+// The default micro-batch cap of a model with convolutions in `precision` on a core with
+// `l2_bytes` of L2 (0: unknown, kConvMicroBatch).
+std::size_t conv_micro_batch(const nn::Model& model, nn::Precision precision, std::size_t l2_bytes);
+// This machine's L2 bytes per core, or 0 if the system does not say.
+std::size_t l2_cache_bytes();
 // PyTorch's BatchNorm defaults: the running statistics' momentum and the normalization's eps.
 inline constexpr float kBatchNormMomentum = 0.1f;
 inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
@@ -136,9 +147,9 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
 // for tabular data.
 nn::SampleShape input_shape(const data::Dataset& set);
 // The config with the machine's defaults filled in: workers 0 -> one per core, micro_batch 0 ->
-// batch / cores (job_cores, or this machine's), rounded up, and at most kConvMicroBatch with
-// convolutions; for a model with bn layers kBatchNormMicroBatch (at most the batch), whatever
-// the machine.
+// batch / cores (job_cores, or this machine's), rounded up, and at most conv_micro_batch with
+// convolutions (for job_l2_bytes, or this machine's L2); for a model with bn layers
+// kBatchNormMicroBatch (at most the batch), whatever the machine.
 TrainConfig resolve_defaults(TrainConfig config, const nn::Model& model);
 // Throws InputError naming `name` and the field if checkpoint `c` is not one a run of `config`
 // (defaults resolved here) on `model` and `data` may continue: another model, seed, batch,
