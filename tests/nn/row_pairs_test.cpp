@@ -183,6 +183,22 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RowPairs,
                                            Shape{128, 784, 512}, Shape{256, 512, 256}),
                          shape_name);
 
+// Rows for a bf16 Net's batch weight gradients of every linear layer of `m` at N rows (room for
+// an odd N's zero partner), in buffers appended to `store`; the first layer's input is the
+// caller's.
+std::vector<LinearRows> row_buffers(const Model& m, std::int64_t N, bool pairs,
+                                    std::vector<AlignedBuffer<bf16>>& store) {
+  std::vector<LinearRows> rows;
+  for (const auto& l : m.layers()) {
+    if (l.kind != LayerSpec::Kind::kLinear) continue;
+    const bool first = &l == &m.layers().front();
+    void* xr = first ? nullptr : store.emplace_back(static_cast<std::size_t>(N * l.in.C)).data();
+    void* dy = store.emplace_back(static_cast<std::size_t>((N + 1) * l.out.C)).data();
+    rows.push_back({xr, dy, pairs});
+  }
+  return rows;
+}
+
 // A bf16 Net told to keep dy in row pairs writes exactly to_row_pairs of what it writes
 // row-major, and the same x rows; an odd N pairs its last row with zero.
 TEST(RowPairsNet, KeepsOutputGradientRowsInPairs) {
@@ -193,19 +209,8 @@ TEST(RowPairsNet, KeepsOutputGradientRowsInPairs) {
     to_bf16(in.params.data(), params.data(), params.size());
     to_bf16(in.x.data(), x.data(), x.size());
     std::vector<AlignedBuffer<bf16>> store;
-    auto rows_for = [&](bool pairs) {
-      std::vector<LinearRows> rows;
-      for (const auto& l : m.layers()) {
-        if (l.kind != LayerSpec::Kind::kLinear) continue;
-        const bool first = &l == &m.layers().front();
-        void* xr =
-            first ? nullptr : store.emplace_back(static_cast<std::size_t>(N * l.in.C)).data();
-        void* dy = store.emplace_back(static_cast<std::size_t>((N + 1) * l.out.C)).data();
-        rows.push_back({xr, dy, pairs});
-      }
-      return rows;
-    };
-    const std::vector<LinearRows> plain = rows_for(false), pairs = rows_for(true);
+    const std::vector<LinearRows> plain = row_buffers(m, N, false, store),
+                                  pairs = row_buffers(m, N, true, store);
     Net net(m, true, Precision::kBf16);
     AlignedBuffer<float> grad(m.layout().total());
     net.forward_backward(params.data(), x.data(), in.labels.data(), N, grad.data(), {}, plain);
@@ -285,15 +290,7 @@ TEST(RowPairsRelu, KeptRowsGiveTheLeafModesWeightGradients) {
       AlignedBuffer<float> leaf(m.layout().total()), unused(m.layout().total());
       net.forward_backward(params.data(), x.data(), in.labels.data(), N, leaf.data());
       std::vector<AlignedBuffer<bf16>> store;
-      std::vector<LinearRows> rows;
-      for (const auto& l : m.layers()) {
-        if (l.kind != LayerSpec::Kind::kLinear) continue;
-        const bool first = &l == &m.layers().front();
-        void* xr =
-            first ? nullptr : store.emplace_back(static_cast<std::size_t>(N * l.in.C)).data();
-        void* dy = store.emplace_back(static_cast<std::size_t>((N + 1) * l.out.C)).data();
-        rows.push_back({xr, dy, use_pairs});
-      }
+      const std::vector<LinearRows> rows = row_buffers(m, N, use_pairs, store);
       net.forward_backward(params.data(), x.data(), in.labels.data(), N, unused.data(), {}, rows);
       std::size_t k = 0;
       for (const auto& l : m.layers()) {
