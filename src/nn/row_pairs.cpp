@@ -9,7 +9,6 @@
 // dot products. Each element's sum runs over k in order, in one lane, so the result depends only
 // on the inputs: not on the range asked for, the thread or the addresses.
 #include <algorithm>
-#include <bit>
 #include <cstring>
 #include <vector>
 
@@ -172,13 +171,11 @@ void to_row_pairs(const bf16* dy, std::int64_t rows, std::int64_t out, bf16* pai
 }
 
 namespace {
-// dy * [y > 0] as oneDNN's ReLU backward computes it: in f32, dy * 0 where y is not above 0.
+// dy * [y > 0] as oneDNN's ReLU backward computes it: in f32, dy * 0 where y is not above 0. The
+// result is a bf16 value already (dy, a signed zero, or a quiet NaN), so to_bf16 keeps its bits.
 float relu_grad(bf16 y, bf16 dy) {
   const float d = to_float(dy);
   return to_float(y) > 0.0f ? d : d * 0.0f;
-}
-bf16 exact_bf16(float f) {
-  return bf16{static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(f) >> 16)};
 }
 
 #ifdef COHORT_PAIR_KERNEL
@@ -219,8 +216,8 @@ void relu_backward_to_row_pairs(const bf16* y, bf16* dy, std::int64_t rows, std:
     }
 #else
     for (std::int64_t o = 0; o < out; ++o) {
-      const bf16 z0 = exact_bf16(relu_grad(y0[o], d0[o]));
-      const bf16 z1 = two ? exact_bf16(relu_grad(y1[o], d1[o])) : bf16{0};
+      const bf16 z0 = to_bf16(relu_grad(y0[o], d0[o]));
+      const bf16 z1 = two ? to_bf16(relu_grad(y1[o], d1[o])) : bf16{0};
       if (in_place) {
         d0[o] = z0;
         if (two) d1[o] = z1;
@@ -233,7 +230,7 @@ void relu_backward_to_row_pairs(const bf16* y, bf16* dy, std::int64_t rows, std:
 }
 
 void relu_backward(const bf16* y, bf16* dy, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) dy[i] = exact_bf16(relu_grad(y[i], dy[i]));
+  for (std::size_t i = 0; i < n; ++i) dy[i] = to_bf16(relu_grad(y[i], dy[i]));
 }
 
 void linear_weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t rows,
