@@ -12,10 +12,13 @@
 #include <cstring>
 #include <vector>
 
+#include "cohort/core/cpu.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/nn/batch_grad.hpp"
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+// The kernel is compiled for AVX512_BF16 in every x86-64 build (cohort/core/cpu.hpp) and runs
+// where row_pair_kernel() says the CPU has it; elsewhere the callers use oneDNN's GEMM.
+#if defined(COHORT_X86_DISPATCH)
 #include <immintrin.h>
 #define COHORT_PAIR_KERNEL 1
 #endif
@@ -25,6 +28,8 @@ namespace cohort::nn {
 namespace {
 
 #ifdef COHORT_PAIR_KERNEL
+COHORT_TARGET_AVX512_BF16_BEGIN
+namespace avx512_bf16 {
 constexpr int kTileRows = static_cast<int>(kPairTileRows);
 
 // c[m][0, 32) (masked by m0, m1) = sum over k < k2 of a[k][m] . b[k][0, 32): a is the packed
@@ -139,61 +144,32 @@ bool weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t rows, s
   }
   return true;
 }
-#endif
-
-}  // namespace
-
-bool row_pair_kernel() {
-#ifdef COHORT_PAIR_KERNEL
-  return __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
-}
 
 void to_row_pairs(const bf16* dy, std::int64_t rows, std::int64_t out, bf16* pairs) {
   for (std::int64_t r = 0; r < rows; r += 2) {
     const bf16* r0 = dy + r * out;
     const bf16* r1 = r + 1 < rows ? r0 + out : nullptr;  // an odd last row pairs with zero
     bf16* p = pairs + r * out;
-#ifdef COHORT_PAIR_KERNEL
     for (std::int64_t o = 0; o < out; o += 16) {
       const __mmask16 m = lanes(out - o);
       _mm512_mask_storeu_epi32(p + 2 * o, m, interleave(r0 + o, r1 ? r1 + o : nullptr, m));
     }
-#else
-    for (std::int64_t o = 0; o < out; ++o) {
-      p[2 * o] = r0[o];
-      p[2 * o + 1] = r1 ? r1[o] : bf16{0};
-    }
-#endif
   }
 }
 
-namespace {
-// dy * [y > 0] as oneDNN's ReLU backward computes it: in f32, dy * 0 where y is not above 0. The
-// result is a bf16 value already (dy, a signed zero, or a quiet NaN), so to_bf16 keeps its bits.
-float relu_grad(bf16 y, bf16 dy) {
-  const float d = to_float(dy);
-  return to_float(y) > 0.0f ? d : d * 0.0f;
+// 16 lanes (masked) of relu_grad below, as bf16 bits in 32-bit lanes; the values are bf16
+// already (dy or a signed zero or NaN), so dropping the low half is exact. (The maskz forms
+// throughout: see interleave.)
+__m512 widen16(const bf16* p, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(
+      m, _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, p)), 16));
 }
-
-#ifdef COHORT_PAIR_KERNEL
-// 16 lanes (masked) of relu_grad, as bf16 bits in 32-bit lanes; the values are bf16 already
-// (dy or a signed zero or NaN), so dropping the low half is exact. (The maskz forms throughout:
-// see interleave.)
 __m512i relu_grad16(const bf16* y, const bf16* dy, __mmask16 m) {
-  const auto wide = [m](const bf16* p) {
-    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(
-        m, _mm512_maskz_cvtepu16_epi32(m, _mm256_maskz_loadu_epi16(m, p)), 16));
-  };
-  const __m512 yv = wide(y), d = wide(dy);
+  const __m512 yv = widen16(y, m), d = widen16(dy, m);
   const __mmask16 above = _mm512_cmp_ps_mask(yv, _mm512_setzero_ps(), _CMP_GT_OQ);
   const __m512 z = _mm512_mask_blend_ps(above, _mm512_mul_ps(d, _mm512_setzero_ps()), d);
   return _mm512_maskz_srli_epi32(m, _mm512_castps_si512(z), 16);
 }
-#endif
-}  // namespace
 
 void relu_backward_to_row_pairs(const bf16* y, bf16* dy, std::int64_t rows, std::int64_t out,
                                 bf16* pairs, bool in_place) {
@@ -202,7 +178,6 @@ void relu_backward_to_row_pairs(const bf16* y, bf16* dy, std::int64_t rows, std:
     const bf16 *y0 = y + r * out, *y1 = y0 + out;
     bf16 *d0 = dy + r * out, *d1 = d0 + out;
     bf16* p = pairs + r * out;
-#ifdef COHORT_PAIR_KERNEL
     for (std::int64_t o = 0; o < out; o += 16) {
       const __mmask16 m = lanes(out - o);
       const __m512i z0 = relu_grad16(y0 + o, d0 + o, m);
@@ -214,7 +189,55 @@ void relu_backward_to_row_pairs(const bf16* y, bf16* dy, std::int64_t rows, std:
       _mm512_mask_storeu_epi32(p + 2 * o, m,
                                _mm512_or_si512(z0, _mm512_maskz_slli_epi32(m, z1, 16)));
     }
+  }
+}
+}  // namespace avx512_bf16
+COHORT_TARGET_END
+#endif
+
+// dy * [y > 0] as oneDNN's ReLU backward computes it: in f32, dy * 0 where y is not above 0. The
+// result is a bf16 value already (dy, a signed zero, or a quiet NaN), so to_bf16 keeps its bits.
+float relu_grad(bf16 y, bf16 dy) {
+  const float d = to_float(dy);
+  return to_float(y) > 0.0f ? d : d * 0.0f;
+}
+
+}  // namespace
+
+bool row_pair_kernel() {
+#ifdef COHORT_PAIR_KERNEL
+  return cpu_features().avx512_bf16_kernels();
 #else
+  return false;
+#endif
+}
+
+void to_row_pairs(const bf16* dy, std::int64_t rows, std::int64_t out, bf16* pairs) {
+#ifdef COHORT_PAIR_KERNEL
+  if (row_pair_kernel()) return avx512_bf16::to_row_pairs(dy, rows, out, pairs);
+#endif
+  for (std::int64_t r = 0; r < rows; r += 2) {
+    const bf16* r0 = dy + r * out;
+    const bf16* r1 = r + 1 < rows ? r0 + out : nullptr;  // an odd last row pairs with zero
+    bf16* p = pairs + r * out;
+    for (std::int64_t o = 0; o < out; ++o) {
+      p[2 * o] = r0[o];
+      p[2 * o + 1] = r1 ? r1[o] : bf16{0};
+    }
+  }
+}
+
+void relu_backward_to_row_pairs(const bf16* y, bf16* dy, std::int64_t rows, std::int64_t out,
+                                bf16* pairs, bool in_place) {
+#ifdef COHORT_PAIR_KERNEL
+  if (row_pair_kernel())
+    return avx512_bf16::relu_backward_to_row_pairs(y, dy, rows, out, pairs, in_place);
+#endif
+  for (std::int64_t r = 0; r < rows; r += 2) {
+    const bool two = r + 1 < rows;  // an odd last row pairs with zero
+    const bf16 *y0 = y + r * out, *y1 = y0 + out;
+    bf16 *d0 = dy + r * out, *d1 = d0 + out;
+    bf16* p = pairs + r * out;
     for (std::int64_t o = 0; o < out; ++o) {
       const bf16 z0 = to_bf16(relu_grad(y0[o], d0[o]));
       const bf16 z1 = two ? to_bf16(relu_grad(y1[o], d1[o])) : bf16{0};
@@ -225,7 +248,6 @@ void relu_backward_to_row_pairs(const bf16* y, bf16* dy, std::int64_t rows, std:
       p[2 * o] = z0;
       p[2 * o + 1] = z1;
     }
-#endif
   }
 }
 
@@ -239,11 +261,13 @@ void linear_weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t 
   COHORT_CHECK(0 <= i0 && i0 < i1 && i1 <= in && rows > 0 && out > 0,
                "bad linear_weight_grad_pairs range");
 #ifdef COHORT_PAIR_KERNEL
-  weight_grad_pairs(x, dy_pairs, rows, in, out, i0, i1, dw, nullptr);
-#else
-  (void)x, (void)dy_pairs, (void)dw;
-  throw InternalError("linear_weight_grad_pairs: built without AVX512_BF16");
+  if (row_pair_kernel()) {
+    avx512_bf16::weight_grad_pairs(x, dy_pairs, rows, in, out, i0, i1, dw, nullptr);
+    return;
+  }
 #endif
+  (void)x, (void)dy_pairs, (void)dw;
+  throw InternalError("linear_weight_grad_pairs: no AVX512_BF16 on this CPU");
 }
 
 bool linear_weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t rows,
@@ -253,11 +277,11 @@ bool linear_weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t 
                    consumer.buffer != nullptr,
                "bad linear_weight_grad_pairs range or consumer");
 #ifdef COHORT_PAIR_KERNEL
-  return weight_grad_pairs(x, dy_pairs, rows, in, out, i0, i1, nullptr, &consumer);
-#else
-  (void)x, (void)dy_pairs;
-  throw InternalError("linear_weight_grad_pairs: built without AVX512_BF16");
+  if (row_pair_kernel())
+    return avx512_bf16::weight_grad_pairs(x, dy_pairs, rows, in, out, i0, i1, nullptr, &consumer);
 #endif
+  (void)x, (void)dy_pairs;
+  throw InternalError("linear_weight_grad_pairs: no AVX512_BF16 on this CPU");
 }
 
 void linear_bias_grad_pairs(const bf16* dy_pairs, std::int64_t rows, std::int64_t out,

@@ -28,13 +28,15 @@ struct Case {
   std::int64_t N, C, IH, IW, K;
   bool bf16;
   bool relu = false;
+  PoolIsa isa = PoolIsa::kAuto;  // each kernel build: the baseline's and AVX-512's
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
   return c.layout + "_N" + std::to_string(c.N) + "_C" + std::to_string(c.C) + "_" +
          std::to_string(c.IH) + "x" + std::to_string(c.IW) + "_K" + std::to_string(c.K) +
-         (c.bf16 ? "_bf16" : "_f32") + (c.relu ? "_relu" : "");
+         (c.bf16 ? "_bf16" : "_f32") + (c.relu ? "_relu" : "") +
+         (c.isa == PoolIsa::kAvx512 ? "_avx512" : "_portable");
 }
 
 PoolLayout layout_of(const std::string& name, std::int64_t C, std::int64_t H, std::int64_t W) {
@@ -113,9 +115,9 @@ void check_case(const Case& c) {
         for (std::int64_t w = 0; w < c.IW; ++w)
           src[offset(a, n, ch, h, w)] = from_double<T>(xat(n, ch, h, w));
   std::vector<std::uint8_t> where(dst.size(), 255);
-  max_pool_forward(shape, src.data(), dst.data(), where.data());
+  max_pool_forward(shape, src.data(), dst.data(), where.data(), c.isa);
   std::vector<T> inference(dst.size());  // no indices: the same maxima
-  max_pool_forward(shape, src.data(), inference.data(), nullptr);
+  max_pool_forward(shape, src.data(), inference.data(), nullptr, c.isa);
   for (std::size_t i = 0; i < dst.size(); ++i)
     ASSERT_EQ(std::memcmp(&dst[i], &inference[i], sizeof(T)), 0) << "inference, element " << i;
   // Output gradients: distinct values, so a misrouted one is seen.
@@ -123,7 +125,7 @@ void check_case(const Case& c) {
   for (std::size_t i = 0; i < diff_dst.size(); ++i)
     diff_dst[i] = from_double<T>(1.0 + static_cast<double>(i % 97));
   std::vector<T> diff_src(src.size(), from_double<T>(std::nan("")));  // every element written
-  max_pool_backward(shape, where.data(), diff_dst.data(), diff_src.data());
+  max_pool_backward(shape, where.data(), diff_dst.data(), diff_src.data(), c.isa);
 
   std::vector<double> expect_ds(x.size(), 0.0);
   for (std::int64_t n = 0; n < c.N; ++n)
@@ -174,6 +176,7 @@ class MaxPoolVsReference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MaxPoolVsReference, MaximaIndicesAndRoutedGradients) {
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  if (!max_pool_isa_available(GetParam().isa)) GTEST_SKIP() << "no AVX-512 on this CPU";
   if (GetParam().bf16)
     check_case<bf16>(GetParam());
   else
@@ -195,6 +198,12 @@ std::vector<Case> cases() {
     out.push_back({"blocked16", 2, 64, 8, 8, 2, b16, true});
     out.push_back({"nhwc", 2, 3, 10, 11, 3, b16, true});
     out.push_back({"blocked16", 1, 16, 23, 22, 11, b16, true});
+  }
+  const std::size_t n = out.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    out[i].isa = PoolIsa::kPortable;
+    out.push_back(out[i]);
+    out.back().isa = PoolIsa::kAvx512;
   }
   return out;
 }

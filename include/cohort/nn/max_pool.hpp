@@ -35,6 +35,11 @@ struct MaxPoolShape {
   std::int64_t OW() const { return IW / K; }
 };
 
+// The kernels' instruction set: kAuto picks AVX-512 where the CPU has it (cohort/core/cpu.hpp),
+// else the build's baseline. Every choice computes the same bits; the others exist for tests.
+enum class PoolIsa { kAuto, kPortable, kAvx512 };
+bool max_pool_isa_available(PoolIsa isa);
+
 // Whether the kernels take this shape: C a multiple of the lanes, K in range (K * K <= 128 with
 // relu), windows inside.
 bool max_pool_supported(const MaxPoolShape& s);
@@ -42,13 +47,15 @@ bool max_pool_supported(const MaxPoolShape& s);
 // dst (N, C, OH, OW) = max over each window of src (N, C, IH, IW) (then ReLU, with s.relu);
 // `where` (laid out as dst, one byte an element) the window index of each maximum (| 0x80 where
 // ReLU zeroed the output), or null (inference).
-void max_pool_forward(const MaxPoolShape& s, const float* src, float* dst, std::uint8_t* where);
-void max_pool_forward(const MaxPoolShape& s, const bf16* src, bf16* dst, std::uint8_t* where);
+void max_pool_forward(const MaxPoolShape& s, const float* src, float* dst, std::uint8_t* where,
+                      PoolIsa isa = PoolIsa::kAuto);
+void max_pool_forward(const MaxPoolShape& s, const bf16* src, bf16* dst, std::uint8_t* where,
+                      PoolIsa isa = PoolIsa::kAuto);
 
 // diff_src (N, C, IH, IW) from diff_dst (N, C, OH, OW) and the forward's `where`.
 void max_pool_backward(const MaxPoolShape& s, const std::uint8_t* where, const float* diff_dst,
-                       float* diff_src);
+                       float* diff_src, PoolIsa isa = PoolIsa::kAuto);
 void max_pool_backward(const MaxPoolShape& s, const std::uint8_t* where, const bf16* diff_dst,
-                       bf16* diff_src);
+                       bf16* diff_src, PoolIsa isa = PoolIsa::kAuto);
 
 }  // namespace cohort::nn
