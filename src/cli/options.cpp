@@ -289,17 +289,6 @@ std::string version_text() {
          (dist::built_with_mpi() ? "yes (mpirun -np R cohort train ...)" : "no (one process)");
 }
 
-TrainOptions::TrainOptions() {
-  // The command's default recipe: SGD with momentum 0.9 at lr 0.1, a linear warmup over 200
-  // updates, then cosine decay to 0 over the run. Measured (docs/engine_results.md) on 5 epochs
-  // of the cnn preset, seeds 1-3: 0.9052, 0.9053, 0.9054 test accuracy, against 0.8993, 0.8924,
-  // 0.8951 with PyTorch peer's constant lr 0.05 (the library's TrainConfig default, which
-  // `--schedule constant --lr 0.05 --warmup-steps 0` restores).
-  config.optimizer.lr = 0.1f;
-  config.schedule.kind = optim::ScheduleKind::kCosine;
-  config.schedule.warmup_steps = 200;
-}
-
 train::TrainConfig TrainOptions::train_config() const {
   train::TrainConfig c = config;
   c.drop_last = !keep_last;

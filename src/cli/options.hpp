@@ -25,7 +25,7 @@ struct CheckpointOptions {
 // Everything `cohort train` is told, holding the command's defaults until parsing stores over
 // them. The table's rows point into it.
 struct TrainOptions {
-  TrainOptions();  // the command's recipe: lr 0.1, cosine, warmup 200 (see options.cpp)
+  // config starts as train::TrainConfig{}: the library's defaults are the command's recipe.
   train::TrainConfig config;
   std::string config_path;  // --config: already expanded into flags before parsing
   std::string data_dir = data::kDefaultDataDir;

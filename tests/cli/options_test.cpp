@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "output.hpp"
 #include "testing.hpp"
 
 namespace cohort::cli {
@@ -238,6 +239,24 @@ std::string missing(const std::set<std::string>& a, const std::set<std::string>&
   for (const auto& f : a)
     if (!b.count(f)) text += " " + f;
   return text;
+}
+
+// One default recipe: a program that builds a TrainConfig and sets nothing trains as
+// `cohort train` with no flags does (the effective config as the summary and checkpoints record
+// it, before the machine's workers and micro-batch are resolved).
+TEST(CliOptions, LibraryDefaultsAreTheCommandsDefaults) {
+  const TrainOptions o = parsed({});
+  const train::TrainConfig library{};
+  EXPECT_EQ(config_json(o.train_config(), o.data_dir).dump(2),
+            config_json(library, data::kDefaultDataDir).dump(2));
+  EXPECT_EQ(o.train_config().eval_batch, library.eval_batch);
+  EXPECT_EQ(o.train_config().allow_emulated_bf16, library.allow_emulated_bf16);
+  // The recipe itself, so that a change to it is a decision and not an accident.
+  EXPECT_EQ(library.optimizer.kind, optim::Kind::kSgd);
+  EXPECT_EQ(library.optimizer.lr, 0.1f);
+  EXPECT_EQ(library.optimizer.momentum, 0.9f);
+  EXPECT_EQ(library.schedule.kind, optim::ScheduleKind::kCosine);
+  EXPECT_EQ(library.schedule.warmup_steps, 200u);
 }
 
 TEST(CliReadme, FlagTableIsTrainHelp) {

@@ -11,7 +11,7 @@ namespace cohort::optim {
 namespace {
 
 TEST(Schedule, ConstantIsTheBaseRate) {
-  ScheduleConfig c;
+  ScheduleConfig c{.kind = ScheduleKind::kConstant, .warmup_steps = 0};
   for (std::uint64_t u : {0, 1, 1000}) EXPECT_EQ(lr_at(c, 0.05f, u, 2000), 0.05f);
 }
 
@@ -24,7 +24,7 @@ TEST(Schedule, WarmupRisesLinearlyThenHandsOver) {
 }
 
 TEST(Schedule, StepDecaysByGammaEveryInterval) {
-  ScheduleConfig c{.kind = ScheduleKind::kStep, .step_every = 10, .gamma = 0.5f};
+  ScheduleConfig c{.kind = ScheduleKind::kStep, .warmup_steps = 0, .step_every = 10, .gamma = 0.5f};
   EXPECT_FLOAT_EQ(lr_at(c, 1.0f, 9, 100), 1.0f);
   EXPECT_FLOAT_EQ(lr_at(c, 1.0f, 10, 100), 0.5f);
   EXPECT_FLOAT_EQ(lr_at(c, 1.0f, 25, 100), 0.25f);

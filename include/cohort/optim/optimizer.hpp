@@ -22,9 +22,10 @@ inline constexpr Named<Kind> kKindNames[] = {
 Kind parse_kind(const std::string& name, const std::string& flag = "--optimizer");
 const char* to_string(Kind kind);
 
+// The defaults are `cohort train`'s recipe (with ScheduleConfig's): SGD, momentum 0.9, lr 0.1.
 struct OptimizerConfig {
   Kind kind = Kind::kSgd;
-  float lr = 0.05f;           // the base learning rate; the schedule scales it per step
+  float lr = 0.1f;            // the base learning rate; the schedule scales it per step
   float momentum = 0.9f;      // SGD only
   bool nesterov = false;      // SGD only
   float weight_decay = 0.0f;  // SGD, Adam: L2 added to the gradient; AdamW: decoupled

@@ -20,9 +20,11 @@ inline constexpr Named<ScheduleKind> kScheduleNames[] = {{ScheduleKind::kConstan
 ScheduleKind parse_schedule(const std::string& name, const std::string& flag = "--schedule");
 const char* to_string(ScheduleKind kind);
 
+// The defaults are `cohort train`'s recipe: a linear warmup over 200 updates, then cosine decay
+// to 0 over the run (docs/decisions.md, "The default recipe").
 struct ScheduleConfig {
-  ScheduleKind kind = ScheduleKind::kConstant;
-  std::uint64_t warmup_steps = 0;  // lr rises linearly to the base over these updates
+  ScheduleKind kind = ScheduleKind::kCosine;
+  std::uint64_t warmup_steps = 200;  // lr rises linearly to the base over these updates
   std::uint64_t step_every = 0;    // step: multiply by gamma every this many updates (> 0)
   float gamma = 0.1f;              // step: the decay factor, in (0, 1]
   float min_lr = 0.0f;             // cosine: the rate reached at the last update, in [0, base)
