@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Side-by-side throughput of cohort and the PyTorch peer (../shared/peers/torch_peer.py) on the
+"""Side-by-side throughput of cohort and its PyTorch peer (bench/peers/torch_peer.py) on the
 same model and batch, alternating A and B in one run and reporting medians and their ratio.
 
 The machine is shared and noisy, so only ratios measured in the same run mean anything.
@@ -18,8 +18,9 @@ Usage: bench/peer_compare.py [--reps 5] [--steps 300] [--cases mlp256,mlp32,scal
                              the MLP at batch 256, the cnn preset at 256 and the MLP at 32)
 Every child runs in its own process group under --timeout seconds (default 300); on expiry the
 whole group (mpirun and its ranks, DDP's spawned processes) is terminated and the script stops.
-Needs: python3-torch and libopenblas0-openmp (see the peer's header), build/release/cohort
-(--cohort another binary); for --cases mpi an MPI-enabled build and Open MPI's mpirun.
+Needs: python3-torch and libopenblas0-openmp (`scripts/setup.sh test`; bench/peers/README.md),
+build/release/cohort (--cohort another binary); for --cases mpi an MPI-enabled build and Open
+MPI's mpirun. bench/report.py runs the standard set of these comparisons through its functions.
 """
 import argparse
 import itertools
@@ -34,7 +35,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COHORT = os.path.join(ROOT, "build/release/cohort")
-PEER = os.path.join(ROOT, "../shared/peers/torch_peer.py")
+PEER = os.path.join(ROOT, "bench/peers/torch_peer.py")
 TIMEOUT = 300  # seconds per child process (--timeout)
 # Open MPI on this machine: oversubscribe the 2 cores, no cross-memory-attach single copy (the
 # container forbids it), and as root the two variables set in mpi_env().
@@ -44,11 +45,24 @@ MPI_RANKS = 2  # the mpi case is 2 ranks x 1 worker, as the peer's DDP is 2 proc
 DDP_PORTS = itertools.count(29511)  # a fresh rendezvous port per DDP run: no TIME_WAIT clash
 
 
+def cohort_version():
+    """`cohort --version` as a dict: "cohort" and "oneDNN" (versions), "isa" (oneDNN's dispatched
+    ISA on this CPU), "bf16" (none, emulated or native: whether the CPU has AVX512_BF16)."""
+    out = subprocess.run([COHORT, "--version"], capture_output=True, text=True, check=True).stdout
+    info = {}
+    for line in out.splitlines():
+        key, _, rest = line.partition(" ")
+        if key == "CPU":  # "CPU avx512_core_bf16 (oneDNN's dispatch), bf16 native"
+            info["isa"] = rest.split(" ", 1)[0]
+            info["bf16"] = rest.rsplit(" ", 1)[-1]
+        else:
+            info[key] = rest
+    return info
+
+
 def bf16_none():
     """Whether `cohort --version` says oneDNN has no bf16 kernels on this CPU (no AVX-512)."""
-    out = subprocess.run([COHORT, "--version"], capture_output=True, text=True, check=True).stdout
-    return any(line.startswith("CPU ") and line.endswith(", bf16 none")
-               for line in out.splitlines())
+    return cohort_version().get("bf16") == "none"
 
 
 def run(cmd, env=None, capture=False, timeout=None):
@@ -120,15 +134,20 @@ def verdict(value, target):
     return f"target ≥ {target}: {'met' if value >= target else 'not met'}"
 
 
-def bf16_point(title, model, batch, steps, reps, targets):
-    """One point of --cases bf16: cohort --precision f32 and bf16 (2 workers), the peer without
-    and with --bf16 (2 threads), alternating in each round, the same step count for all four
-    (cohort's rate includes its first step, the peer's excludes its 20 warm-up steps). Prints the
-    medians, the ratios and cohort's roofline fraction per precision; returns the target rows
-    (point, what, value, target)."""
-    F, B = "cohort --precision f32", "cohort --precision bf16"
-    TF, TB = "torch f32", "torch --bf16"
-    kept = {F: [], B: []}
+PEER_F32, PEER_BF16 = "torch f32", "torch --bf16"
+
+
+def cohort_label(precision):
+    return f"cohort --precision {precision}"
+
+
+def precision_point(title, model, batch, steps, reps, precisions=("f32", "bf16"), show=True):
+    """One model and batch: cohort --precision P for each of precisions (2 workers) and the peer
+    without and with --bf16 (2 threads), alternating in each round, the same step count for all
+    (cohort's rate includes its first step, the peer's excludes its 20 warm-up steps). Returns
+    side_by_side's medians and per-round rates by label (cohort_label(P), PEER_F32, PEER_BF16) and
+    cohort's summaries by label."""
+    kept = {cohort_label(p): [] for p in precisions}
     flags = ["--model", "mlp:784-512-256-10" if model == "mlp" else model, "--batch", str(batch),
              "--workers", "2"]
     peer_flags = ["--model", model, "--threads", "2", "--batch", str(batch)]
@@ -137,19 +156,35 @@ def bf16_point(title, model, batch, steps, reps, targets):
         kept[label].append(s)
         return s["samples_per_second"], s["time"]
 
+    def cohort_runner(p):
+        return lambda s: keep(cohort_label(p), summary(flags + ["--precision", p], s))
+
     med, rates = side_by_side(
-        f"bf16, {title}: cohort 2 workers f32 / bf16 vs PyTorch 2 threads f32 / bf16 (autocast), "
-        f"{steps} steps",
-        [(F, lambda s: keep(F, summary(flags + ["--precision", "f32"], s))),
-         (B, lambda s: keep(B, summary(flags + ["--precision", "bf16"], s))),
-         (TF, lambda s: peer(peer_flags, s)),
-         (TB, lambda s: peer(peer_flags + ["--bf16"], s))],
-        reps, steps)
-    for label in (F, B):
-        got = {s.get("precision") for s in kept[label]}
-        if got != {label.split()[-1]}:
-            raise SystemExit(f"{COHORT} wrote precision {got} in its summary for {label}: "
-                             f"is it a build with --precision?")
+        f"{title}: cohort 2 workers {' / '.join(precisions)} vs PyTorch 2 threads f32 / bf16 "
+        f"(autocast), {steps} steps",
+        [(cohort_label(p), cohort_runner(p)) for p in precisions] +
+        [(PEER_F32, lambda s: peer(peer_flags, s)),
+         (PEER_BF16, lambda s: peer(peer_flags + ["--bf16"], s))],
+        reps, steps, show)
+    for p in precisions:
+        got = {s.get("precision") for s in kept[cohort_label(p)]}
+        if got != {p}:
+            raise SystemExit(f"{COHORT} wrote precision {got} in its summary for "
+                             f"{cohort_label(p)}: is it a build with --precision?")
+    return med, rates, kept
+
+
+def roofline_fractions(summaries):
+    """The summaries' roofline fractions (floor / measured step), those that have one."""
+    return [s["roofline"]["fraction"] for s in summaries if s.get("roofline")]
+
+
+def bf16_point(title, model, batch, steps, reps, targets):
+    """One point of --cases bf16 (precision_point, f32 and bf16). Prints the medians, the ratios
+    and cohort's roofline fraction per precision; returns the target rows
+    (point, what, value, target)."""
+    F, B, TF, TB = cohort_label("f32"), cohort_label("bf16"), PEER_F32, PEER_BF16
+    med, rates, kept = precision_point(f"bf16, {title}", model, batch, steps, reps)
     rows = []
     ratios = (("cohort bf16 / cohort f32", med[B] / med[F], "bf16/f32"),
               ("cohort bf16 / torch's best", med[B] / max(med[TF], med[TB]), "vs torch"),
@@ -164,7 +199,7 @@ def bf16_point(title, model, batch, steps, reps, targets):
     paired(rates, B, [TF, TB], "cohort bf16 / the round's best torch")
     paired(rates, TB, [TF], "torch bf16 / torch f32")
     for label in (F, B):
-        fr = [s["roofline"]["fraction"] for s in kept[label] if s.get("roofline")]
+        fr = roofline_fractions(kept[label])
         if not fr:
             print(f"- {label}: the summary has no roofline")
             continue
@@ -188,8 +223,10 @@ def bytes_fields(d, prefix=""):
             yield prefix + k, v
 
 
-def side_by_side(title, runners, reps, steps):
-    """runners: list of (label, fn(steps) -> (samples/s, time)). Alternates them reps times."""
+def side_by_side(title, runners, reps, steps, show=True):
+    """runners: list of (label, fn(steps) -> (samples/s, time)). Alternates them reps times;
+    prints the rates as a table under `title` when show is set. Returns the medians and the
+    per-round rates by label."""
     rates = {label: [] for label, _ in runners}
     shares = {label: [] for label, _ in runners}
     cpu = {label: [] for label, _ in runners}
@@ -203,13 +240,14 @@ def side_by_side(title, runners, reps, steps):
                 # spent reducing and in the optimizer (the GEMMs count as compute).
                 shares[label].append(t["reduce_critical"] / t["step"])
                 cpu[label].append(t["reduce"] / (t["reduce"] + t["compute"] + t["data"] + t["idle"]))
+    med = {label: statistics.median(rates[label]) for label, _ in runners}
+    if not show:
+        return med, rates
     print(f"\n### {title}\n")
     print("| run | samples/s (median) | all repetitions | root wall share of step (median) "
           "| reduce + optimizer share of worker time (median) |")
     print("|---|---|---|---|---|")
-    med = {}
     for label, _ in runners:
-        med[label] = statistics.median(rates[label])
         share = f"{100 * statistics.median(shares[label]):.1f}%" if shares[label] else "–"
         c = f"{100 * statistics.median(cpu[label]):.1f}%" if cpu[label] else "–"
         print(f"| {label} | {med[label]:,.0f} | {', '.join(f'{x:,.0f}' for x in rates[label])} "

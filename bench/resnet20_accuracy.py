@@ -1,10 +1,10 @@
 #!/usr/bin/python3
 """ResNet-20 on Fashion-MNIST to a target test accuracy: cohort (examples/resnet20.toml's recipe,
 or any extra flags) for each seed, and optionally the PyTorch peer with the same recipe
-(torch_peer.py acc --model resnet20 --augment --lr 0.1 --wd 5e-4 --cosine), one after the other.
-Reports each run's test accuracy per epoch, the training seconds to first reach --target (both
-count training steps only: cohort's `elapsed_s`, the peer's per-epoch step time summed), and
-writes every curve to --out (JSON) for the README and docs.
+(bench/peers/torch_peer.py acc --model resnet20 --augment --lr 0.1 --wd 5e-4 --cosine), one after
+the other. Reports each run's test accuracy per epoch, the training seconds to first reach
+--target (both count training steps only: cohort's `elapsed_s`, the peer's per-epoch step time
+summed), and writes every curve to --out (JSON) for the README and docs.
 
 Usage: bench/resnet20_accuracy.py [--cohort build/release/cohort] [--seeds 1,2,3] [--epochs 30]
                                   [--peer] [--peer-bf16] [--peer-only] [--target 0.94]
@@ -22,7 +22,7 @@ import time
 import peer_compare  # bench/, beside this script: its process-group runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEER = os.path.join(os.path.dirname(ROOT), "shared", "peers", "torch_peer.py")
+PEER = peer_compare.PEER  # bench/peers/torch_peer.py
 
 
 def first_reach(curve, target):

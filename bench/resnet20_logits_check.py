@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """One-off check that cohort's `resnet20` is the PyTorch peer's ResNet20: loads a cohort checkpoint
-(its weights in PyTorch's order, its bn running statistics) into torch_peer.py's ResNet20 and
-compares the inference logits on the first --rows test images with `cohort eval --logits`.
+(its weights in PyTorch's order, its bn running statistics) into the ResNet20 of
+bench/peers/torch_peer.py and compares the inference logits on the first --rows test images with
+`cohort eval --logits`.
 
 Usage: bench/resnet20_logits_check.py --checkpoint runs/resnet20.ckpt
                                       [--cohort build/release/cohort] [--rows 500]
@@ -10,7 +11,6 @@ does not normalize). Prints the largest absolute and relative logit difference a
 fraction of rows whose predicted class agrees.
 """
 import argparse
-import gzip
 import os
 import struct
 import subprocess
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(ROOT), "shared", "peers"))
+sys.path.insert(0, os.path.join(ROOT, "bench", "peers"))
 import torch_peer  # noqa: E402  the peer's ResNet20 and data loader
 
 

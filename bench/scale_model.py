@@ -17,15 +17,18 @@ The link (--bandwidth-gbps 25, --latency-us 5) is an assumption, not a measureme
 MLP's step at 2 ranks x 1 worker, not how much of it a real link would hide). docs/scaling.md
 gives the commands.
 
-The exchange (../shared/DESIGN.md, "Past one machine"): the root's chunks are sharded over the R
-ranks (ZeRO stage 1). Per step, phase 1: each rank sends each chunk owner what it needs of this
-rank's leaves: for ranges summed from leaves (convolutions, or everything under --weight-grads
-leaf) every leaf's slice of the owner's chunks; for linear layers with batch weight gradients the
-rank's rows (X and dY) of the layers the owner holds part of, which scale with the rows per rank
-(batch/R) and go to each owner that needs them; the first layer's input is never sent (each owner
-assembles it from the data). Phase 2: each owner updates its chunks and sends the updated weights
-to every other rank ((R-1)/R x G per rank on average). Each phase sends one message to each other
-rank; one small all-gather per step (leaf losses, per-chunk stats) is left out of the time.
+The exchange is cohort's multi-rank step (src/dist): a rank computes a contiguous run of the global
+batch's leaves with its own workers, and the root's chunks, with their optimizer state, are sharded
+over the R ranks (ZeRO stage 1), so that each owner sums its chunks in the leaf order one process
+uses and the result is the single-process result bit for bit. Per step, phase 1: each rank sends
+each chunk owner what it needs of this rank's leaves: for ranges summed from leaves (convolutions,
+or everything under --weight-grads leaf) every leaf's slice of the owner's chunks; for linear
+layers with batch weight gradients the rank's rows (X and dY) of the layers the owner holds part
+of, which scale with the rows per rank (batch/R) and go to each owner that needs them; the first
+layer's input is never sent (each owner assembles it from the data). Phase 2: each owner updates
+its chunks and sends the updated weights to every other rank ((R-1)/R x G per rank on average).
+Each phase sends one message to each other rank; one small all-gather per step (leaf losses,
+per-chunk stats) is left out of the time.
 
 Model, per step, for R ranks:
   G         = 4 * parameters                         gradient (and weight) bytes, f32
@@ -58,7 +61,7 @@ more latency than it saves compute. Weak scaling: efficiency T1 / (T1 + T_comm) 
 the latency term grows; it reaches 50% near R = (T1 - a G / bandwidth) / (phases * latency).
 Strong scaling assumes compute per sample stays constant as rows per rank shrink; it does not
 below a few dozen rows per worker (cohort's MLP at batch 32 on 2 workers runs at ~0.57x of its
-batch-256 samples/s, docs/engine_results.md), so rows marked * are optimistic. A rank is a group
+batch-256 samples/s, docs/benchmarks.md), so rows marked * are optimistic. A rank is a group
 of leaves, so R can be at most batch / --micro-batch: rows past that are marked "no leaf".
 
 Usage: bench/scale_model.py [--weak] [--mlp-step-seconds S] [--mlp-bytes B | --mlp-coef A]

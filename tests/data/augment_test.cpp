@@ -97,7 +97,7 @@ std::vector<double> mirror(const std::vector<double>& v, std::size_t C, std::siz
 }
 
 // Pad by P zeros on each side, take the H x W window at (dy, dx) of the padded image, mirror it
-// if the draw says so: torch_peer.py's `augment`, spelled out.
+// if the draw says so: bench/peers/torch_peer.py's `crop_and_mirror`, spelled out.
 std::vector<double> reference_crop_flip(const std::vector<double>& image, std::size_t C,
                                         std::size_t H, std::size_t W, std::size_t P,
                                         const AugmentDraw& d) {

@@ -36,7 +36,7 @@ def read_safetensors(path):
 
 
 class PeerMlp(nn.Module):
-    """torch_peer.py's MLP for any sizes: fc1, fc2, ... with ReLU between."""
+    """bench/peers/torch_peer.py's MLP for any sizes: fc1, fc2, ... with ReLU between."""
 
     def __init__(self, sizes):
         super().__init__()
@@ -54,7 +54,7 @@ class PeerMlp(nn.Module):
 
 
 class PeerCnn(nn.Module):
-    """torch_peer.py's CNN, module for module."""
+    """bench/peers/torch_peer.py's CNN, module for module."""
 
     def __init__(self):
         super().__init__()

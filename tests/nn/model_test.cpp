@@ -17,7 +17,7 @@ namespace {
 
 TEST(Model, DefaultMlpHasPyTorchsParameterCount) {
   Model m = Model::parse("mlp:784-512-256-10");
-  EXPECT_EQ(m.layout().numel(), 535818u);  // as torch_peer.py's mlp
+  EXPECT_EQ(m.layout().numel(), 535818u);  // as bench/peers/torch_peer.py's mlp
   ASSERT_EQ(m.layers().size(), 5u);
   EXPECT_EQ(m.layers()[1].kind, LayerSpec::Kind::kReLU);
   EXPECT_EQ(m.layers()[2].name, "fc2");
@@ -28,8 +28,8 @@ TEST(Model, DefaultMlpHasPyTorchsParameterCount) {
 
 TEST(Model, CnnPresetIsThePeersNetwork) {
   Model m = Model::parse("cnn");
-  // torch_peer.py's CNN counts sum(p.numel()) = 317,066 in PyTorch itself (832 + 51,264 +
-  // 262,400 + 2,570); the figure 315,722 in the peer's docstring and in issue 5 is a slip.
+  // bench/peers/torch_peer.py's CNN counts sum(p.numel()) = 317,066 in PyTorch itself (832 +
+  // 51,264 + 262,400 + 2,570).
   EXPECT_EQ(m.layout().numel(), 317066u);
   EXPECT_EQ(m.layers().size(), 10u);
   EXPECT_EQ(m.layers()[2].out, (SampleShape{32, 12, 12}));
@@ -176,7 +176,7 @@ TEST(Model, ExistingModelsInitialiseAsBeforeBatchNorm) {
 
 TEST(Model, Resnet20PresetIsThePeersNetwork) {
   const Model m = Model::parse("resnet20");
-  EXPECT_EQ(m.layout().numel(), 272186u);  // sum(p.numel()) of torch_peer.py's ResNet20
+  EXPECT_EQ(m.layout().numel(), 272186u);  // sum(p.numel()) of bench/peers/torch_peer.py's ResNet20
   EXPECT_EQ(Model::parse(kResnet20Preset).layout().numel(), 272186u);
   EXPECT_EQ(m.spec(), "resnet20");
   ASSERT_EQ(m.layers().size(), 3u + 9u + 2u);  // conv-bn-relu, 9 blocks, gap, linear
