@@ -15,7 +15,7 @@ for p in /usr/bin/python3 python3; do
   if "$p" -c "import numpy" 2>/dev/null; then python=$p; break; fi
 done
 if [[ -z "$python" ]]; then
-  echo "check_data_formats: no python3 with numpy (install python3-numpy: scripts/setup.sh)" >&2
+  echo "check_data_formats: no python3 with numpy (install python3-numpy: scripts/setup.sh test)" >&2
   exit 1
 fi
 work=$(mktemp -d)

@@ -1,26 +1,45 @@
 #!/usr/bin/env bash
-# Installs cohort's build and run dependencies from Debian 12 packages.
+# Installs cohort's dependencies from Debian 12 packages: the set a command needs, no more.
 # Idempotent: installs only what is missing, runs `apt-get update` only when something is.
 # Works as root on a fresh machine (or through sudo when not root).
 set -euo pipefail
+
+# Usage: scripts/setup.sh [runtime|test|bench]   (default: runtime)
+#   runtime  what `scripts/train.sh` needs: the compiler, CMake, and the libraries the build finds
+#            and the binary links (oneTBB, oneDNN, Open MPI, ...), and the Fashion-MNIST data set
+#   test     runtime, plus what only the tests use: PyTorch and ONNX's checker (the export
+#            checks), NumPy, clang and its sanitizer runtime (the TSan and fuzz presets)
+#   bench    test, plus matplotlib (bench/ scripts' plots)
+set_name=${1:-runtime}
+case "$set_name" in
+  runtime | test | bench) ;;
+  *)
+    echo "setup: expected runtime, test or bench, found '$set_name'" >&2
+    exit 2
+    ;;
+esac
 
 packages=(
   build-essential cmake ninja-build pkg-config
   libtbb-dev            # oneTBB 2021.8: the step's task graph
   libdnnl-dev           # oneDNN 2.6.3 (OpenMP runtime): the layers
   ocl-icd-opencl-dev    # dnnl's CMake config asks for OpenCL
-  libgtest-dev libbenchmark-dev
+  libgtest-dev libbenchmark-dev   # found by the default configuration (tests and bench targets)
   zlib1g-dev            # .gz IDX files
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
-  clang libclang-rt-14-dev   # the ThreadSanitizer build of the reducer core
-  dataset-fashion-mnist # the real Fashion-MNIST under /usr/share/datasets/fashion-mnist
   libonnx-dev libprotobuf-dev protobuf-compiler   # cohort export --format onnx (protobuf classes)
-  python3-torch libopenblas0-openmp  # tests/export: exports loaded in PyTorch
-  python3-onnx          # tests/export: onnx.checker on exported ONNX files
   openmpi-bin libopenmpi-dev   # multi-rank runs: mpirun -np R cohort train (src/dist)
-  python3-numpy         # scripts/convert_dataset.py, the --data format test, tests/export
+  dataset-fashion-mnist # the real Fashion-MNIST under /usr/share/datasets/fashion-mnist
 )
-if [[ "${COHORT_SETUP_PLOTS:-0}" == 1 ]]; then packages+=(python3-matplotlib); fi
+if [[ "$set_name" != runtime ]]; then
+  packages+=(
+    clang libclang-rt-14-dev   # the ThreadSanitizer build of the reducer core, the fuzzers
+    python3-torch libopenblas0-openmp  # tests/export and bench/peers: PyTorch (with a fast BLAS)
+    python3-onnx          # tests/export: onnx.checker on exported ONNX files
+    python3-numpy         # scripts/convert_dataset.py, the --data format test, tests/export
+  )
+fi
+if [[ "$set_name" == bench || "${COHORT_SETUP_PLOTS:-0}" == 1 ]]; then packages+=(python3-matplotlib); fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -29,7 +48,7 @@ for p in "${packages[@]}"; do
   fi
 done
 if ((${#missing[@]} == 0)); then
-  echo "setup: all ${#packages[@]} packages present"
+  echo "setup: all ${#packages[@]} packages of the $set_name set present"
   exit 0
 fi
 sudo_cmd=()

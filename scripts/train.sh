@@ -3,7 +3,7 @@
 # model on Fashion-MNIST with every core. Extra arguments go to `cohort train`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh runtime
 cmake --preset release > /dev/null
 cmake --build --preset release -j "$(nproc)" --target cohort
 mkdir -p runs

@@ -6,8 +6,16 @@
 namespace cohort::dist {
 
 Watchdog::Watchdog(std::chrono::duration<double> timeout,
+                   std::function<void(double idle_seconds)> on_stall,
+                   std::function<TimePoint()> now)
+    : timeout_(timeout),
+      on_stall_(std::move(on_stall)),
+      now_(std::move(now)),
+      last_change_(now_()) {}
+
+Watchdog::Watchdog(std::chrono::duration<double> timeout,
                    std::function<void(double idle_seconds)> on_stall)
-    : timeout_(timeout), on_stall_(std::move(on_stall)) {
+    : Watchdog(timeout, std::move(on_stall), [] { return std::chrono::steady_clock::now(); }) {
   if (timeout_.count() > 0) thread_ = std::thread([this] { watch(); });
 }
 
@@ -20,29 +28,31 @@ Watchdog::~Watchdog() {
   if (thread_.joinable()) thread_.join();
 }
 
+bool Watchdog::check() {
+  if (fired_ || timeout_.count() <= 0) return false;
+  const std::uint64_t beats = beats_.load(std::memory_order_relaxed);
+  const TimePoint now = now_();
+  if (beats != seen_) {
+    seen_ = beats;
+    last_change_ = now;
+    return false;
+  }
+  const std::chrono::duration<double> idle = now - last_change_;
+  if (idle < timeout_) return false;
+  fired_ = true;
+  on_stall_(idle.count());
+  return true;
+}
+
 void Watchdog::watch() {
-  using Clock = std::chrono::steady_clock;
-  // Checks a few times per timeout (at most once a second), so a stall is caught within
-  // timeout + one period.
-  const auto period = std::chrono::duration_cast<Clock::duration>(
+  const auto period = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::min(timeout_ / 4, std::chrono::duration<double>(1.0)));
-  std::uint64_t seen = beats_.load(std::memory_order_relaxed);
-  auto last_change = Clock::now();
   std::unique_lock lock(mutex_);
   while (!stop_cv_.wait_for(lock, period, [this] { return stop_; })) {
-    const std::uint64_t now_beats = beats_.load(std::memory_order_relaxed);
-    const auto now = Clock::now();
-    if (now_beats != seen) {
-      seen = now_beats;
-      last_change = now;
-      continue;
-    }
-    const std::chrono::duration<double> idle = now - last_change;
-    if (idle >= timeout_) {
-      lock.unlock();
-      on_stall_(idle.count());
-      return;
-    }
+    lock.unlock();
+    const bool fired = check();
+    lock.lock();
+    if (fired) return;
   }
 }
 

@@ -171,7 +171,8 @@ double sweep_seconds(double read_bytes, std::size_t rw_arrays, std::size_t n,
 }  // namespace
 
 Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, StepGraph& graph,
-                          std::size_t state_arrays, double step_seconds) {
+                          std::size_t state_arrays, double step_seconds, std::size_t job_replicas,
+                          std::size_t ranks) {
   Roofline r;
   r.step_seconds = step_seconds;
   double leaf = 0, root_gemms = 0;
@@ -181,13 +182,16 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
   });
   const std::size_t leaves = config.batch / config.micro_batch;
   const auto replicas =
-      static_cast<double>(std::max<std::size_t>(1, std::min(config.workers, leaves)));
+      static_cast<double>(std::max<std::size_t>(1, std::min(job_replicas, leaves)));
   r.gemm_seconds = (static_cast<double>(leaves) * leaf + root_gemms) / replicas;
   r.root_bytes = root_bytes(model, config, state_arrays);
   const std::size_t n = model.layout().total();
   const double rw_bytes = static_cast<double>(n) * 8 * static_cast<double>(1 + state_arrays);
-  r.root_seconds =
-      sweep_seconds(std::max(0.0, r.root_bytes - rw_bytes), 1 + state_arrays, n, graph.executor());
+  // Several ranks: each root sweeps its share of the chunks (the exchange is not in the floor).
+  const auto share = static_cast<double>(std::max<std::size_t>(1, ranks));
+  r.root_seconds = sweep_seconds(std::max(0.0, r.root_bytes - rw_bytes) / share, 1 + state_arrays,
+                                 static_cast<std::size_t>(static_cast<double>(n) / share),
+                                 graph.executor());
   r.floor_seconds = r.gemm_seconds + r.root_seconds;
   r.fraction = step_seconds > 0 ? r.floor_seconds / step_seconds : 0;
   return r;

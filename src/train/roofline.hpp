@@ -15,7 +15,11 @@
 namespace cohort::train {
 
 // `step_seconds`: the measured mean step of full batches. `state_arrays`: the optimizer's.
+// `job_replicas`: the replicas of every rank, which share the batch's leaves; `ranks`: the
+// processes whose roots each sweep a share of the root's bytes. Several ranks: the caller runs
+// this on one rank while the others wait, so that no rank's work slows another's floor.
 Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, StepGraph& graph,
-                          std::size_t state_arrays, double step_seconds);
+                          std::size_t state_arrays, double step_seconds, std::size_t job_replicas,
+                          std::size_t ranks);
 
 }  // namespace cohort::train

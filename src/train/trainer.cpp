@@ -212,12 +212,20 @@ Summary Trainer::Impl::run(Observer& observer) {
       weights_digest(weights.data(), weights.size(), bn_stats.running(), bn_stats.size());
   // The roofline compares a step in its steady state: the run's first step, which also creates
   // every primitive, is left out when there are others (it is still in samples/s).
+  // Several ranks: the job's replicas share the leaves, and rank 0 (which reports) measures
+  // while the others wait in the collective after it, so no rank computes during the floor.
   if (const std::uint64_t steps = step_number - steps_done_at_start; config.roofline && steps > 0) {
     const bool steady = steps > 1;
-    s.roofline = measure_roofline(
-        model, config, graph, optimizer.state_buffers(),
-        steady ? (s.time.step - first_step_seconds) / static_cast<double>(steps - 1) : s.time.step);
-    s.roofline.first_step_seconds = steady ? first_step_seconds : 0;
+    const std::uint64_t job_replicas = comm.sum(config.workers);
+    if (comm.rank() == 0) {
+      s.roofline = measure_roofline(
+          model, config, graph, optimizer.state_buffers(),
+          steady ? (s.time.step - first_step_seconds) / static_cast<double>(steps - 1)
+                 : s.time.step,
+          static_cast<std::size_t>(job_replicas), static_cast<std::size_t>(comm.size()));
+      s.roofline.first_step_seconds = steady ? first_step_seconds : 0;
+    }
+    comm.sum(0);
   }
   return s;
 }

@@ -1,8 +1,11 @@
 // The step's roofline in the run's summary (src/train/roofline.cpp, docs/architecture.md "The
-// roofline"): its parts add up, the step it compares is the mean after the run's first step, and
-// the bytes it charges the root are the root's own (counted here from the model, independently).
+// roofline"): its GEMM floor against the run's own timing of the same primitives, the step it
+// compares is the mean after the run's first step, and the bytes it charges the root are the
+// root's own (counted here from the model, independently).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "cohort/nn/model.hpp"
@@ -17,11 +20,11 @@ using testing::Recorder;
 
 TrainConfig roofline_config(nn::Precision precision, TrainConfig::WeightGrads grads) {
   TrainConfig c;
-  c.model = "mlp:784-64-32-10";
-  c.batch = 32;
-  c.micro_batch = 8;  // 4 leaves
+  c.model = "mlp:784-256-128-10";
+  c.batch = 128;
+  c.micro_batch = 32;  // 4 leaves
   c.workers = 2;
-  c.steps = 6;
+  c.steps = 12;
   c.seed = 3;
   c.precision = precision;
   c.weight_grads = grads;
@@ -57,25 +60,50 @@ struct Case {
 
 class Roofline : public ::testing::TestWithParam<Case> {};
 
-TEST_P(Roofline, PartsAddUpAndTheStepIsTheMeanAfterTheFirst) {
+// The floor against the run's own measurement of the same work: the replicas time every oneDNN
+// matmul they run (Summary::time.matmul, summed over replicas) and the root its batch
+// weight-gradient GEMMs (time.weight_grad). The floor's GEMM part is the same primitives timed
+// alone at their best, shared over the replicas, so it must not exceed what the run spent per
+// step and replica (with room for timer noise), and must be of its order (a floor that forgot
+// the leaves or divided them twice would be far off either way). The root's bytes are counted
+// from the model, independently of the code under test.
+TEST_P(Roofline, FloorIsBelowTheRunsOwnTimingOfTheSameWork) {
   if (GetParam().precision == nn::Precision::kBf16) {
     COHORT_SKIP_WITHOUT_BF16();
   }
-  const TrainConfig c = roofline_config(GetParam().precision, GetParam().grads);
+  TrainConfig c = roofline_config(GetParam().precision, GetParam().grads);
+  c.steps = 30;
   std::printf("seed %llu\n", static_cast<unsigned long long>(c.seed));
+  {
+    // oneDNN generates its kernels the first time a process creates a primitive: a run before
+    // keeps that out of the timed run's matmul time.
+    TrainConfig warm = c;
+    warm.steps = 1;
+    Trainer w(warm, fixture());
+    Recorder ignored;
+    w.run(ignored);
+  }
   Trainer t(c, fixture());
   Recorder rec;
   const Summary s = t.run(rec);
-  ASSERT_EQ(s.steps, 6u);
+  ASSERT_EQ(s.steps, c.steps);
   const train::Roofline& r = s.roofline;
+  const double leaves = static_cast<double>(c.batch / c.micro_batch);
+  const double replicas = std::min(static_cast<double>(c.workers), leaves);
+  const double run_gemm =
+      (s.time.matmul + s.time.weight_grad) / static_cast<double>(s.steps) / replicas;
+  std::printf("floor GEMMs %.1f us, the run's %.1f us a step and replica\n",
+              r.gemm_seconds * 1e6, run_gemm * 1e6);
   EXPECT_GT(r.gemm_seconds, 0);
+  EXPECT_LE(r.gemm_seconds, 1.5 * run_gemm);
+  EXPECT_GE(r.gemm_seconds, run_gemm / 8);
   EXPECT_GT(r.root_seconds, 0);
-  EXPECT_DOUBLE_EQ(r.floor_seconds, r.gemm_seconds + r.root_seconds);
-  EXPECT_DOUBLE_EQ(r.fraction, r.floor_seconds / r.step_seconds);
+  EXPECT_LE(r.floor_seconds, s.time.step / static_cast<double>(s.steps) * 1.5);
   // The first step is left out of the mean, and accounted for: together they are the run's
   // step time.
   EXPECT_GT(r.first_step_seconds, 0);
-  EXPECT_NEAR(r.first_step_seconds + 5 * r.step_seconds, s.time.step, 1e-9 * s.time.step);
+  EXPECT_NEAR(r.first_step_seconds + static_cast<double>(c.steps - 1) * r.step_seconds,
+              s.time.step, 1e-9 * s.time.step);
   EXPECT_DOUBLE_EQ(r.root_bytes, expected_root_bytes(c));
 }
 

@@ -4,6 +4,8 @@
 //
 // Thread-safety: beat() from any thread; construction and destruction on one thread. on_stall
 // runs on the watchdog's own thread (it is expected not to return, e.g. MPI_Abort).
+// The clock is injectable: with `now` given, no thread runs and the owner calls check() (tests
+// drive it with a clock of their own, so no assertion depends on the machine's timing).
 #pragma once
 
 #include <atomic>
@@ -17,21 +19,34 @@ namespace cohort::dist {
 
 class Watchdog {
  public:
-  // timeout <= 0: no thread, beat() does nothing.
+  using TimePoint = std::chrono::steady_clock::time_point;
+  // timeout <= 0: no thread, beat() does nothing. Otherwise a thread checks a few times per
+  // timeout (at most once a second), so a stall is caught within timeout + one period.
   Watchdog(std::chrono::duration<double> timeout,
            std::function<void(double idle_seconds)> on_stall);
+  // No thread: check() reads `now`.
+  Watchdog(std::chrono::duration<double> timeout, std::function<void(double idle_seconds)> on_stall,
+           std::function<TimePoint()> now);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
   void beat() { beats_.fetch_add(1, std::memory_order_relaxed); }
 
+  // Calls on_stall (once in the watchdog's life) when no beat came for `timeout` of the clock's
+  // time since the last change seen by a check (or construction); returns whether it did.
+  bool check();
+
  private:
   void watch();
 
   const std::chrono::duration<double> timeout_;
   const std::function<void(double)> on_stall_;
+  const std::function<TimePoint()> now_;
   std::atomic<std::uint64_t> beats_{0};
+  std::uint64_t seen_ = 0;  // check()'s state (one thread: the watchdog's, or the owner's)
+  TimePoint last_change_;
+  bool fired_ = false;
   std::mutex mutex_;
   std::condition_variable stop_cv_;
   bool stop_ = false;
