@@ -2,10 +2,10 @@
 // size (535,818 parameters, two leaves): add the leaves block by block, check the block for
 // non-finite values, apply the optimizer; against a baseline that moves the same bytes (reads four
 // arrays, writes two) with no arithmetic. Their ratio says how close the root is to the memory
-// floor; the absolute time against the step's says whether "root <= 3% of the step" (issue #4) is
+// floor; the absolute time against the step's says whether "root <= 3% of the step" is
 // reachable at all. One thread; the argument is the MiB swept through the caches between iterations
 // (untimed): 0 keeps the root's 12.9 MB warm, 8 and 16 are about what a training step's own compute
-// touches on this model, 64 evicts everything (as this VM's neighbours do).
+// touches on this model, 64 evicts everything (as a VM's busy neighbours can).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>

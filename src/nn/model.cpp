@@ -167,7 +167,7 @@ Model Model::parse(const std::string& spec_in, SampleShape input) {
         count_parameters(double(l.out.C) * double(cur.C) + double(l.out.C));
         // Stored (IC, OC), i.e. transposed from PyTorch's (OC, IC): oneDNN's inner product then
         // runs its forward as a plain GEMM (measured 113 against 86 GFLOP/s at 128 rows, see
-        // docs/architecture.md). Checkpoints hold the canonical order (to_canonical).
+        // docs/decisions.md). Checkpoints hold the canonical order (to_canonical).
         l.weight = m.layout_.add(l.name + ".weight", Shape{{cur.C, l.out.C}});
         l.bias = m.layout_.add(l.name + ".bias", Shape{{l.out.C}});  // (OC)
         break;
@@ -334,7 +334,8 @@ double Model::forward_flops_per_sample() const {
 void Model::init(float* params, std::uint64_t seed) const {
   for (std::size_t i = 0; i < layout_.total(); ++i) params[i] = 0.0f;
   // The stream of a tensor is keyed by its index in the layout (bn's constant tensors take an
-  // index too), so models without nobias convs and bn layers draw exactly as before them.
+  // index too), so a tensor's values depend only on the seed and its index, and a model without
+  // nobias convs and bn layers draws each tensor as PyTorch's order numbers it.
   std::uint64_t tensor = 0;
   visit(layers_, [&](const LayerSpec& l) {
     if (l.kind == LayerSpec::Kind::kBatchNorm) {

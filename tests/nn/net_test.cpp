@@ -96,7 +96,7 @@ TEST_P(NetVsReference, LogitsLossAndEveryGradientMatch) {
 // Batch weight gradients: the Net keeps each linear layer's input and output-gradient rows and
 // leaves the layer's gradient ranges untouched; linear_weight_grad / linear_bias_grad over those
 // rows (split into row ranges that do not divide the layer evenly, as root chunks may) give the
-// reference gradient; every other tensor's gradient is the Net's as before.
+// reference gradient; every other tensor's gradient is the Net's own.
 TEST_P(NetVsReference, BatchWeightGradientsFromTheKeptRowsMatch) {
   std::vector<const LayerSpec*> linear;
   for (const auto& l : m.layers())

@@ -53,7 +53,7 @@ struct Rows {
 class RowPairs : public ::testing::TestWithParam<Shape> {
  protected:
   void SetUp() override {
-    if (!row_pair_kernel()) GTEST_SKIP() << "no AVX512_BF16 in this build or CPU";
+    if (!row_pair_kernel()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
     omp_set_num_threads(1);
     std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
   }
@@ -239,7 +239,7 @@ TEST(RowPairsNet, KeepsOutputGradientRowsInPairs) {
 // is negative, NaN where dy is infinite or NaN, 0 where y is NaN), written in pairs and, in place,
 // row-major; an odd last row pairs with zero; every width's tail.
 TEST(RowPairsRelu, BackwardIsTheFormulaInPairsAndInPlace) {
-  if (!row_pair_kernel()) GTEST_SKIP() << "no AVX512_BF16 in this build or CPU";
+  if (!row_pair_kernel()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
   const float inf = std::numeric_limits<float>::infinity(),
               nan = std::numeric_limits<float>::quiet_NaN();
@@ -273,11 +273,11 @@ TEST(RowPairsRelu, BackwardIsTheFormulaInPairsAndInPlace) {
       }
 }
 
-// The rows a bf16 Net keeps (ReLU's backward now in the pass that keeps them, plain and in
+// The rows a bf16 Net keeps (ReLU's backward in the pass that keeps them, plain and in
 // pairs) give the weight gradients oneDNN's own backward (its ReLU, its backward-weights) gives
 // the same leaf: a wrong mask or a lost row would be a large difference, not a rounding one.
 TEST(RowPairsRelu, KeptRowsGiveTheLeafModesWeightGradients) {
-  if (!row_pair_kernel()) GTEST_SKIP() << "no AVX512_BF16 in this build or CPU";
+  if (!row_pair_kernel()) GTEST_SKIP() << "no AVX512_BF16 on this CPU";
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
   const Model m = Model::parse("mlp:20-24-18-10");
   for (const std::int64_t N : {6, 7})

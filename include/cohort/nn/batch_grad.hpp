@@ -41,10 +41,11 @@ void linear_bias_grad(const bf16* dy, std::int64_t rows, std::int64_t out, std::
 // Row pairs (src/nn/row_pairs.cpp): bf16 dY kept as pairs of rows, element (r, o) at
 // (r / 2) * 2 * OC + 2 * o + r % 2 (an odd last row's partner is 0), which cohort's own
 // AVX512_BF16 kernel reads directly: measured faster than oneDNN 2.6's gemm_bf16bf16f32 on the
-// root's chunks (docs/engine_results.md, eleventh session). A range of even rows [a, b) occupies
-// the same elements as in row-major order.
+// root's chunks (docs/decisions.md, "The root's bf16 GEMMs on cohort's own row-pair kernel"). A
+// range of even rows [a, b) occupies the same elements as in row-major order.
 //
-// Whether this build and CPU have the kernel (built with AVX512_BF16, and the CPU has it).
+// Whether this CPU runs the kernel (AVX-512 with AVX512_BF16: cpu_features(); the kernel is
+// compiled in every x86-64 build and chosen at run time).
 bool row_pair_kernel();
 // pairs = dy (rows, OC) in row pairs; rows odd: the last pair's partner is written 0.
 void to_row_pairs(const bf16* dy, std::int64_t rows, std::int64_t out, bf16* pairs);

@@ -133,7 +133,7 @@ class Model {
   std::int64_t num_classes_ = 0;
 };
 
-// The preset `cnn`: the network of ../shared/peers/torch_peer.py.
+// The preset `cnn`: the network of bench/peers/torch_peer.py.
 inline constexpr const char* kCnnPreset =
     "conv(32,5)-relu-maxpool(2)-conv(64,5)-relu-maxpool(2)-flatten-linear(256)-relu-linear(10)";
 // The preset `resnet20`: the peer's ResNet-20 (He et al. 2016, CIFAR variant, projection

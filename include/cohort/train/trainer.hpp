@@ -73,8 +73,9 @@ struct TrainConfig {
   // order of the batch sum. Convolution gradients are per leaf in both. kBatch is the default:
   // writing and re-reading a whole gradient per leaf costs the same bytes whatever the leaf's
   // rows, so per-leaf gradients lose at small leaves and tie at large ones (measured:
-  // docs/engine_results.md); and a model of linear layers then gets the same weights for every
-  // micro-batch, too (tested).
+  // docs/decisions.md, "Batch weight gradients by default"); and a model of linear layers then
+  // gets the same weights for every micro-batch of whole 16-row blocks where oneDNN dispatches
+  // AVX-512 (tested).
   enum class WeightGrads { kLeaf, kBatch };
   static constexpr Named<WeightGrads> kWeightGradsNames[] = {{WeightGrads::kBatch, "batch"},
                                                              {WeightGrads::kLeaf, "leaf"}};
@@ -115,21 +116,20 @@ struct TrainConfig {
 
 inline constexpr std::size_t kMaxWorkers = 1024;
 // The root's chunk, and so the reducer's (floats): 256 KiB. The fused root computes a chunk's
-// batch weight gradients with one GEMM of the chunk's weight rows; a bf16 GEMM of 32 rows (the
-// reducer's 64 KiB default, for 512-wide rows) ran at 0.84 of the rate of one of 128 (oneDNN 2.6,
-// Zen 5), and the MLP's bf16 step at batch 256 took 0.955 of its time with this chunk
-// (docs/architecture.md, "The root's chunk"). One value for every worker count and rank split:
-// the chunk grid is part of how the root computes.
+// batch weight gradients with one GEMM of the chunk's weight rows, and oneDNN 2.6's bf16 GEMM
+// re-packs dY per call: one of 32 rows (the reducer's 64 KiB default, for 512-wide rows) runs at
+// 0.84 of the rate of one of 128 on Zen 5 (docs/decisions.md, "The root's chunk size"). One value
+// for every worker count and rank split: the chunk grid is part of how the root computes.
 inline constexpr std::size_t kRootChunk = 65536;
 // The default micro-batch of a model with bn layers (ghost batch normalization over the leaf's
-// rows): see docs/architecture.md, "BatchNorm per leaf", for the measurements behind it.
+// rows): see docs/decisions.md, "Micro-batch of models with bn", for the measurements behind it.
 inline constexpr std::size_t kBatchNormMicroBatch = 64;
 // The largest default micro-batch of a model with convolutions (and no bn): the `cnn` preset's
-// first activation is 2.4 MB of f32 (1.2 MB of bf16) at 32 rows, within a 2 MiB L2 in bf16;
-// at 128 rows it was 1.14-1.34x slower in bf16 and 1.06-1.22x in f32 (docs/engine_results.md,
-// ninth session). In bf16 it is halved where a leaf's largest activation at 32 rows would not
-// fit in the L2 (conv_micro_batch; twelfth session: 16 rows 1.03x the speed of 32 on Zen 4's
-// 1 MiB L2; in f32 8, 16 and 32 rows measured the same there).
+// first activation is 2.4 MB of f32 (1.2 MB of bf16) at 32 rows, within a 2 MiB L2 in bf16,
+// and 128-row leaves run clearly slower. In bf16 it is halved where a leaf's largest activation
+// at 32 rows would not fit in the L2 (conv_micro_batch): 16 rows: a leaf's largest activation then
+// fits in a 1 MiB L2 (Zen 4, 5); in f32 8, 16 and 32 rows run the same there (docs/decisions.md,
+// "Micro-batch default with convolutions").
 inline constexpr std::size_t kConvMicroBatch = 32;
 // The default micro-batch cap of a model with convolutions in `precision` on a core with
 // `l2_bytes` of L2 (0: unknown, kConvMicroBatch).
