@@ -11,6 +11,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "cohort/core/cpu.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/core/names.hpp"
 #include "cohort/dist/comm.hpp"
@@ -282,7 +283,8 @@ std::string flag_group(const TrainFlag& row) {
 }
 
 std::string version_text() {
-  return "cohort " COHORT_VERSION "\noneDNN " + nn::onednn_version() + "\nCPU " + nn::onednn_isa() +
+  return "cohort " COHORT_VERSION "\nbuild " COHORT_BUILD_TARGET ", cohort's kernels " +
+         cohort_kernels_isa() + "\noneDNN " + nn::onednn_version() + "\nCPU " + nn::onednn_isa() +
          " (oneDNN's dispatch), bf16 " +
          std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())) + "\noneTBB " +
          train::tbb_version() + "\nMPI " +

@@ -1,5 +1,6 @@
 // The command line: exit codes, messages that name the bad input, and the files it writes.
 #include "cohort/cli/cli.hpp"
+#include "cohort/core/cpu.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/version.hpp"
 #include "testing.hpp"
@@ -412,6 +413,10 @@ TEST_F(Cli, VersionNamesCohortOneDnnAndOneTbb) {
   Result r = cohort({"--version"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("cohort " COHORT_VERSION "\n", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("\nbuild " COHORT_BUILD_TARGET ", cohort's kernels " + cohort_kernels_isa() +
+                       "\n"),
+            std::string::npos)
+      << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\noneDNN \d+\.\d+\.\d+ \(.*cpu runtime )")))
       << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\noneTBB \d+\.\d+)"))) << r.out;

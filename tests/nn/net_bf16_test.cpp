@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ostream>
@@ -322,59 +321,6 @@ TEST(BatchGradBf16, WeightAndBiasGradientsMatchAFloat64Loop) {
       ASSERT_EQ(std::bit_cast<std::uint32_t>(db[o]), std::bit_cast<std::uint32_t>(s))
           << "bias " << o << " rows " << rows;
     }
-  }
-}
-
-// Perf mode (disabled by default; run with --gtest_also_run_disabled_tests
-// --gtest_filter='*Perf*'): forward_backward at N = 128 of the default MLP and the `cnn` preset,
-// f32 against bf16 on one thread, alternating runs, median of kRuns each. The speedup is the
-// same-run ratio; absolute times on a shared machine drift.
-TEST(NetBf16Perf, DISABLED_ForwardBackwardF32VsBf16) {
-  omp_set_num_threads(1);
-  constexpr int kWarmup = 3, kRuns = 31;
-  constexpr std::int64_t N = 128;
-  for (const char* spec : {"mlp:784-512-256-10", "cnn"}) {
-    const Model m = Model::parse(spec);
-    Inputs in = make_inputs(m, N, kSeed);
-    Rounded r = round_to_bf16(in);
-    Net f32(m), b16(m, true, Precision::kBf16);
-    AlignedBuffer<float> grad(m.layout().total());
-    auto time = [&](auto&& step) {
-      const auto t0 = std::chrono::steady_clock::now();
-      step();
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
-    auto run32 = [&] {
-      f32.forward_backward(in.params.data(), in.x.data(), in.labels.data(), N, grad.data());
-    };
-    auto run16 = [&] {
-      b16.forward_backward(r.params.data(), r.x.data(), in.labels.data(), N, grad.data());
-    };
-    for (int i = 0; i < kWarmup; ++i) run32(), run16();
-    f32.reset_times();
-    b16.reset_times();
-    std::vector<double> t32, t16;
-    for (int i = 0; i < kRuns; ++i) {
-      t32.push_back(time(run32));
-      t16.push_back(time(run16));
-    }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    const double m32 = median(t32), m16 = median(t16);
-    auto phases = [&](const Net& net) {
-      const PhaseTimes& t = net.times();
-      return "matmul " + std::to_string(1e3 * t.matmul / kRuns) + " ms, eltwise " +
-             std::to_string(1e3 * t.eltwise / kRuns) + " ms, loss " +
-             std::to_string(1e3 * t.loss / kRuns) + " ms, other " +
-             std::to_string(1e3 * t.other / kRuns) + " ms (means)";
-    };
-    std::printf("%s, N %lld, 1 thread, ISA %s, median of %d alternating runs:\n", spec,
-                static_cast<long long>(N), onednn_isa().c_str(), kRuns);
-    std::printf("  f32  %.3f ms  [%s]\n", 1e3 * m32, phases(f32).c_str());
-    std::printf("  bf16 %.3f ms  [%s]\n", 1e3 * m16, phases(b16).c_str());
-    std::printf("  speedup f32/bf16: %.2fx\n", m32 / m16);
   }
 }
 

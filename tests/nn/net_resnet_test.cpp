@@ -7,7 +7,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ostream>
@@ -492,58 +491,6 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"resnet20", 4, {1, 28, 28}, true, /*deep=*/true},
         Case{"resnet20", 4, {1, 28, 28}, false, /*deep=*/true}),
     case_name);
-
-// Perf mode (disabled by default; run with --gtest_also_run_disabled_tests
-// --gtest_filter='*ResnetPerf*'): resnet20's forward_backward at N 64 on one thread, f32 against
-// bf16, blocked layouts, alternating runs, medians of kRuns, with the phase split. The speedup
-// is the same-run ratio; absolute times on a shared machine drift.
-TEST(NetResnetPerf, DISABLED_Resnet20ForwardBackwardF32VsBf16) {
-  omp_set_num_threads(1);
-  constexpr int kWarmup = 2, kRuns = 9;
-  constexpr std::int64_t N = 64;
-  const Model m = Model::parse("resnet20");
-  Inputs in = make_inputs(m, N, kSeed);
-  Rounded r = round_to_bf16(in);
-  Net f32(m), b16(m, true, Precision::kBf16);
-  AlignedBuffer<float> grad(m.layout().total()), stats(m.stats_layout().total());
-  auto time = [](auto&& step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    step();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  auto run32 = [&] {
-    f32.forward_backward(in.params.data(), in.x.data(), in.labels.data(), N, grad.data(), {}, {},
-                         stats.data());
-  };
-  auto run16 = [&] {
-    b16.forward_backward(r.params.data(), r.x.data(), in.labels.data(), N, grad.data(), {}, {},
-                         stats.data());
-  };
-  for (int i = 0; i < kWarmup; ++i) run32(), run16();
-  f32.reset_times();
-  b16.reset_times();
-  std::vector<double> t32, t16;
-  for (int i = 0; i < kRuns; ++i) {
-    t32.push_back(time(run32));
-    t16.push_back(time(run16));
-  }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  auto phases = [&](const Net& net) {
-    const PhaseTimes& t = net.times();
-    return "matmul " + std::to_string(1e3 * t.matmul / kRuns) + " ms, eltwise " +
-           std::to_string(1e3 * t.eltwise / kRuns) + " ms, other " +
-           std::to_string(1e3 * t.other / kRuns) + " ms (means)";
-  };
-  const double m32 = median(t32), m16 = median(t16);
-  std::printf("resnet20, N %lld, 1 thread, ISA %s, median of %d alternating runs:\n",
-              static_cast<long long>(N), onednn_isa().c_str(), kRuns);
-  std::printf("  f32  %.1f ms  [%s]\n", 1e3 * m32, phases(f32).c_str());
-  std::printf("  bf16 %.1f ms  [%s]\n", 1e3 * m16, phases(b16).c_str());
-  std::printf("  speedup f32/bf16: %.2fx\n", m32 / m16);
-}
 
 }  // namespace
 }  // namespace cohort::nn

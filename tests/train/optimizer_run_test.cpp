@@ -29,6 +29,7 @@ TrainConfig base_config() {
   c.seed = 11;
   c.steps = 12;
   c.weight_grads = TrainConfig::WeightGrads::kLeaf;
+  c.schedule = {.kind = optim::ScheduleKind::kConstant, .warmup_steps = 0};  // a plain rate
   return c;
 }
 

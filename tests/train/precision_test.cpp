@@ -29,6 +29,7 @@ TrainConfig bf16_config(const std::string& model, std::size_t workers) {
   c.steps = 10;
   c.seed = 21;
   c.optimizer.lr = 0.05f;
+  c.schedule = {.kind = optim::ScheduleKind::kConstant, .warmup_steps = 0};  // a plain rate
   c.optimizer.momentum = 0.9f;
   c.precision = nn::Precision::kBf16;
   c.allow_emulated_bf16 = true;  // the bits are the same whether or not the CPU has it natively

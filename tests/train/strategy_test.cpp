@@ -43,6 +43,7 @@ TrainConfig strategy_config(Strategy strategy, RootMode root, WeightGrads grads,
   c.reducer = strategy;
   c.weight_grads = grads;
   c.optimizer.lr = 0.05f;
+  c.schedule = {.kind = optim::ScheduleKind::kConstant, .warmup_steps = 0};  // a plain rate
   if (root == RootMode::kTwoPhase) c.clip_norm = 0.5f;  // small enough to clip some steps
   return c;
 }

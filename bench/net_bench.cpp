@@ -1,0 +1,104 @@
+// One nn::Net::forward_backward of a 128-row leaf on one thread, f32 against bf16, for the default
+// MLP, the `cnn` preset and resnet20 (blocked layouts, 1x28x28 inputs). oneDNN runs on OpenMP
+// here, so the process is pinned to one OpenMP thread, as a replica is in training. Counters:
+// rows/s, and the Net's own phase split (Net::times()) in milliseconds per iteration: matmul,
+// eltwise, loss, other. The bf16 cases run only where the CPU has native bf16 dot products
+// (AVX512_BF16): emulated bf16 costs several times f32 and says nothing about the bf16 path.
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cohort/nn/model.hpp"
+#include "cohort/nn/net.hpp"
+#include "cohort/nn/version.hpp"
+#include "cohort/tensor/bf16.hpp"
+#include "cohort/tensor/buffer.hpp"
+
+namespace {
+
+using cohort::AlignedBuffer;
+using cohort::bf16;
+using cohort::nn::Model;
+using cohort::nn::Net;
+using cohort::nn::Precision;
+constexpr std::int64_t kRows = 128;
+
+// A leaf's arrays: the model's initial weights, inputs in [0, 1) on a fixed pattern, labels
+// cycling through the classes, and their bf16 copies for a bf16 Net.
+struct Leaf {
+  AlignedBuffer<float> params, x, grad, stats;
+  AlignedBuffer<bf16> params16, x16;
+  std::vector<std::int32_t> labels;
+
+  explicit Leaf(const Model& m)
+      : params(m.layout().total()),
+        x(static_cast<std::size_t>(kRows * m.input_features())),
+        grad(m.layout().total()),
+        stats(m.stats_layout().total()),
+        params16(params.size()),
+        x16(x.size()) {
+    m.init(params.data(), 7);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i * 37 % 101) / 101.0f;
+    for (std::int64_t r = 0; r < kRows; ++r)
+      labels.push_back(static_cast<std::int32_t>(r % m.num_classes()));
+    cohort::to_bf16(params.data(), params16.data(), params.size());
+    cohort::to_bf16(x.data(), x16.data(), x.size());
+  }
+
+  void step(Net& net, Precision p) {
+    float* s = stats.size() ? stats.data() : nullptr;  // only models with bn layers have any
+    if (p == Precision::kBf16)
+      net.forward_backward(params16.data(), x16.data(), labels.data(), kRows, grad.data(), {}, {},
+                           s);
+    else
+      net.forward_backward(params.data(), x.data(), labels.data(), kRows, grad.data(), {}, {}, s);
+  }
+};
+
+void forward_backward(benchmark::State& state, const char* spec, Precision precision) {
+  if (precision == Precision::kBf16 &&
+      cohort::nn::bf16_support() != cohort::nn::Bf16Support::kNative) {
+    const std::string why =
+        "no native bf16 on this CPU (oneDNN dispatches " + cohort::nn::onednn_isa() + ")";
+    state.SkipWithError(why.c_str());
+    return;
+  }
+  omp_set_num_threads(1);
+  const Model m = Model::parse(spec);
+  Net net(m, true, precision);
+  Leaf leaf(m);
+  leaf.step(net, precision);  // creates the primitives
+  net.reset_times();
+  for (auto _ : state) {
+    leaf.step(net, precision);
+    benchmark::DoNotOptimize(leaf.grad.data());
+  }
+  const auto& t = net.times();
+  using benchmark::Counter;
+  state.counters["rows/s"] =
+      Counter(static_cast<double>(state.iterations() * kRows), Counter::kIsRate);
+  state.counters["matmul_ms"] = Counter(1e3 * t.matmul, Counter::kAvgIterations);
+  state.counters["eltwise_ms"] = Counter(1e3 * t.eltwise, Counter::kAvgIterations);
+  state.counters["loss_ms"] = Counter(1e3 * t.loss, Counter::kAvgIterations);
+  state.counters["other_ms"] = Counter(1e3 * t.other, Counter::kAvgIterations);
+  state.SetLabel(cohort::nn::onednn_isa());
+}
+
+BENCHMARK_CAPTURE(forward_backward, mlp_f32, "mlp:784-512-256-10", Precision::kF32)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(forward_backward, mlp_bf16, "mlp:784-512-256-10", Precision::kBf16)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(forward_backward, cnn_f32, "cnn", Precision::kF32)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(forward_backward, cnn_bf16, "cnn", Precision::kBf16)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(forward_backward, resnet20_f32, "resnet20", Precision::kF32)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(forward_backward, resnet20_bf16, "resnet20", Precision::kBf16)
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
