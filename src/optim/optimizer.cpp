@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "cohort/core/cpu.hpp"
 #include "cohort/core/error.hpp"
 
 namespace cohort::optim {
@@ -71,6 +72,7 @@ namespace {
 inline float flush_subnormal(float x) { return std::fabs(x) < 1.17549435e-38f ? 0.0f : x; }
 }  // namespace
 
+COHORT_CLONES_AVX512
 void Optimizer::apply(const StepScalars& step, float* __restrict w, const float* __restrict g,
                       float* __restrict s0, float* __restrict s1, std::size_t count) const {
   const float lr = step.lr, gs = step.grad_scale, wd = step.decay ? config_.weight_decay : 0.0f;

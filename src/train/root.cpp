@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "batch_grads.hpp"
+#include "cohort/core/cpu.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/optim/gradient.hpp"
 #include "cohort/reduce/kernels.hpp"
@@ -51,6 +52,13 @@ Root::Root(const optim::Optimizer& optimizer, float* weights, bf16* weights16, f
   if (mode_ == Mode::kTwoPhase) grad_sum_ = AlignedBuffer<float>(n);
 }
 
+namespace {
+// The bf16 copy of a block the optimizer has just written (still in L1), at AVX-512's width where
+// the CPU has it.
+COHORT_CLONES_AVX512
+void copy_to_bf16(const float* w, bf16* w16, std::size_t count) { to_bf16(w, w16, count); }
+}  // namespace
+
 void Root::apply(const optim::StepScalars& scalars, std::size_t b, const float* g,
                  std::size_t count) const {
   if (no_decay_.empty()) {
@@ -75,7 +83,7 @@ void Root::apply(const optim::StepScalars& scalars, std::size_t b, const float* 
       pos = next;
     }
   }
-  if (weights16_) to_bf16(weights_ + b, weights16_ + b, count);  // the block is still in L1
+  if (weights16_) copy_to_bf16(weights_ + b, weights16_ + b, count);
 }
 
 void Root::begin_step(const optim::StepScalars& scalars, std::size_t rows,
