@@ -52,10 +52,11 @@ std::string cohort_kernels_isa();
 #define COHORT_TARGET_AVX512_BEGIN COHORT_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq")
 #define COHORT_TARGET_AVX512_BF16_BEGIN \
   COHORT_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
-// A function compiled twice, for the baseline and for AVX-512F, the loader choosing one by cpuid
+// A function compiled twice, for the baseline and for x86-64-v4 (AVX-512 F/BW/CD/DQ/VL), the
+// loader choosing one by cpuid
 // (an ifunc): for the root's elementwise sweeps, where 16 lanes beat 8 once the data is in
 // cache. Elementwise float code gives the same bits at either width.
-#define COHORT_CLONES_AVX512 __attribute__((target_clones("avx512f", "default")))
+#define COHORT_CLONES_AVX512 __attribute__((target_clones("arch=x86-64-v4", "default")))
 #else
 #define COHORT_CLONES_AVX512
 #endif
