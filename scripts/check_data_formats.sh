@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The digest test of `--data` formats (a ctest case): converts the IDX fixture to .npy (uint8
 # and float32 X) and to CSV with convert_dataset.py, trains 20 steps on each and on the IDX
-# files, and requires the same weights_digest from all; a control with the first image's non-zero
+# files, and requires the same weights_digest from all; the fixture as PNG class folders must
+# give the digest of the same images as .npy files in the folders' order (label, then index); a control with the first image's non-zero
 # pixels moved by one ulp must give a different digest (so the comparison can fail). Also: an mlp
 # whose IN or OUT does not match CSV data is refused naming both numbers.
 #   check_data_formats.sh COHORT_BINARY FIXTURE_DIR
@@ -40,6 +41,21 @@ for format in npy-uint8 npy-float32 csv; do
     status=1
   fi
 done
+# Image folders: read in class-folder, then file-name order, so compared with .npy files in that
+# order (the IDX order shuffles to other batches).
+"$python" "$here/convert_dataset.py" "$fixture" "$work/png" --format png-folders
+"$python" "$here/convert_dataset.py" "$fixture" "$work/by-class" --format npy-uint8 --class-order
+want_png=$(digest by-class "$work/by-class")
+got=$(digest png "$work/png")
+echo "png-folders  $got (npy-uint8 in class order: $want_png)"
+if [[ "$got" != "$want_png" ]]; then
+  echo "check_data_formats: png-folders gave $got, the same images as .npy gave $want_png" >&2
+  status=1
+fi
+if [[ "$want_png" == "$want" ]]; then
+  echo "check_data_formats: class order gave IDX order's digest: the order is not tested" >&2
+  status=1
+fi
 "$python" "$here/convert_dataset.py" "$fixture" "$work/nudged" --format npy-float32 --nudge
 got=$(digest nudged "$work/nudged")
 echo "nudged       $got (must differ)"

@@ -26,6 +26,7 @@ packages=(
   ocl-icd-opencl-dev    # dnnl's CMake config asks for OpenCL
   libgtest-dev libbenchmark-dev   # found by the default configuration (tests and bench targets)
   zlib1g-dev            # .gz IDX files
+  libpng-dev libturbojpeg0-dev   # image folders: PNG and JPEG files
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
   libonnx-dev libprotobuf-dev protobuf-compiler   # cohort export --format onnx (protobuf classes)
   openmpi-bin libopenmpi-dev   # multi-rank runs: mpirun -np R cohort train (src/dist)

@@ -10,6 +10,7 @@
 #include "cohort/core/rng.hpp"
 #include "cohort/data/csv.hpp"
 #include "cohort/data/idx.hpp"
+#include "cohort/data/image_files.hpp"
 #include "cohort/data/npy.hpp"
 
 namespace cohort::data {
@@ -125,13 +126,14 @@ Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_cl
     const char* what;
     std::vector<std::string> files;
   };
-  const std::array<Set, 3> sets{{
+  const std::array<Set, 4> sets{{
       {"IDX",
        {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte",
         "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz",
         "t10k-labels-idx1-ubyte", "t10k-labels-idx1-ubyte.gz"}},
       {"NumPy", {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}},
       {"CSV", {"train.csv", "test.csv"}},
+      {"image folder", {"train", "test"}},
   }};
   // A set is present when any of its files is; the loader then names the first missing one.
   std::vector<std::size_t> present;
@@ -153,15 +155,18 @@ Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_cl
         dir.string() +
         ": data folder: expected one of: the IDX files train-images-idx3-ubyte, "
         "train-labels-idx1-ubyte, t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte (each "
-        "optionally .gz); the NumPy files train_x.npy, train_y.npy, test_x.npy, test_y.npy; or "
-        "train.csv and test.csv; found none of them");
+        "optionally .gz); the NumPy files train_x.npy, train_y.npy, test_x.npy, test_y.npy; "
+        "train.csv and test.csv; or the folders train/ and test/ of class folders of PNG or JPEG "
+        "images; found none of them");
   switch (present[0]) {
     case 0:
       return load_image_folder(dir, idx_num_classes);
     case 1:
       return load_npy_folder(dir);
-    default:
+    case 2:
       return load_csv_folder(dir);
+    default:
+      return load_class_folders(dir);
   }
 }
 

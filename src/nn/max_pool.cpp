@@ -1,6 +1,6 @@
 // Max pooling on channel-innermost layouts; see include/cohort/nn/max_pool.hpp. One window at a
-// time, its lanes 16 at a time in vector types (bf16 widened to f32 on load; the maximum's bits
-// are an input's, so the store is exact), a lane count that is no multiple of 16 lane by lane.
+// time, its lanes a vector register at a time (bf16 widened to f32 on load; the maximum's bits
+// are an input's, so the store is exact), a lane count that is no multiple of it lane by lane.
 #include "cohort/nn/max_pool.hpp"
 
 #include <algorithm>
@@ -11,22 +11,22 @@
 #include "cohort/core/cpu.hpp"
 #include "cohort/core/error.hpp"
 
-// GCC notes that the 64-byte vector types would be passed differently without AVX-512: the
-// functions that take them are internal to this file, so no ABI is at stake.
-#pragma GCC diagnostic ignored "-Wpsabi"
-
 namespace cohort::nn {
 
-// The kernels twice: for the build's baseline, and for AVX-512 (one zmm a vector step) where the
-// CPU has it. Both compute the same bits: each lane's maximum is one of its inputs.
+// The kernels twice: for the build's baseline (8 lanes a vector step, one ymm), and for AVX-512
+// (16, one zmm) where the CPU has it. Both compute the same bits: each lane's maximum is one of its inputs.
 namespace {
 namespace portable {
+#define COHORT_POOL_LANES 8
 #include "max_pool_kernels.inc"
+#undef COHORT_POOL_LANES
 }  // namespace portable
 #if defined(COHORT_X86_DISPATCH)
 COHORT_TARGET_AVX512_BEGIN
 namespace avx512 {
+#define COHORT_POOL_LANES 16
 #include "max_pool_kernels.inc"
+#undef COHORT_POOL_LANES
 }  // namespace avx512
 COHORT_TARGET_END
 #endif

@@ -49,10 +49,12 @@ struct Splits {
 Splits load_image_folder(const std::filesystem::path& dir, std::size_t num_classes = 10);
 
 // `--data DIR`: dispatches on what `dir` holds -- the four IDX files (load_image_folder), the
-// four .npy files train_x/train_y/test_x/test_y (load_npy_folder, npy.hpp) or train.csv and
-// test.csv (load_csv_folder, csv.hpp). A folder with files of more than one set, or of none, is
-// refused naming what was looked for. For .npy and CSV the class count is the largest label of
-// both splits + 1; IDX keeps `num_classes`. Throws InputError.
+// four .npy files train_x/train_y/test_x/test_y (load_npy_folder, npy.hpp), train.csv and
+// test.csv (load_csv_folder, csv.hpp) or the folders train/ and test/ of class folders of PNG
+// or JPEG images (load_class_folders, image_files.hpp). A folder with files of more than one set,
+// or of none, is refused naming what was looked for. For .npy and CSV the class count is the
+// largest label of both splits + 1; image folders have one class a training class folder; IDX
+// keeps `num_classes`. Throws InputError.
 Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_classes = 10);
 
 // Checks what every loader promises: both splits non-empty, the same features per sample, the
