@@ -179,7 +179,8 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
       return s;
     }
     case Kind::kReLU:
-      if (relu_in_pool_.count(&l)) {  // the max pooling before it applied it, and its backward
+      // The max pooling or batch normalization before it applied it, and runs its backward.
+      if (relu_in_pool_.count(&l) || relu_in_bn_.count(&l)) {
         s.dst = cur;
         return s;
       }
@@ -464,7 +465,7 @@ memory PlanBuilder::backward(const Saved& s, bool first, memory diff) {
       return diff_src;
     }
     case Kind::kReLU:
-      if (relu_in_pool_.count(&l)) return diff;
+      if (relu_in_pool_.count(&l) || relu_in_bn_.count(&l)) return diff;
       // bf16 with batch weight gradients: the linear layer before it (whose forward ran it)
       // runs its backward in the pass that keeps its rows (keep_rows).
       if (batch_linear_ && act_ == Dt::bf16 && relu_fused_into_previous_.count(&l) &&

@@ -56,7 +56,7 @@ class PlanBuilder {
     memory weights;   // linear/conv weights in the primitive's format
     memory user_weights;
     dnnl::primitive_desc_base fwd_pd;    // res: its final ReLU's
-    memory workspace;                    // max pooling on oneDNN
+    memory workspace;                    // max pooling on oneDNN; bn with its ReLU fused
     std::optional<MaxPoolShape> pool;    // max pooling on cohort's kernel
     std::uint8_t* pool_where = nullptr;  // its window index of each maximum (training)
     memory mask;                         // dropout: f32, in the output's layout
@@ -95,7 +95,9 @@ class PlanBuilder {
   // run = false: the ReLU runs fused into the step before it; only its description is made.
   void add_relu_forward(memory x, Saved& s, bool run = true);
   void add_relu_backward(const Saved& s, const memory& diff);
-  void add_sum(std::vector<Exec>& list, const memory& a, const memory& b, const memory& dst);
+  // relu: max(a + b, 0) in the same primitive (an eltwise post-op).
+  void add_sum(std::vector<Exec>& list, const memory& a, const memory& b, const memory& dst,
+               bool relu = false);
 
   float* buffer(std::size_t bytes) {
     p_.buffers.emplace_back((bytes + sizeof(float) - 1) / sizeof(float));
@@ -147,6 +149,7 @@ class PlanBuilder {
   std::set<const LayerSpec*> relu_fused_into_previous_;  // ReLUs run as a linear's post-op
   bool fuse_relu_ = false;                   // the layer being built ends with a fused ReLU
   std::set<const LayerSpec*> relu_in_pool_;  // ReLUs run inside cohort's max pooling before them
+  std::set<const LayerSpec*> relu_in_bn_;    // ReLUs run inside the batch normalization before them
   memory relu_for_rows_;  // backward: a ReLU's output whose backward the linear layer's rows run
   const LayerSpec* next_ = nullptr;  // the layer after the one being built, in order
   Plan& p_;

@@ -3,9 +3,11 @@
 // PlanBuilder (plan_builder.hpp); builds steps, runs nothing.
 // bn runs oneDNN's batch_normalization on the layout its input has (a convolution's blocked
 // layout, or plain (N, C) after a linear layer), with f32 scale, shift and statistics in both
-// precisions. Training normalizes with the statistics of the plan's own N rows (ghost batch
-// normalization) and writes them into the caller's batch_stats; inference reads the caller's
-// running statistics.
+// precisions; a ReLU right after it runs inside it (fuse_norm_relu: forward writes max(y, 0) and
+// a mask of y > 0 as its workspace, backward applies the mask in the same pass), one pass over
+// the activations fewer each way. Training normalizes with the statistics of the plan's own N rows
+// (ghost batch normalization) and writes them into the caller's batch_stats; inference reads the
+// caller's running statistics.
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "plan_builder.hpp"
@@ -39,22 +41,26 @@ PlanBuilder::Saved PlanBuilder::forward_bn(const LayerSpec& l, memory cur) {
       training_ ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
   // Training computes the mean and the biased variance of these N rows (outputs); inference
   // takes the running statistics (inputs).
-  const Flags flags = training_ ? Flags::use_scale | Flags::use_shift
-                                : Flags::use_scale | Flags::use_shift | Flags::use_global_stats;
+  const bool fuse_relu = next_ != nullptr && next_->kind == LayerSpec::Kind::kReLU;
+  Flags flags = training_ ? Flags::use_scale | Flags::use_shift
+                          : Flags::use_scale | Flags::use_shift | Flags::use_global_stats;
+  if (fuse_relu) flags = flags | Flags::fuse_norm_relu;
   dnnl::batch_normalization_forward::primitive_desc pd({prop, cur.get_desc(), kBnEpsilon, flags},
                                                        attr_, eng_);
+  if (fuse_relu) relu_in_bn_.insert(next_);
   s.scale = param_f32(c_md, l.weight);  // gamma, (C)
   s.shift = param_f32(c_md, l.bias);    // beta, (C)
   s.mean = external(p_.stats, pd.mean_desc(), l.running_mean);
   s.var = external(p_.stats, pd.variance_desc(), l.running_var);
   s.dst = new_memory(pd.dst_desc());  // not in place: backward needs the input
-  add(p_.forward, dnnl::batch_normalization_forward(pd), pd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, s.src},
-       {DNNL_ARG_DST, s.dst},
-       {DNNL_ARG_SCALE, s.scale},
-       {DNNL_ARG_SHIFT, s.shift},
-       {DNNL_ARG_MEAN, s.mean},
-       {DNNL_ARG_VARIANCE, s.var}},
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, s.src},     {DNNL_ARG_DST, s.dst},
+                                       {DNNL_ARG_SCALE, s.scale}, {DNNL_ARG_SHIFT, s.shift},
+                                       {DNNL_ARG_MEAN, s.mean},   {DNNL_ARG_VARIANCE, s.var}};
+  if (fuse_relu && training_) {  // the ReLU's mask, for backward
+    s.workspace = new_memory(pd.workspace_desc());
+    args.insert({DNNL_ARG_WORKSPACE, s.workspace});
+  }
+  add(p_.forward, dnnl::batch_normalization_forward(pd), pd.scratchpad_desc(), std::move(args),
       Phase::kOther);
   s.fwd_pd = pd;
   return s;
@@ -67,22 +73,25 @@ PlanBuilder::memory PlanBuilder::backward_bn(const Saved& s, memory diff) {
   const LayerSpec& l = *s.layer;
   auto fwd = dnnl::batch_normalization_forward::primitive_desc(s.fwd_pd.get());
   const memory::desc c_md({l.in.C}, Dt::f32, Tag::x);
+  // With the ReLU fused (its workspace), diff is the ReLU output's gradient.
+  const Flags flags = s.workspace ? Flags::use_scale | Flags::use_shift | Flags::fuse_norm_relu
+                                  : Flags::use_scale | Flags::use_shift;
   dnnl::batch_normalization_backward::primitive_desc pd(
-      {dnnl::prop_kind::backward, diff.get_desc(), s.src.get_desc(), kBnEpsilon,
-       Flags::use_scale | Flags::use_shift},
-      attr_, eng_, fwd);
+      {dnnl::prop_kind::backward, diff.get_desc(), s.src.get_desc(), kBnEpsilon, flags}, attr_,
+      eng_, fwd);
   // Not in place: in a residual block the output gradient also feeds the shortcut.
   memory diff_src = new_memory(pd.diff_src_desc());
-  add(p_.backward, dnnl::batch_normalization_backward(pd), pd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, s.src},
-       {DNNL_ARG_MEAN, s.mean},
-       {DNNL_ARG_VARIANCE, s.var},
-       {DNNL_ARG_DIFF_DST, diff},
-       {DNNL_ARG_SCALE, s.scale},
-       {DNNL_ARG_SHIFT, s.shift},
-       {DNNL_ARG_DIFF_SRC, diff_src},
-       {DNNL_ARG_DIFF_SCALE, external(p_.grads, c_md, l.weight)},
-       {DNNL_ARG_DIFF_SHIFT, external(p_.grads, c_md, l.bias)}},
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, s.src},
+                                       {DNNL_ARG_MEAN, s.mean},
+                                       {DNNL_ARG_VARIANCE, s.var},
+                                       {DNNL_ARG_DIFF_DST, diff},
+                                       {DNNL_ARG_SCALE, s.scale},
+                                       {DNNL_ARG_SHIFT, s.shift},
+                                       {DNNL_ARG_DIFF_SRC, diff_src},
+                                       {DNNL_ARG_DIFF_SCALE, external(p_.grads, c_md, l.weight)},
+                                       {DNNL_ARG_DIFF_SHIFT, external(p_.grads, c_md, l.bias)}};
+  if (s.workspace) args.insert({DNNL_ARG_WORKSPACE, s.workspace});
+  add(p_.backward, dnnl::batch_normalization_backward(pd), pd.scratchpad_desc(), std::move(args),
       Phase::kOther);
   return diff_src;
 }
@@ -149,39 +158,49 @@ void PlanBuilder::add_relu_backward(const Saved& s, const memory& diff) {
       Phase::kEltwise);
 }
 
-// dst = a + b on oneDNN's binary add; a, b and dst share one layout (dst may be a: in place).
+// dst = a + b (relu: max(a + b, 0), rounded to dst's type after the max, which is the max of
+// the rounded sum) on oneDNN's binary add; a, b and dst share one layout (dst may be a: in place).
 void PlanBuilder::add_sum(std::vector<Exec>& list, const memory& a, const memory& b,
-                          const memory& dst) {
+                          const memory& dst, bool relu) {
+  dnnl::primitive_attr attr;  // a new one: a copy would share attr_'s handle
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (relu) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(ops);
+  }
   dnnl::binary::primitive_desc pd(
-      {dnnl::algorithm::binary_add, a.get_desc(), b.get_desc(), dst.get_desc()}, attr_, eng_);
+      {dnnl::algorithm::binary_add, a.get_desc(), b.get_desc(), dst.get_desc()}, attr, eng_);
   add(list, dnnl::binary(pd), pd.scratchpad_desc(),
       {{DNNL_ARG_SRC_0, a}, {DNNL_ARG_SRC_1, b}, {DNNL_ARG_DST, dst}}, Phase::kEltwise);
 }
 
 // relu(body(x) + shortcut(x)): the body's and the shortcut's steps as their own layers build
-// them, the sum in the body output's layout (the shortcut's reordered to it if it differs), then
-// ReLU in place on the sum.
+// them (a ReLU after a bn inside them fused into it), the sum in the body output's layout (the
+// shortcut's reordered to it if it differs) with the ReLU in the same primitive.
 PlanBuilder::Saved PlanBuilder::forward_res(const LayerSpec& l, std::size_t index, memory cur) {
   Saved s;
   s.layer = &l;
   s.src = cur;
-  memory body = cur;
-  for (const LayerSpec& sub : l.body) {
-    where_ = sub.name + " forward";
-    s.body.push_back(forward(sub, index, body, /*last=*/false));
-    body = s.body.back().dst;
-  }
-  memory shortcut = cur;  // the identity, or conv1x1-bn
-  for (const LayerSpec& sub : l.shortcut) {
-    where_ = sub.name + " forward";
-    s.shortcut.push_back(forward(sub, index, shortcut, /*last=*/false));
-    shortcut = s.shortcut.back().dst;
-  }
+  const LayerSpec* const after = next_;  // the layer after the block
+  const auto run = [&](const std::vector<LayerSpec>& layers, std::vector<Saved>& saved) {
+    memory x = cur;
+    for (std::size_t k = 0; k < layers.size(); ++k) {
+      where_ = layers[k].name + " forward";
+      next_ = k + 1 < layers.size() ? &layers[k + 1] : nullptr;
+      saved.push_back(forward(layers[k], index, x, /*last=*/false));
+      x = saved.back().dst;
+    }
+    return x;
+  };
+  memory body = run(l.body, s.body);
+  memory shortcut = run(l.shortcut, s.shortcut);  // the identity, or conv1x1-bn
+  next_ = after;
   where_ = l.name + " forward";
   shortcut = ensure(shortcut, body.get_desc(), p_.forward);
   memory sum = new_memory(body.get_desc());  // (N, OC, OH, OW)
-  add_sum(p_.forward, body, shortcut, sum);
-  add_relu_forward(sum, s);
+  add_sum(p_.forward, body, shortcut, sum, /*relu=*/true);
+  add_relu_forward(sum, s, /*run=*/false);  // the description its backward needs
   return s;
 }
 

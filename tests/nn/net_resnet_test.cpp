@@ -369,6 +369,31 @@ TEST(NetResnet, Resnet20GradientMatchesFiniteDifferencesOfTheFloat64Loss) {
   expect_float64_differences_match(Model::parse("resnet20"), 4, kSeed + 5, true, 1e-8, only);
 }
 
+// A ReLU after a bn runs inside it (fuse_norm_relu), and a residual block's ReLU inside its sum
+// (a binary add with a ReLU post-op): no standalone eltwise step is left in a model whose ReLUs
+// all follow a bn, forward or backward (the results are the reference's: the tests above).
+TEST(NetResnet, ReluAfterBatchNormRunsInsideIt) {
+  omp_set_num_threads(1);
+  const Model m =
+      Model::parse("conv(4,3,1,1,nobias)-bn-relu-conv(4,3,1,1)-bn-relu-gap-linear(3)", {1, 6, 6});
+  const std::int64_t N = 4;
+  Inputs in = make_inputs(m, N, kSeed);
+  AlignedBuffer<float> grad(m.layout().total()), stats(m.stats_layout().total());
+  for (const Precision p : {Precision::kF32, Precision::kBf16}) {
+    if (p == Precision::kBf16 && bf16_support() == Bf16Support::kNone) continue;
+    Net net(m, true, p);
+    if (p == Precision::kBf16) {
+      Rounded r = round_to_bf16(in);
+      net.forward_backward(r.params.data(), r.x.data(), in.labels.data(), N, grad.data(), {}, {},
+                           stats.data());
+    } else {
+      net.forward_backward(in.params.data(), in.x.data(), in.labels.data(), N, grad.data(), {}, {},
+                           stats.data());
+    }
+    EXPECT_EQ(net.times().eltwise, 0.0) << (p == Precision::kBf16 ? "bf16" : "f32");
+  }
+}
+
 TEST(NetResnet, BatchNormModelsNeedStatistics) {
   omp_set_num_threads(1);
   const Model m = Model::parse("conv(4,3,1,1,nobias)-bn-relu-gap-linear(3)", {1, 5, 5});
