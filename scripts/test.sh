@@ -3,9 +3,9 @@
 # release preset and runs every test, installs it and builds and runs examples/embed against the
 # installed package, builds the ThreadSanitizer preset (clang) of the
 # dependency-free core (the reducers) and runs its tests, then runs every test again under
-# AddressSanitizer + UndefinedBehaviorSanitizer, and fuzzes the IDX, NumPy, CSV, image, checkpoint
+# AddressSanitizer + UndefinedBehaviorSanitizer, and fuzzes the IDX, NumPy, CSV, image, text, checkpoint
 # and job-config readers and the `cohort train` command line (as a dry run) for a bounded time
-# (COHORT_FUZZ_SECONDS each, default 45) after replaying their corpora.
+# (COHORT_FUZZ_SECONDS each, default 40) after replaying their corpora.
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,10 +41,10 @@ ASAN_OPTIONS="detect_leaks=1" ctest --preset asan -j "$jobs"
 
 echo "== libFuzzer: replay the corpora, then fuzz each target for a bounded time"
 cmake --preset fuzz
-cmake --build --preset fuzz -j "$jobs" --target fuzz_idx fuzz_npy fuzz_csv fuzz_image fuzz_checkpoint fuzz_config fuzz_cli
+cmake --build --preset fuzz -j "$jobs" --target fuzz_idx fuzz_npy fuzz_csv fuzz_image fuzz_text fuzz_checkpoint fuzz_config fuzz_cli
 ctest --preset fuzz
-seconds=${COHORT_FUZZ_SECONDS:-45}
-for target in idx npy csv image checkpoint config cli; do
+seconds=${COHORT_FUZZ_SECONDS:-40}
+for target in idx npy csv image text checkpoint config cli; do
   work=$(mktemp -d)
   cp tests/fuzz/corpus/$target/* "$work"/
   build/fuzz/tests/fuzz/fuzz_$target -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
