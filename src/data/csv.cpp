@@ -1,6 +1,7 @@
 // CSV reader for tabular data: one pass over the text, line by line and cell by cell, each cell
 // parsed in place with std::from_chars (exact, locale-free, correctly rounded to float32), the
-// column count fixed by the first line. Errors name "file:line: column C".
+// column count fixed by the first line. A UTF-8 byte-order mark before it is skipped. Errors
+// name "file:line: column C".
 #include "cohort/data/csv.hpp"
 
 #include <algorithm>
@@ -54,6 +55,19 @@ Dataset read_csv_split(std::string_view text, const std::string& source, std::st
   };
   if (text.empty())
     throw InputError(source + ": file: expected a header line or samples, found 0 bytes (empty)");
+  // A UTF-8 byte-order mark (what Excel and Notepad write) is not part of the first cell.
+  constexpr std::string_view kUtf8Bom = "\xEF\xBB\xBF";
+  if (text.starts_with(kUtf8Bom)) {
+    text.remove_prefix(kUtf8Bom.size());
+    if (text.empty())
+      throw InputError(source +
+                       ": file: expected a header line or samples, found only a UTF-8 "
+                       "byte-order mark");
+  } else if (text.starts_with("\xFF\xFE") || text.starts_with("\xFE\xFF")) {
+    throw InputError(source +
+                     ": file: expected ASCII or UTF-8 text, found a UTF-16 byte-order "
+                     "mark (save the file as UTF-8)");
+  }
   Dataset set;
   set.name = std::move(name);
   set.tabular = true;
@@ -80,9 +94,12 @@ Dataset read_csv_split(std::string_view text, const std::string& source, std::st
       if (columns - 1 > limits.max_features)
         fail(1, "columns", "at most " + std::to_string(limits.max_features) + " features",
              std::to_string(columns - 1));
+      // The header rule: a first line with any cell that is not a number (as a feature is
+      // parsed: std::from_chars) is a header; a first line of numbers only is a sample, even
+      // when it was meant as column names (pandas' "0,1,2").
       float probe;
-      // A header line is detected by its first cell: a column name, not a number.
-      if (!parse_float(cells[0], probe)) {
+      if (std::any_of(cells.begin(), cells.end(),
+                      [&](std::string_view c) { return !parse_float(c, probe); })) {
         header = true;
         continue;
       }

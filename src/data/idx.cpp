@@ -1,10 +1,16 @@
 // IDX reader over zlib's gz stream (which also reads uncompressed files unchanged).
-// The header is read and checked first; the payload is read into a buffer of exactly the
-// announced size, then one more byte is attempted to prove there is no trailing data.
+// The header is read and checked first, then the size it claims against what the file can hold
+// (its own size uncompressed, deflate's 1032:1 limit compressed) before anything is allocated.
+// An uncompressed payload is read into a buffer of exactly the announced size; a compressed one
+// into a buffer grown as the data arrives (16 MiB, then doubling), so a claim the stream does not
+// back costs about twice the bytes that are there. Then one more byte is attempted to prove
+// there is no trailing data.
 #include "cohort/data/idx.hpp"
 
 #include <zlib.h>
 
+#include <algorithm>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -16,6 +22,12 @@ namespace cohort::data {
 
 namespace {
 
+// Deflate's largest ratio: a length-258 match coded in 2 bits, 1032 bytes out per byte in. No
+// gzip file (concatenated members included) decompresses to more than this times its size.
+constexpr std::uint64_t kDeflateMaxRatio = 1032;
+// The first piece of a compressed payload's buffer; each later one doubles it.
+constexpr std::uint64_t kFirstChunk = std::uint64_t{1} << 24;
+
 class Reader {
  public:
   explicit Reader(const std::filesystem::path& path) : path_(path) {
@@ -24,15 +36,16 @@ class Reader {
     if (ec || !std::filesystem::exists(status)) fail("file", "an existing file", "no such file");
     if (std::filesystem::is_directory(status)) fail("file", "a regular file", "a directory");
     if (!std::filesystem::is_regular_file(status)) fail("file", "a regular file", "a special file");
-    if (std::filesystem::file_size(path, ec) == 0 || ec)
-      fail("file", "a non-empty file", "0 bytes");
+    file_bytes_ = std::filesystem::file_size(path, ec);
+    if (file_bytes_ == 0 || ec) fail("file", "a non-empty file", "0 bytes");
     file_.reset(gzopen(path.c_str(), "rb"));
     if (!file_) fail("file", "a readable file", "open failed");
     gzbuffer(file_.get(), 1 << 17);
   }
 
-  // Reads exactly n bytes or reports how many were there.
-  void read_exact(void* dst, std::size_t n, const char* field) {
+  // Reads exactly n bytes or reports how many were there; `wanted` (n when 0) is the byte count
+  // the message says was expected from here.
+  void read_exact(void* dst, std::size_t n, const char* field, std::uint64_t wanted = 0) {
     auto* out = static_cast<unsigned char*>(dst);
     std::size_t got = 0;
     while (got < n) {
@@ -50,7 +63,7 @@ class Reader {
     if (got != n) {
       std::ostringstream found;
       found << "end of data at byte " << offset_ << " (file truncated)";
-      fail(field, std::to_string(n) + " more bytes", found.str());
+      fail(field, std::to_string(wanted != 0 ? wanted : n) + " more bytes", found.str());
     }
   }
 
@@ -68,6 +81,9 @@ class Reader {
   }
 
   std::uint64_t offset() const { return offset_; }
+  std::uint64_t file_bytes() const { return file_bytes_; }
+  // Whether zlib reads the file as it is (not gzip); known once something has been read.
+  bool direct() { return gzdirect(file_.get()) == 1; }
 
   [[noreturn]] void fail(const std::string& field, const std::string& expected,
                          const std::string& found) const {
@@ -81,6 +97,7 @@ class Reader {
   std::filesystem::path path_;
   std::unique_ptr<gzFile_s, Close> file_;
   std::uint64_t offset_ = 0;
+  std::uint64_t file_bytes_ = 0;
 };
 
 std::string hex(unsigned v) {
@@ -119,8 +136,36 @@ IdxArray read_idx(const std::filesystem::path& path, std::size_t expected_ndim,
     payload *= d;
     out.dims.push_back(d);
   }
-  out.values.resize(static_cast<std::size_t>(payload));
-  in.read_exact(out.values.data(), out.values.size(), "payload");
+  // The claim against what the file can hold, before allocating: its size after the header when
+  // uncompressed; deflate's limit times its size when gzip.
+  const std::uint64_t header = in.offset();
+  const bool direct = in.direct();
+  const std::uint64_t file = in.file_bytes();
+  const std::uint64_t max_total =
+      direct ? file
+             : (file > std::numeric_limits<std::uint64_t>::max() / kDeflateMaxRatio
+                    ? std::numeric_limits<std::uint64_t>::max()
+                    : file * kDeflateMaxRatio);
+  const std::uint64_t max_payload = max_total - std::min(max_total, header);
+  if (payload > max_payload)
+    in.fail("payload size",
+            "at most " + std::to_string(max_payload) + " bytes (what a " + std::to_string(file) +
+                "-byte " + (direct ? "file" : "gzip file") + " can hold after its " +
+                std::to_string(header) + "-byte header" +
+                (direct ? "" : ", deflate expanding at most 1032:1") + ")",
+            std::to_string(payload) + " bytes claimed by the dimensions (a truncated file or a " +
+                "corrupt header)");
+  // Read in pieces when compressed: the buffer grows only as far as the data goes.
+  std::uint64_t have = 0;
+  std::uint64_t chunk = direct ? payload : std::min(payload, kFirstChunk);
+  while (have < payload) {
+    const std::uint64_t next = std::min(payload, have + chunk);
+    out.values.resize(static_cast<std::size_t>(next));
+    in.read_exact(out.values.data() + have, static_cast<std::size_t>(next - have), "payload",
+                  payload - have);
+    have = next;
+    chunk = have;  // doubling the buffer
+  }
   if (!in.at_end())
     in.fail("file length", std::to_string(in.offset()) + " bytes (header + payload)",
             "trailing data after byte " + std::to_string(in.offset()));

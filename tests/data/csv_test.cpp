@@ -1,6 +1,6 @@
-// The CSV reader: tabular files with and without a header line load as float32 features and
-// integer labels as given; every malformed file is refused with an InputError naming the file,
-// the line and the problem.
+// The CSV reader: tabular files with and without a header line (the header rule), with a UTF-8
+// byte-order mark and CRLF line ends, load as float32 features and integer labels as given; every
+// malformed file is refused with an InputError naming the file, the line and the problem.
 #include "cohort/data/csv.hpp"
 
 #include <gtest/gtest.h>
@@ -13,6 +13,8 @@
 
 namespace cohort::data {
 namespace {
+
+const std::string kUtf8Bom = "\xEF\xBB\xBF";
 
 Dataset read(const std::string& text, const CsvLimits& limits = {}) {
   return read_csv_split(text, "train.csv", "train", limits);
@@ -50,6 +52,45 @@ TEST(Csv, FeaturesAreTakenAsGivenAndRoundTripFloat32) {
   EXPECT_EQ(x, d.float_features);
 }
 
+// A UTF-8 byte-order mark at the start (Excel's "CSV UTF-8", Notepad) is skipped: the first
+// line is then read like any other, a sample here.
+TEST(Csv, ByteOrderMarkIsSkipped) {
+  const Dataset d = read(kUtf8Bom + "1,0.5,2\n0,1,2\n2,3,4\n");
+  EXPECT_EQ(d.count, 3u);
+  EXPECT_EQ(d.labels, (std::vector<std::uint32_t>{1, 0, 2}));
+  EXPECT_EQ(d.float_features, (std::vector<float>{0.5f, 2, 1, 2, 3, 4}));
+}
+
+TEST(Csv, ByteOrderMarkWithHeaderAndCrlf) {
+  const Dataset d = read(kUtf8Bom + "label,a,b\r\n2,1,2\r\n0,3,4\r\n");
+  EXPECT_EQ(d.count, 2u);
+  EXPECT_EQ(d.labels, (std::vector<std::uint32_t>{2, 0}));
+  EXPECT_EQ(d.float_features, (std::vector<float>{1, 2, 3, 4}));
+  const Dataset n = read(kUtf8Bom + "1,5\r\n0,6\r\n");
+  EXPECT_EQ(n.count, 2u);
+  EXPECT_EQ(n.float_features, (std::vector<float>{5, 6}));
+}
+
+// The header rule: a first line with any cell that is not a number is a header, wherever that
+// cell is; a first line of numbers only is a sample.
+TEST(Csv, FirstLineWithAnyNonNumericCellIsAHeader) {
+  for (const std::string first : {"label,a,b", "0,a,b", "1,2,x", ",0,1", "y,x1,2"}) {
+    SCOPED_TRACE(first);
+    const Dataset d = read(first + "\n1,0.5,2\r\n0,3,4\n");
+    EXPECT_EQ(d.count, 2u);
+    EXPECT_EQ(d.labels, (std::vector<std::uint32_t>{1, 0}));
+    EXPECT_EQ(d.float_features, (std::vector<float>{0.5f, 2, 3, 4}));
+  }
+}
+
+TEST(Csv, FirstLineOfNumbersIsASample) {
+  // pandas' to_csv(index=False) of unnamed columns writes "0,1,2": numbers, so a sample.
+  const Dataset d = read("0,1,2\n1,0.5,2\n");
+  EXPECT_EQ(d.count, 2u);
+  EXPECT_EQ(d.labels, (std::vector<std::uint32_t>{0, 1}));
+  EXPECT_EQ(d.float_features, (std::vector<float>{1, 2, 0.5f, 2}));
+}
+
 struct BadCsv {
   std::string name;
   std::string text;
@@ -81,10 +122,10 @@ const BadCsv kBadCsv[] = {
     {"SemicolonSeparated", "1;0.5;2\n", ":1: columns: expected a label and at least one feature"},
     {"NonNumericFeature", "1,0.5\n0,abc\n",
      ":2: column 2: expected a number, found 'abc' (non-numeric)"},
-    {"EmptyCell", "1,,2\n", ":1: column 2: expected a number, found '' (non-numeric)"},
-    {"SpaceInCell", "1, 2\n", ":1: column 2: expected a number, found ' 2'"},
-    {"QuotedCell", "1,\"2\"\n", "column 2: expected a number, found '\"2\"'"},
-    {"PlusSign", "1,+2\n", "column 2: expected a number, found '+2'"},
+    {"EmptyCell", "1,0,2\n1,,2\n", ":2: column 2: expected a number, found '' (non-numeric)"},
+    {"SpaceInCell", "1,2\n1, 2\n", ":2: column 2: expected a number, found ' 2'"},
+    {"QuotedCell", "1,2\n1,\"2\"\n", ":2: column 2: expected a number, found '\"2\"'"},
+    {"PlusSign", "1,2\n1,+2\n", ":2: column 2: expected a number, found '+2'"},
     {"NonNumericLabel", "1,2\nx,3\n",
      ":2: column 1 (label): expected an integer class in [0, 65536), found 'x' (not an integer)"},
     {"FractionalLabel", "1.5,2\n", ":1: column 1 (label): expected an integer class"},
@@ -98,7 +139,20 @@ const BadCsv kBadCsv[] = {
     {"OutOfFloatRange", "1,1e999\n", "found '1e999' (infinite or out of float range)"},
     {"EmptyLineInside", "1,2\n\n0,3\n",
      ":2: line: expected a sample (label, features...), found an empty line"},
-    {"BinaryJunk", "1,\x01\x02\n", "found '\\x01\\x02' (non-numeric)"},
+    {"BinaryJunk", "1,2\n1,\x01\x02\n",
+     ":2: column 2: expected a number, found '\\x01\\x02' (non-numeric)"},
+    // On line 1 the same cells make a header (any non-numeric cell): a file of it alone is
+    // header-only.
+    {"EmptyCellOnLineOne", "1,,2\n", "found only the header (header-only file)"},
+    {"SpaceInCellOnLineOne", "1, 2\n", "found only the header (header-only file)"},
+    {"OnlyAByteOrderMark", "\xEF\xBB\xBF",
+     "train.csv: file: expected a header line or samples, found only a UTF-8 byte-order mark"},
+    {"ByteOrderMarkAndHeaderOnly", "\xEF\xBB\xBFlabel,x\r\n",
+     "found only the header (header-only file)"},
+    {"Utf16LittleEndian", std::string{'\xFF', '\xFE', '1', '\0', ',', '\0', '2', '\0', '\n', '\0'},
+     "train.csv: file: expected ASCII or UTF-8 text, found a UTF-16 byte-order mark"},
+    {"Utf16BigEndian", std::string{'\xFE', '\xFF', '\0', '1', '\0', ',', '\0', '2', '\0', '\n'},
+     "found a UTF-16 byte-order mark"},
     {"TooManyFeatures",
      "1,2,3,4\n",
      ":1: columns: expected at most 2 features, found 3",

@@ -3,12 +3,17 @@
 #include "cohort/data/idx.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <new>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -22,6 +27,43 @@ namespace fs = std::filesystem;
 using Bytes = std::vector<std::uint8_t>;
 
 const fs::path kFixture = COHORT_FIXTURE_DIR;
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAsan = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAsan = true;
+#else
+constexpr bool kAsan = false;
+#endif
+#else
+constexpr bool kAsan = false;
+#endif
+
+// For EXPECT_EXIT: read_idx(p, ndim) with an address space that may grow by 512 MiB at most.
+// Exits 2 printing the message on InputError, 3 on bad_alloc (it allocated a claimed size),
+// 0 when the file reads.
+[[noreturn]] void read_idx_under_memory_limit(const fs::path& p, std::size_t ndim) {
+  long pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;  // first field: the address space, in pages
+  const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) +
+                       (rlim_t{512} << 20);
+  const rlimit rl{limit, limit};
+  if (::setrlimit(RLIMIT_AS, &rl) != 0) {
+    std::fputs("setrlimit failed\n", stderr);
+    std::_Exit(4);
+  }
+  try {
+    read_idx(p, ndim);
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::_Exit(2);
+  } catch (const std::bad_alloc&) {
+    std::fputs("bad_alloc: the claimed size was allocated\n", stderr);
+    std::_Exit(3);
+  }
+  std::_Exit(0);
+}
 
 Bytes be32(std::uint32_t v) {
   return {std::uint8_t(v >> 24), std::uint8_t(v >> 16), std::uint8_t(v >> 8), std::uint8_t(v)};
@@ -162,6 +204,44 @@ TEST_F(IdxFiles, PayloadAboveLimit) {
   IdxLimits small{.max_dim = 1u << 24, .max_payload = 1000};
   expect_idx_refused(write_gz("big.gz", idx(0x08, {100, 28, 28}, 10)), 3,
                      {"payload size", "1000 bytes", "dimension 1"}, small);
+}
+// A 16-byte file whose dimensions claim 4 GiB (within max_payload): refused from the file's
+// size, naming the claim and the size; so is a file one byte short of its claim.
+TEST_F(IdxFiles, ClaimBeyondTheFileIsRefusedNamingBothSizes) {
+  expect_idx_refused(write_raw("claim", idx(0x08, {65536, 256, 256}, 0)), 3,
+                     {"payload size", "4294967296 bytes claimed by the dimensions", "16-byte file",
+                      "at most 0 bytes"});
+  expect_idx_refused(write_raw("short", idx(0x08, {2, 2, 2}, 7)), 3,
+                     {"payload size", "8 bytes claimed", "at most 7 bytes", "23-byte file"});
+}
+// gzip: no file decompresses to more than 1032 times its size (deflate's largest ratio).
+TEST_F(IdxFiles, GzipClaimBeyondDeflatesLimitIsRefused) {
+  const fs::path p = write_gz("claim.gz", idx(0x08, {65536, 256, 256}, 0));
+  const std::uint64_t gz_bytes = fs::file_size(p);
+  expect_idx_refused(
+      p, 3,
+      {"payload size", "4294967296 bytes claimed", std::to_string(gz_bytes) + "-byte gzip file",
+       "at most " + std::to_string(gz_bytes * 1032 - 16) + " bytes"});
+}
+// The claims above, and a gzip file within deflate's limit whose stream ends 2 GiB early, under
+// a memory limit far below their claims: refused (exit 2), never allocated (bad_alloc, exit 3).
+TEST_F(IdxFiles, ClaimsAreRefusedWithoutAllocatingThem) {
+  if (kAsan) GTEST_SKIP() << "ASan's shadow memory does not fit an address-space limit";
+  const fs::path raw = write_raw("claim", idx(0x08, {65536, 256, 256}, 0));
+  EXPECT_EXIT(read_idx_under_memory_limit(raw, 3), ::testing::ExitedWithCode(2),
+              "payload size.*4294967296 bytes claimed");
+  const fs::path gz = write_gz("claim.gz", idx(0x08, {65536, 256, 256}, 0));
+  EXPECT_EXIT(read_idx_under_memory_limit(gz, 3), ::testing::ExitedWithCode(2),
+              "payload size.*4294967296 bytes claimed");
+  // 3 MiB of incompressible pixels: up to 3 GiB by deflate's limit, so a 2 GiB claim passes
+  // the size check and only the data's end refuses it.
+  Bytes b = idx(0x08, {32768, 256, 256}, 0);
+  std::mt19937 rng(1);
+  for (std::size_t i = 0; i < (std::size_t{3} << 20); ++i) b.push_back(std::uint8_t(rng()));
+  const fs::path partial = write_gz("partial.gz", b);
+  ASSERT_GT(fs::file_size(partial) * 1032, (std::uint64_t{1} << 31) + 16);
+  EXPECT_EXIT(read_idx_under_memory_limit(partial, 3), ::testing::ExitedWithCode(2),
+              "payload: expected 2147483648 more bytes.*truncated");
 }
 TEST_F(IdxFiles, TruncatedMagic) {
   expect_idx_refused(write_raw("tm", {0, 0, 8}), 1, {"magic", "truncated"});

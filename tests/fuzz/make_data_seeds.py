@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Writes the seed corpora of fuzz_npy and fuzz_csv (tests/fuzz/corpus/npy, corpus/csv): small
 files as numpy.save writes them (every accepted dtype, both header versions, 2 to 4 dimensions)
-and CSV files with and without a header. Needs numpy. Deterministic."""
+and CSV files with and without a header, with CRLF and a UTF-8 byte-order mark. Needs numpy.
+Deterministic."""
 import io
 import os
 
@@ -35,7 +36,14 @@ csvs = {
     "header.csv": "label,a,b,c\n0,0.5,1,2\n1,3,4.25,-5\n",
     "plain.csv": "2,0.00392156886,1e-3,7\n0,1,2,3\n",
     "crlf.csv": "label,x\r\n1,2\r\n0,3",
+    # A UTF-8 byte-order mark before samples, and before a header with CRLF line ends.
+    "bom.csv": "\ufeff1,0.5,2\n0,1,2\n",
+    "bom_crlf_header.csv": "\ufefflabel,a,b\r\n2,1,2\r\n0,3,4\r\n",
+    # The header rule: numbers only on line 1 (pandas' unnamed columns) are a sample; a header
+    # whose first cell is empty (pandas' index column) is a header.
+    "numeric_first_line.csv": "0,1,2\r\n1,0.5,2\r\n",
+    "index_header.csv": ",0,1\n1,0.5,2\n",
 }
 for name, text in csvs.items():
-    with open(os.path.join(csv_dir, name), "w", newline="") as f:
+    with open(os.path.join(csv_dir, name), "w", newline="", encoding="utf-8") as f:
         f.write(text)

@@ -1,5 +1,5 @@
 // CSV reader for tabular data: one sample per line, the integer label first, then numeric
-// features, comma-separated; an optional header line (detected: its first cell is not a number).
+// features, comma-separated; an optional header line (a first line with any non-numeric cell).
 // A strict reader of our own rather than libcsv: the format is numbers only (no quoting, no
 // embedded commas), and every error must name line and column, which we track anyway.
 // Not a general CSV parser: no quotes, no other separators, no missing values.
@@ -22,6 +22,9 @@ struct CsvLimits {
 };
 
 // One split from CSV text; `source` names the file in messages ("source:LINE: column C: ...").
+// A UTF-8 byte-order mark at the start is skipped; a UTF-16 one is refused. The first line is a
+// header (skipped) when any of its cells is not a number as std::from_chars reads a float (an
+// empty cell included); a first line of numbers only is a sample.
 // Lines end in "\n" or "\r\n"; the last may lack it. Every line has the same number of cells
 // (>= 2); the label is a plain non-negative decimal integer below kMaxClasses; each feature a
 // finite decimal float (std::from_chars: no leading '+', no spaces, no hex). No empty lines.

@@ -23,7 +23,10 @@ struct IdxArray {
 // Reads `path` (gzip detected by content, so a raw .gz-less file works too) and checks:
 // it is a regular, non-empty file; magic bytes 0 0; type code 0x08; the number of dimensions is
 // `expected_ndim`; each dimension is non-zero and <= max_dim; the product does not overflow and
-// is <= max_payload; the (decompressed) length equals header + payload exactly.
+// is <= max_payload; the payload fits in the file, checked before allocating (an uncompressed
+// file: its size after the header; gzip: 1032 times the file's size, deflate's largest ratio,
+// and a buffer grown only as the decompressed data arrives); the (decompressed) length equals
+// header + payload exactly.
 // Throws InputError naming the file, the field, the expected and the found value.
 IdxArray read_idx(const std::filesystem::path& path, std::size_t expected_ndim,
                   const IdxLimits& limits = {});
