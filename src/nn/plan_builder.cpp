@@ -220,8 +220,11 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
       return s;
     }
     case Kind::kFlatten: {
-      // PyTorch's flatten order is (C, H, W): reorder to plain nchw, then view as (N, C*H*W).
-      s.flat_src_md = memory::desc(image(l.in), act_, Tag::nchw);
+      // PyTorch's flatten order is (C, H, W): reorder to plain nchw, then view as (N, C*H*W). An
+      // input that is (N, C) already (after gap, linear or another flatten) is kept plain.
+      s.flat_src_md = cur.get_desc().dims().size() == 2
+                          ? memory::desc({N_, l.out.C}, act_, Tag::nc)
+                          : memory::desc(image(l.in), act_, Tag::nchw);
       memory plain = ensure(cur, s.flat_src_md, p_.forward);
       s.dst = memory(memory::desc({N_, l.out.C}, act_, Tag::nc), eng_, plain.get_data_handle());
       return s;

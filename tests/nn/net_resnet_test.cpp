@@ -217,6 +217,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"linear(12)-bn-relu-linear(4)", 5, {20, 1, 1}},
         Case{"linear(40)-bn-relu-linear(4)", 16, {20, 1, 1}},
         Case{"bn-conv(4,3)-flatten-linear(3)", 4, {3, 6, 6}},
+        // A flatten of an input that is flat already (after gap or a linear layer).
+        Case{"conv(4,3,1,1)-gap-flatten-linear(3)", 3, {2, 5, 5}},
+        Case{"conv(4,3,1,1)-flatten-linear(6)-flatten-linear(3)", 2, {1, 5, 5}},
         Case{"bn-conv(4,3)-flatten-linear(3)", 4, {3, 6, 6}, false},
         Case{"flatten-bn-linear(3)", 5, {2, 3, 3}},
         Case{"conv(8,3,1,1)-relu-gap-linear(5)", 3, {2, 7, 7}},
