@@ -2,8 +2,9 @@
 """Checks every OUT/*.onnx that `cohort export` wrote: onnx.checker with full_check (shape
 inference included), the interface (input "input" with a symbolic batch dimension, output
 "logits"), then runs it with a NumPy evaluator of exactly the operators cohort emits (Gemm,
-Conv, MaxPool, AveragePool, Relu, Flatten; in float64) and requires its logits within 1e-4 of
-`cohort eval --logits` and its accuracy equal to cohort's.
+Conv, BatchNormalization, MaxPool, AveragePool, GlobalAveragePool, Relu, Add, Flatten; in
+float64) and requires its logits within 1e-4 of `cohort eval --logits` and its accuracy equal to
+cohort's.
 Usage: check_onnx.py OUT_DIR DATA_DIR. Exits 77 (skip) when onnx or numpy is not installed."""
 import sys
 
@@ -40,12 +41,21 @@ def gemm(a, b, c, at):
 
 
 def conv(x, w, b, at):
+    """b is None for a Conv with two inputs (X, W): ONNX's bias is optional."""
     assert at.get("group", 1) == 1 and at.get("dilations", [1, 1]) == [1, 1]
     k = at.get("kernel_shape", list(w.shape[2:]))
     out = 0
     for kh, kw, v in windows(x, k, at.get("strides", [1, 1]), at.get("pads", [0, 0, 0, 0])):
         out = out + np.einsum("nchw,oc->nohw", v, w[:, :, kh, kw], optimize=True)
-    return out + b.reshape(1, -1, 1, 1)
+    return out if b is None else out + b.reshape(1, -1, 1, 1)
+
+
+def batch_norm(x, scale, bias, mean, var, at):
+    """Inference (opset 9-14 without training_mode): per channel, axis 1 of (N, C, ...)."""
+    assert set(at) <= {"epsilon", "momentum"}, at
+    c = (1, -1) + (1,) * (x.ndim - 2)
+    x = (x - mean.reshape(c)) / np.sqrt(var.reshape(c) + at.get("epsilon", 1e-5))
+    return x * scale.reshape(c) + bias.reshape(c)
 
 
 def pool(x, at, reduce):
@@ -56,10 +66,13 @@ def pool(x, at, reduce):
 
 OPS = {
     "Gemm": lambda ins, at: gemm(ins[0], ins[1], ins[2], at),
-    "Conv": lambda ins, at: conv(ins[0], ins[1], ins[2], at),
+    "Conv": lambda ins, at: conv(ins[0], ins[1], ins[2] if len(ins) > 2 else None, at),
+    "BatchNormalization": lambda ins, at: batch_norm(*ins, at),
     "MaxPool": lambda ins, at: pool(ins[0], at, np.max),
     "AveragePool": lambda ins, at: pool(ins[0], at, np.mean),
+    "GlobalAveragePool": lambda ins, at: ins[0].mean(axis=(2, 3), keepdims=True),
     "Relu": lambda ins, at: np.maximum(ins[0], 0),
+    "Add": lambda ins, at: ins[0] + ins[1],
     "Flatten": lambda ins, at: ins[0].reshape(int(np.prod(ins[0].shape[:at.get("axis", 1)])), -1),
 }
 
@@ -70,6 +83,7 @@ def run(model, x):
     for node in model.graph.node:
         if node.op_type not in OPS:
             raise ValueError(f"operator {node.op_type} ({node.name}) is not one cohort emits")
+        assert len(node.output) == 1, node  # BatchNormalization: Y only, at inference
         values[node.output[0]] = OPS[node.op_type]([values[i] for i in node.input], attrs(node))
     return values["logits"]
 

@@ -1,6 +1,8 @@
 // Export of a checkpoint's weights for other frameworks: safetensors (what PyTorch loads with
-// `load_state_dict`) and ONNX (opset 13, the inference graph). Both take the canonical
-// (PyTorch-order) weights a checkpoint stores; neither runs the model nor needs oneDNN or TBB.
+// `load_state_dict(strict=True)`) and ONNX (opset 13, the inference graph). Both take the
+// canonical (PyTorch-order) weights and the bn layers' running statistics a checkpoint stores;
+// neither runs the model nor needs oneDNN or TBB. Every model cohort trains exports: linear,
+// conv (with or without bias), bn, relu, maxpool, avgpool, gap, flatten, dropout and res layers.
 // Not a checkpoint: the optimizer's state, the step counters and the config are not exported
 // (the step and the model spec are recorded as metadata).
 #pragma once
@@ -26,25 +28,70 @@ Format parse_format(const std::string& name);
 const char* to_string(Format f);
 
 // How the tensors are named, chosen from the model spec:
-//   kPeer        "cnn" and "mlp:..." specs: the modules of the PyTorch peer (torch_peer.py):
-//                the mlp's fc1, fc2, ... (Linear), the cnn's c1, c2 (Conv2d) and fc1, fc2.
+//   kPeer        "cnn", "resnet20" and "mlp:..." specs: the modules of the PyTorch peer
+//                (bench/peers/torch_peer.py): the mlp's fc1, fc2, ... (Linear); the cnn's c1, c2
+//                (Conv2d) and fc1, fc2; ResNet20's stem.0 (Conv2d), stem.1 (BatchNorm2d),
+//                blocks.0 ... blocks.8 (BasicBlock) and fc (Linear).
 //   kSequential  any other layer list: layer i of the list is module i of a PyTorch
-//                nn.Sequential built from it (conv -> Conv2d, relu -> ReLU, maxpool -> MaxPool2d,
-//                avgpool -> AvgPool2d, flatten -> Flatten, dropout -> Dropout,
-//                linear -> Linear), so its tensors are "0.weight", "0.bias", "3.weight", ...
+//                nn.Sequential built from it (conv -> Conv2d, bias=False for nobias; bn ->
+//                BatchNorm2d after an image, BatchNorm1d after a flat input; relu -> ReLU;
+//                maxpool -> MaxPool2d; avgpool -> AvgPool2d; gap -> any parameter-free module
+//                taking (N, C, H, W) to the mean over H and W, (N, C); flatten -> Flatten;
+//                dropout -> Dropout; linear -> Linear; res -> torch_peer.py's BasicBlock), so its
+//                tensors are "0.weight", "0.bias", "3.c1.weight", ...
+// Inside a residual block, under either naming, the members are BasicBlock's: c1, b1, c2, b2 (the
+// body's conv3x3, bn, conv3x3, bn) and, for a projection shortcut, short.0 (conv1x1, no bias) and
+// short.1 (bn): "blocks.3.short.1.running_var", "4.c1.weight".
 enum class Naming { kPeer, kSequential };
 Naming naming_for(const std::string& spec);
 const char* to_string(Naming n);
 
-// One exported tensor: its PyTorch name and shape, and where it sits in the flat array.
-struct Tensor {
-  std::string name;                 // "fc1.weight", "c1.bias", "0.weight"
-  std::vector<std::int64_t> shape;  // PyTorch's: (OC, IC) or (OC, IC, KH, KW) or (OC)
-  std::size_t offset = 0;           // in floats, into the canonical flat array
-  std::size_t numel() const;
+// A layer with tensors (linear, conv or bn; at the top level or inside a residual block) and
+// the name of its PyTorch module: "fc1", "stem.1", "blocks.3.short.0", "0", "4.b2".
+struct Module {
+  const nn::LayerSpec* layer = nullptr;  // points into the model
+  std::string name;
 };
-// Every parameter tensor of `model` in layer order, weight before bias.
+// Every such layer of `model` in model order (a residual block's body, then its shortcut).
+std::vector<Module> torch_modules(const nn::Model& model);
+
+// One exported tensor: its PyTorch name and shape, and where its values come from.
+struct Tensor {
+  enum class Source {
+    kParams,          // F32: the canonical parameter array (weights, biases, bn scale and shift)
+    kStats,           // F32: the running-statistics array (bn running_mean, running_var)
+    kBatchesTracked,  // I64 scalar: bn's num_batches_tracked (Weights::batches_tracked)
+  };
+  std::string name;                 // "fc1.weight", "c1.bias", "0.weight", "stem.1.running_var"
+  std::vector<std::int64_t> shape;  // PyTorch's: (OC, IC), (OC, IC, KH, KW), (C); [] a scalar
+  Source source = Source::kParams;
+  std::size_t offset = 0;  // in floats, into the array of its source (kParams, kStats)
+  std::size_t numel() const;
+  std::size_t bytes() const;  // numel() times 4 (F32) or 8 (I64)
+};
+// Every tensor of `model`'s PyTorch state_dict, in its order: module by module, a linear or
+// conv layer's weight then bias (a conv(..., nobias) has its weight only, as Conv2d(...,
+// bias=False)), a bn layer's weight (scale), bias (shift), running_mean, running_var and
+// num_batches_tracked.
 std::vector<Tensor> torch_tensors(const nn::Model& model);
+
+// The values an export writes.
+struct Weights {
+  const float* params = nullptr;     // model.layout().total() floats in canonical order
+  const float* stats = nullptr;      // model.stats_layout().total() floats (null without bn)
+  std::int64_t batches_tracked = 0;  // every bn layer's num_batches_tracked
+};
+
+// The value cohort writes as num_batches_tracked: how many times the checkpoint's running
+// statistics were updated. PyTorch adds 1 per forward pass of a BatchNorm in training mode; cohort
+// folds each leaf's batch statistics into the running ones, in leaf order, after every applied
+// step (one update per leaf, as if each leaf were a forward pass of micro-batch rows). So it is
+// the sum over the applied steps of ceil(rows / micro_batch), counted from the checkpoint's step,
+// batch, micro-batch, training-set size and partial-batch rule (a short last batch of an epoch has
+// fewer leaves); a skipped step (no fold) is taken off as a full batch's leaves. A checkpoint
+// without a batch size counts one per update. The same for every bn layer. PyTorch reads it only
+// when a BatchNorm's momentum is None (a cumulative average): inference never uses it.
+std::int64_t batches_tracked(const checkpoint::Checkpoint& c);
 
 // What the export records besides the weights.
 struct Metadata {
@@ -57,28 +104,33 @@ struct Metadata {
 std::map<std::string, std::string> metadata_strings(const Metadata& m);
 
 // The safetensors file: 8-byte little-endian header length, the JSON header
-// {name: {dtype: "F32", shape, data_offsets: [begin, end)}, "__metadata__": {...}} padded with
-// spaces to a multiple of 8 bytes, then the tensors' bytes (little-endian float32) in header
-// order, back to back. `canonical`: model.layout().total() floats in canonical order.
-std::vector<std::uint8_t> encode_safetensors(const nn::Model& model, const float* canonical,
+// {name: {dtype: "F32" or "I64", shape, data_offsets: [begin, end)}, "__metadata__": {...}}
+// padded with spaces to a multiple of 8 bytes, then the tensors' bytes (little-endian float32,
+// int64 for num_batches_tracked) in header order (torch_tensors'), back to back.
+std::vector<std::uint8_t> encode_safetensors(const nn::Model& model, const Weights& w,
                                              const Metadata& m);
 
 // The ONNX model (opset 13) as serialized protobuf bytes: input "input" (N, C, H, W) for image
 // models or (N, F) for flat ones, with a symbolic batch dimension "N"; output "logits"
 // (N, classes). Linear layers are Gemm with transB = 1 (PyTorch's (OC, IC) weight as is), conv
-// is Conv with its pads and strides, pooling MaxPool / AveragePool, relu Relu, flatten
-// Flatten(axis 1); dropout is omitted (the identity at inference). The weights are initializers
-// under the same names as in the safetensors file.
-std::string encode_onnx(const nn::Model& model, const float* canonical, const Metadata& m);
+// is Conv with its pads and strides (inputs X, W, B; X and W only for a nobias conv), bn
+// BatchNormalization (inference: the running statistics, epsilon 1e-5), pooling MaxPool /
+// AveragePool, gap GlobalAveragePool then Flatten(axis 1), relu Relu, flatten Flatten(axis 1);
+// a residual block is its body's and its shortcut's nodes, Add and Relu; dropout is omitted (the
+// identity at inference). The initializers are the F32 tensors of torch_tensors under the same
+// names as in the safetensors file (num_batches_tracked, no operator's input, is left out); a
+// node's output is named after its layer ("conv1", "res4.bn2", "res4.add", "gap1.pool").
+std::string encode_onnx(const nn::Model& model, const Weights& w, const Metadata& m);
 
-// Reads and validates a checkpoint, checks its weights against its model spec (parsed for
-// samples of the checkpoint's input shape), encodes it and writes `out` through a temporary file in
-// the same folder and a rename. InputError naming the file or flag: a bad checkpoint, weights that
-// do not match the spec, an output folder that does not exist or cannot be written.
+// Reads and validates a checkpoint, checks its weights and running statistics against its model
+// spec (parsed for samples of the checkpoint's input shape), encodes it and writes `out` through
+// a temporary file in the same folder and a rename. InputError naming the file or flag: a bad
+// checkpoint, weights or statistics that do not match the spec, an output folder that does not
+// exist or cannot be written.
 void export_checkpoint(const std::filesystem::path& checkpoint, Format format,
                        const std::filesystem::path& out);
 
-// The version recorded in exported files ("0.1.0", the CMake project's).
+// The version recorded in exported files: the CMake project's (project(VERSION)).
 const char* cohort_version();
 
 }  // namespace cohort::exporting
