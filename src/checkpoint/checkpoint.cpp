@@ -6,15 +6,16 @@
 // bytes left before it is used.
 #include "cohort/checkpoint/checkpoint.hpp"
 
-#include <fcntl.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 
+#include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
 
 namespace cohort::checkpoint {
@@ -151,14 +152,6 @@ std::array<std::uint64_t, 3> parse_shape(const std::string& name, const std::str
   return shape;
 }
 
-void fsync_path(const std::filesystem::path& p, bool directory) {
-  int fd = ::open(p.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) throw InputError(p.string() + ": cannot open to sync: " + std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw InputError(p.string() + ": fsync failed: " + std::strerror(errno));
-}
-
 }  // namespace
 
 std::vector<std::uint8_t> encode_checkpoint(const Checkpoint& c) {
@@ -284,37 +277,43 @@ Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, std::size_t keep) {
   namespace fs = std::filesystem;
   const std::vector<std::uint8_t> bytes = encode_checkpoint(c);
-  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-    f.flush();
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw InputError(path.string() + ": writing the checkpoint failed (disk full or read-only?)");
+  // Once the new file is whole and on disk, rotate older checkpoints beside the file written
+  // (a link's target): target.(keep-2) -> target.(keep-1), ..., and target -> target.1 as a hard
+  // link (a copy where the filesystem has none), then renamed into place, so the target itself
+  // never disappears: at every instant it is the previous checkpoint or the new one.
+  auto rotate = [keep](const fs::path& target) {
+    auto fail = [&target](const std::string& what, const std::error_code& ec) {
+      throw OutputError(target.string() + ": cannot keep the previous checkpoints (--keep): " +
+                        what + ": " + ec.message() + " (" + target.string() + " is as it was)");
+    };
+    std::error_code ec;
+    for (std::size_t k = keep; k-- > 1;) {
+      const fs::path to = target.string() + "." + std::to_string(k);
+      if (k > 1) {
+        const fs::path from = target.string() + "." + std::to_string(k - 1);
+        if (fs::exists(fs::symlink_status(from, ec))) {
+          fs::rename(from, to, ec);
+          if (ec) fail("rename " + from.string() + " to " + to.string(), ec);
+        }
+      } else if (fs::exists(target, ec)) {
+        const fs::path link = to.string() + ".tmp." + std::to_string(::getpid());
+        fs::remove(link, ec);
+        fs::create_hard_link(target, link, ec);
+        if (ec) {
+          ec.clear();
+          fs::copy_file(target, link, fs::copy_options::overwrite_existing, ec);
+        }
+        if (!ec) fs::rename(link, to, ec);
+        if (ec) {
+          std::error_code ignored;
+          fs::remove(link, ignored);
+          fail("link " + target.string() + " as " + to.string(), ec);
+        }
+      }
     }
-  }
-  fsync_path(tmp, false);  // the bytes are on disk before the name points at them
-  // Rotate older checkpoints: path.(keep-2) -> path.(keep-1), ..., and path -> path.1 as a hard
-  // link (then renamed into place), so `path` itself never disappears: at every instant it is
-  // the previous checkpoint or the new one.
-  std::error_code ec;
-  for (std::size_t k = keep; k-- > 1;) {
-    const fs::path to = path.string() + "." + std::to_string(k);
-    if (k > 1) {
-      const fs::path from = path.string() + "." + std::to_string(k - 1);
-      if (fs::exists(from, ec)) fs::rename(from, to, ec);
-    } else if (fs::exists(path, ec)) {
-      const fs::path link = to.string() + ".tmp." + std::to_string(::getpid());
-      fs::remove(link, ec);
-      fs::create_hard_link(path, link, ec);
-      if (!ec) fs::rename(link, to, ec);
-    }
-  }
-  fs::rename(tmp, path);  // atomic: readers see the old file or the new one
-  fsync_path(dir, true);  // the rename itself is durable
+  };
+  write_file_atomically(path, {reinterpret_cast<const char*>(bytes.data()), bytes.size()},
+                        keep > 1 ? std::function<void(const fs::path&)>(rotate) : nullptr);
 }
 
 Checkpoint load_checkpoint(const std::filesystem::path& path) {

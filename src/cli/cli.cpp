@@ -8,6 +8,7 @@
 #include <optional>
 #include <ostream>
 
+#include "agreement.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/dist/comm.hpp"
 #include "commands.hpp"
@@ -20,9 +21,15 @@ namespace {
 // kCheckTrain: only `train` exists and it is a dry run whatever the flags say.
 enum class Mode { kRun, kCheckTrain };
 
-// Parses `args` (argv[0] first); an exit code when parsing ends the run (help, version, error).
-std::optional<int> parse(CLI::App& app, const std::vector<std::string>& args, std::ostream& out,
-                         std::ostream& err) {
+// A command line CLI11 refuses: printed as "cohort: <CLI11's message>", exit 2.
+class UsageError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+// Parses `args` (argv[0] first); an exit code when parsing ends the run (help, version). Throws
+// UsageError.
+std::optional<int> parse(CLI::App& app, const std::vector<std::string>& args, std::ostream& out) {
   try {
     std::vector<const char*> view;
     for (const auto& a : args) view.push_back(a.c_str());
@@ -37,19 +44,27 @@ std::optional<int> parse(CLI::App& app, const std::vector<std::string>& args, st
     out << e.what() << "\n";
     return kExitOk;
   } catch (const CLI::ParseError& e) {
-    err << "cohort: " << e.what() << "\n";
-    return kExitBadInput;
+    throw UsageError(e.what());
   }
   return std::nullopt;
 }
 
 // Several ranks: rank 0 alone prints what every rank would print alike (help, parse errors,
-// input errors, progress); other ranks print only their own failures.
+// progress) and, for `cohort train`, the agreement's refusal on behalf of every rank
+// (agreement.hpp); other ranks print only their own failures after it.
 int run_args(std::vector<std::string> args, std::ostream& all_out, std::ostream& all_err,
              const Loaders& loaders, Mode mode, dist::Comm& comm) {
   std::ostream null_stream(nullptr);
   std::ostream& out = comm.rank() == 0 ? all_out : null_stream;
   std::ostream& err = comm.rank() == 0 ? all_err : null_stream;
+  // Several ranks of `cohort train`: a rank that fails before train_command's agreement joins it
+  // (refuse_train), so that no rank waits for one that has given up.
+  const bool job = comm.size() > 1 && args.size() > 1 && args[1] == "train";
+  bool agreeing = false;  // in train_command, which agrees by itself
+  auto refused = [&err](const std::vector<std::string>& lines) {
+    for (const std::string& line : lines) err << "cohort: error: " << line << "\n";
+    return kExitBadInput;
+  };
   try {
     args = with_config_flags(std::move(args), loaders);
     CLI::App app{"cohort: synchronous data-parallel neural-network training on one CPU machine",
@@ -64,30 +79,49 @@ int run_args(std::vector<std::string> args, std::ostream& all_out, std::ostream&
     CLI::App* eval_cmd = mode == Mode::kRun ? add_eval_command(app, eval) : nullptr;
     CLI::App* plot_cmd = mode == Mode::kRun ? add_plot_command(app, plot) : nullptr;
     CLI::App* export_cmd = mode == Mode::kRun ? add_export_command(app, exp) : nullptr;
-    if (const std::optional<int> code = parse(app, args, out, err)) return *code;
+    if (const std::optional<int> code = parse(app, args, out)) return *code;
     if (train_cmd->parsed()) {
-      check_train_flags(*train_cmd, train);
+      check_train_flags(*train_cmd, train, /*outputs=*/comm.rank() == 0);
       if (mode == Mode::kCheckTrain) train.dry_run = true;
+      agreeing = true;
       return train_command(train, loaders, out, comm);
     }
     if (eval_cmd && eval_cmd->parsed()) return eval_command(eval, out);
     if (plot_cmd && plot_cmd->parsed()) return plot_command(plot, out);
     if (export_cmd && export_cmd->parsed()) return export_command(exp, out);
     return kExitBadInput;
-  } catch (const PeerInputError&) {
-    return kExitBadInput;  // rank 0 prints it
-  } catch (const RankInputError& e) {
-    all_err << "cohort: error: " << e.what() << "\n";
+  } catch (const JobInputError& e) {
+    return refused(e.lines());
+  } catch (const UsageError& e) {
+    if (job && !agreeing) return refused(refuse_train(e.what(), comm));
+    err << "cohort: " << e.what() << "\n";
     return kExitBadInput;
   } catch (const InputError& e) {
+    if (job && !agreeing) return refused(refuse_train(e.what(), comm));
     err << "cohort: error: " << e.what() << "\n";
     return kExitBadInput;
+  } catch (const OutputError& e) {
+    err << "cohort: error: " << e.what() << "\n";
+    return kExitWriteFailed;
   } catch (const std::exception& e) {
+    if (job && !agreeing)
+      return refused(refuse_train(std::string("internal error: ") + e.what(), comm));
     all_err << "cohort: "
             << (comm.size() > 1 ? "rank " + std::to_string(comm.rank()) + ": " : std::string())
             << "internal error: " << e.what() << "\n";
     return kExitInternal;
   }
+}
+
+// train_schema() with its output paths (--summary, --save, ...) as plain strings.
+const config::Schema& schema_without_outputs() {
+  static const config::Schema schema = [] {
+    config::Schema keys = train_schema();
+    for (config::Key& k : keys)
+      if (k.type == config::Type::kFileOut) k.type = config::Type::kString;
+    return keys;
+  }();
+  return schema;
 }
 
 }  // namespace
@@ -114,7 +148,13 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
     err << "cohort: internal error: " << e.what() << "\n";
     return kExitInternal;
   }
-  return run_args(std::vector<std::string>(argv, argv + argc), out, err, disk_loaders(), Mode::kRun,
+  Loaders loaders = disk_loaders();
+  // Only rank 0 writes files: the other ranks read a config file's output paths unchecked.
+  if (world->rank() != 0)
+    loaders.config = [](const std::string& path) {
+      return config::job_config_flags(path, schema_without_outputs());
+    };
+  return run_args(std::vector<std::string>(argv, argv + argc), out, err, loaders, Mode::kRun,
                   *world);
 }
 

@@ -18,22 +18,18 @@ namespace cohort::cli {
 
 // `cohort train`: checks every input, then (unless --dry-run) trains with progress, Ctrl-C
 // handling, checkpoints and the files asked for.
-// With several ranks (`comm`, every rank runs this with the same options): the inputs are checked
-// on every rank and agreed on before any other collective; only rank 0 prints and writes files;
-// after the agreement any failure ends the whole job (Comm::abort) with the rank in its message.
+// With several ranks (`comm`, every rank runs this with the same options, or refuse_train): the
+// inputs are checked on every rank and agreed on before any other collective (agreement.hpp:
+// JobInputError on every rank if any rank failed or the ranks differ in what they would train);
+// only rank 0 prints and writes files; after the agreement any failure ends the whole job
+// (Comm::abort) with the rank in its message.
 int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& out,
                   dist::Comm& comm);
 
-// Several ranks: an input error only this rank found (rank 0's inputs were fine), which this
-// rank prints; and one rank 0 reports, on which this rank exits 2 silently.
-class RankInputError : public InputError {
- public:
-  using InputError::InputError;
-};
-class PeerInputError : public InputError {
- public:
-  PeerInputError() : InputError("another rank refused its inputs") {}
-};
+// Several ranks: this rank's `cohort train` failed before train_command (its command line or
+// config file): it joins the agreement the other ranks' train_command waits in, so that none
+// waits for it. Returns the agreement's lines (JobInputError::lines()). Never throws.
+std::vector<std::string> refuse_train(const std::string& problem, dist::Comm& comm);
 
 struct EvalOptions {
   std::string checkpoint;

@@ -1,6 +1,10 @@
-// cohort's entry point: everything is in cli::run, which maps every failure to an exit code.
+// cohort's entry point: the process's descriptors and signals made safe, then cli::run, which maps
+// every failure to an exit code.
 #include <iostream>
 
 #include "cohort/cli/cli.hpp"
 
-int main(int argc, char** argv) { return cohort::cli::run(argc, argv, std::cout, std::cerr); }
+int main(int argc, char** argv) {
+  cohort::cli::prepare_process();  // before any file is opened and before MPI starts its threads
+  return cohort::cli::run(argc, argv, std::cout, std::cerr);
+}

@@ -337,14 +337,14 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   return cmd;
 }
 
-void check_train_flags(const CLI::App& cmd, const TrainOptions& o) {
+void check_train_flags(const CLI::App& cmd, const TrainOptions& o, bool outputs) {
   for (const TrainFlag& row : train_flags()) {
     if (cmd.get_option(row.key.flag)->count() == 0) continue;
     std::string problem;
     const Type type = row.key.type;
     if (type == Type::kInteger || type == Type::kFloat)
       problem = config::number_problem(row.key, row.number(o), row.text(o));
-    if (type == Type::kDir || type == Type::kFileIn || type == Type::kFileOut)
+    if (type == Type::kDir || type == Type::kFileIn || (type == Type::kFileOut && outputs))
       if (const std::string path = row.text(o); !path.empty())  // "" leaves an output off
         problem = config::path_problem(type, path);
     if (!problem.empty()) throw InputError(row.key.flag + ": " + problem);

@@ -73,8 +73,9 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o);
 
 // After parsing: each flag that was given (on the command line or by the config) checked against
 // its row — a number against its range, a path against its type. Throws InputError
-// "<flag>: expected ..., found ...".
-void check_train_flags(const CLI::App& cmd, const TrainOptions& o);
+// "<flag>: expected ..., found ...". outputs = false: the paths of files written (--summary,
+// --save, ...) go unchecked, on a rank that writes none.
+void check_train_flags(const CLI::App& cmd, const TrainOptions& o, bool outputs = true);
 
 // `cohort train --config FILE ...`: the file's keys (read by `loaders.config`) become flags
 // placed before the command line's own, so that with take-the-last-value options the command

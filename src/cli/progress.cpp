@@ -1,17 +1,22 @@
-// Progress lines, the metrics stream, Ctrl-C handling and the summary table of `cohort train`.
+// Progress lines, the metrics stream, Ctrl-C / SIGTERM handling (and the rest of the process's
+// preparation: descriptors 0-2, SIGPIPE) and the summary table of `cohort train`.
 // Not the trainer's timing (train/ measures; this file only prints) and not the files written
 // at the end of a run (output.cpp).
 #include "progress.hpp"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <iomanip>
+#include <mutex>
 #include <ostream>
 #include <sstream>
+#include <thread>
 
 #include "cohort/cli/cli.hpp"
 
@@ -42,34 +47,52 @@ std::string clock_text(double seconds) {
 
 }  // namespace
 
-StopSignals::StopSignals() {
-  sigemptyset(&set_);
-  sigaddset(&set_, SIGINT);
-  sigaddset(&set_, SIGTERM);
-  sigaddset(&set_, SIGUSR1);  // our own wake-up at the end
-  pthread_sigmask(SIG_BLOCK, &set_, &old_);
-  requests_.store(0, std::memory_order_relaxed);
-  waiter_ = std::thread([this] {
-    for (;;) {
-      int sig = 0;
-      if (sigwait(&set_, &sig) != 0) continue;
-      // acquire: pairs with the release store of done_ before the wake-up signal.
-      if (sig == SIGUSR1) {
-        if (done_.load(std::memory_order_acquire)) return;
-        continue;
+void prepare_process() {
+  for (int fd = 0; fd <= 2; ++fd)
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      // The lowest free descriptor: fd itself (those below it are open by now).
+      const int null = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (null >= 0 && null != fd) {
+        ::dup2(null, fd);
+        ::close(null);
       }
-      // relaxed: a counter read between steps; it publishes no other data.
-      if (requests_.fetch_add(1, std::memory_order_relaxed) >= 1) ::_exit(kExitInterrupted);
     }
+  ::signal(SIGPIPE, SIG_IGN);  // see Progress::on_step
+  StopSignals::take();
+}
+
+void StopSignals::take() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    // Lives as long as the process (blocked in sigwait when the process exits).
+    std::thread([set] {
+      for (;;) {
+        int sig = 0;
+        if (sigwait(&set, &sig) != 0) continue;
+        // acquire: pairs with the constructor's release, so signal_ is this run's (0).
+        if (!armed_.load(std::memory_order_acquire)) ::_exit(128 + sig);
+        int none = 0;
+        if (signal_.compare_exchange_strong(none, sig, std::memory_order_relaxed)) continue;
+        if (sig == SIGINT) ::_exit(128 + sig);  // a second Ctrl-C
+        // A SIGTERM after the first signal changes nothing: a scheduler may signal both mpirun
+        // and the ranks, and mpirun passes its own signal on to the ranks as SIGTERM.
+      }
+    }).detach();
   });
 }
 
-StopSignals::~StopSignals() {
-  done_.store(true, std::memory_order_release);
-  pthread_kill(waiter_.native_handle(), SIGUSR1);
-  waiter_.join();
-  pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+StopSignals::StopSignals() {
+  take();
+  signal_.store(0, std::memory_order_relaxed);
+  armed_.store(true, std::memory_order_release);
 }
+
+StopSignals::~StopSignals() { armed_.store(false, std::memory_order_relaxed); }
 
 void Progress::on_step(const train::StepEvent& e) {
   if (every_step_) every_step_(e.step);
@@ -105,7 +128,12 @@ void Progress::on_step(const train::StepEvent& e) {
   const bool line_due =
       tty_ ? (e.elapsed - last_print_ > 0.2 || e.step_in_epoch == e.steps_per_epoch)
            : (log_every_ && e.step % log_every_ == 0);
-  if (quiet_ || !line_due || print_window_.steps == 0) return;
+  // A reader that went away (`cohort train ... | head -1`): SIGPIPE is ignored (prepare_process),
+  // so the write fails with EPIPE and the stream goes bad; from then on nothing more is printed
+  // and training goes on to its end, saving as usual. The reader of a pipe chooses what it reads,
+  // not how long the run lasts: stopping (as Ctrl-C does) would end a long run that was piped
+  // into `head` for a glance at its first lines.
+  if (quiet_ || !out_ || !line_due || print_window_.steps == 0) return;
   const double rate_now =
       double(e.samples) * double(e.step - last_step_) / (e.elapsed - last_print_);
   // ETA from this run's mean step time (training steps only; evaluation adds to it).

@@ -9,37 +9,47 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
-#include <thread>
 
 #include "cohort/train/trainer.hpp"
 #include "output.hpp"
 
 namespace cohort::cli {
 
-// Ctrl-C / SIGTERM: the first asks the run to stop after the current step (and save, if saving
-// is on); the second exits at once. The signals are blocked in every thread (the mask is set
-// before any worker thread exists, and threads inherit it) and taken by one thread in sigwait:
-// measured here, delivering SIGINT asynchronously into the compute threads corrupted the heap in
-// about 1 run in 40 even with an empty handler, so no compute thread is ever interrupted.
+// SIGINT (Ctrl-C) and SIGTERM (a batch scheduler's notice). take() blocks them in the calling
+// thread, so in every thread created after it (threads inherit the mask: main calls it before MPI
+// starts its threads, any of which would otherwise take a signal's default action and end the
+// process), and takes them on one thread of its own in sigwait: measured here, delivering SIGINT
+// asynchronously into the compute threads corrupted the heap in about 1 run in 40 even with an
+// empty handler, so no compute thread is ever interrupted.
 //
-// Thread-safety: construct and destroy on the thread that will create the trainer, before it
-// does; requested() may be called from any thread.
-// Memory ordering: requests_ is a counter read between steps that publishes no other data
-// (relaxed); done_ is stored (release) before the wake-up signal and loaded (acquire) by the
-// waiter, so the waiter sees the destructor's request to end.
+// While a StopSignals exists (a training run), the first signal asks the run to stop after the
+// current step (and save, if saving is on; several ranks stop together, at the step where any
+// asked) and received() names it; a SIGINT after it (a second Ctrl-C) ends the process at once
+// with status 130, a SIGTERM after it changes nothing (mpirun turns a signal of its own into a
+// SIGTERM to every rank, which a scheduler may have signalled already). With no StopSignals
+// (before a run, e.g. while the data loads) a signal ends the process at once with status 128 +
+// its number: nothing is lost that a stop would have saved.
+//
+// Thread-safety: take() from any thread (the first call counts; call it before other threads
+// exist); construct and destroy on the thread that will create the trainer, before it does;
+// requested() and received() from any thread.
+// Memory ordering: signal_ publishes no other data (relaxed: the run polls it between steps);
+// the constructor resets it before it arms (release), and the waiter reads armed_ (acquire)
+// before it records the first signal, so a new run never sees an earlier run's signal.
 class StopSignals {
  public:
-  StopSignals();
+  StopSignals();  // take()s the signals if not yet taken
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
-  static bool requested() { return requests_.load(std::memory_order_relaxed) > 0; }
+  static void take();
+  static bool requested() { return received() != 0; }
+  // The first signal of the run (SIGINT or SIGTERM), 0 if none.
+  static int received() { return signal_.load(std::memory_order_relaxed); }
 
  private:
-  sigset_t set_{}, old_{};
-  std::thread waiter_;
-  std::atomic<bool> done_{false};
-  static inline std::atomic<int> requests_{0};
+  static inline std::atomic<int> signal_{0};
+  static inline std::atomic<bool> armed_{false};
 };
 
 // Progress on the terminal (one rewritten line on a TTY, periodic lines otherwise) and the

@@ -11,11 +11,13 @@
 #include <optional>
 #include <thread>
 
+#include "agreement.hpp"
 #include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/data/augment.hpp"
 #include "cohort/dist/watchdog.hpp"
 #include "cohort/nn/version.hpp"
+#include "cohort/version.hpp"
 #include "commands.hpp"
 #include "output.hpp"
 #include "progress.hpp"
@@ -36,8 +38,10 @@ struct Checked {
 
 // Checks what the option table cannot check alone: flags that need each other, the checkpoint
 // to resume, the data, and the model and config against the data (train::validate). The paths
-// and ranges of the flags given were checked after parsing (check_train_flags).
-Checked check_inputs(const TrainOptions& o, const Loaders& loaders) {
+// and ranges of the flags given were checked after parsing (check_train_flags). In two halves:
+// what this process alone decides (check_own), and what needs the config's defaults, which
+// several ranks take from the whole job (check_config).
+Checked check_own(const TrainOptions& o, const Loaders& loaders) {
   Checked in;
   in.config = o.train_config();
   const CheckpointOptions& ck = o.checkpoint;
@@ -48,8 +52,16 @@ Checked check_inputs(const TrainOptions& o, const Loaders& loaders) {
   in.data = loaders.data(o.data_dir);
   in.load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-  const data::Dataset& train_set = in.data->train;
-  const nn::Model model = nn::Model::parse(in.config.model, train::input_shape(train_set));
+  return in;
+}
+
+nn::Model model_of(const Checked& in) {
+  return nn::Model::parse(in.config.model, train::input_shape(in.data->train));
+}
+
+void check_config(const TrainOptions& o, Checked& in) {
+  const CheckpointOptions& ck = o.checkpoint;
+  const nn::Model model = model_of(in);
   train::validate(in.config, model, *in.data);
   if (in.resume) {
     train::check_resume(in.config, model, *in.data, *in.resume, ck.resume);
@@ -64,6 +76,11 @@ Checked check_inputs(const TrainOptions& o, const Loaders& loaders) {
                        " (resume with the checkpoint's value, or start a new run)");
   }
   in.parameters = model.layout().numel();
+}
+
+Checked check_inputs(const TrainOptions& o, const Loaders& loaders) {
+  Checked in = check_own(o, loaders);
+  check_config(o, in);
   return in;
 }
 
@@ -88,50 +105,92 @@ int dry_run(const TrainOptions& o, const Checked& in, std::ostream& out) {
 // of one process with as many cores. The share: the affinity mask if the launcher bound the rank
 // to part of the node (Open MPI binds up to 2 ranks to a core each by default), else the mask
 // split between the node's ranks (--bind-to none).
-void apply_rank_defaults(train::TrainConfig& c, dist::Comm& comm) {
+std::size_t core_share(const dist::Comm& comm) {
   const auto local = static_cast<std::size_t>(comm.local_size());
   const std::size_t mask = dist::affinity_cores();
   const bool bound = mask < std::max(1u, std::thread::hardware_concurrency());
-  const std::size_t mine = std::max<std::size_t>(1, bound ? mask : mask / local);
-  const std::uint64_t total = comm.sum(mine);
-  if (c.workers == 0) c.workers = mine;
-  c.job_cores = static_cast<std::size_t>(total);  // the default micro-batch's divisor
-  // The job's smallest L2 (the conv micro-batch's bound), found bit by bit from sums: every
-  // rank agrees on the same value, whatever its own.
-  const std::uint64_t l2 = train::l2_cache_bytes();
-  const auto ranks = static_cast<std::uint64_t>(comm.size());
-  std::uint64_t least = 0;
-  for (int bit = 40; bit-- > 0;)
-    if (const std::uint64_t v = least | (std::uint64_t{1} << bit); comm.sum(l2 >= v) == ranks)
-      least = v;
-  // Unknown on some rank: no bound (as a single process that cannot tell).
-  c.job_l2_bytes = least != 0 ? static_cast<std::size_t>(least) : SIZE_MAX;
+  return std::max<std::size_t>(1, bound ? mask : mask / local);
 }
 
-// Several ranks: every rank checks its own inputs, then all agree before anything else is
-// exchanged. Rank 0's problem is the one printed; if only other ranks failed, each prints its
-// own (as RankInputError) and rank 0 says how many.
+// The first agreement's stand before this rank's checks: the facts every rank fills in the same
+// order (unknown until its checks get there) and the values the job's defaults come from.
+Stand first_stand(const dist::Comm& comm) {
+  Stand s;
+  s.facts.resize(4);
+  s.facts[0] = {.what = "cohort's version",
+                .known = true,
+                .digest = digest_of(COHORT_VERSION),
+                .shown = COHORT_VERSION};
+  s.facts[1].what = "the training split (--data)";
+  s.facts[2].what = "the test split (--data)";
+  s.facts[3].what = "the checkpoint resumed (--resume)";
+  s.values = {core_share(comm), train::l2_cache_bytes()};
+  return s;
+}
+
+// Several ranks, before any other collective: check_inputs in two agreements (agreement.hpp).
+// The first follows this rank's own checks (a rank whose command line failed joins it from
+// run_args instead: refuse_train) and compares cohort's version, each split's bytes and the
+// checkpoint resumed; it also gathers what the job's defaults come from. The second follows the
+// checks that need those defaults, some of which depend on the machine (its memory, bf16), and
+// compares the effective config, less what is each rank's own (--workers, the --data path).
+// Either throws JobInputError on every rank.
 Checked agreed_inputs(const TrainOptions& o, const Loaders& loaders, dist::Comm& comm) {
-  if (comm.size() == 1) return check_inputs(o, loaders);
-  std::optional<Checked> in;
-  std::optional<std::string> problem;
+  Stand first = first_stand(comm);
+  Checked in;
   try {
-    in = check_inputs(o, loaders);
-  } catch (const InputError& e) {
-    problem = e.what();
+    in = check_own(o, loaders);
+    auto split = [](const data::Dataset& set, Fact& f) {
+      f.known = true;
+      f.digest = digest_of(set);
+      f.shown = std::to_string(set.count) + " samples of " + set.describe_shape();
+    };
+    split(in.data->train, first.facts[1]);
+    split(in.data->test, first.facts[2]);
+    Fact& resumed = first.facts[3];
+    resumed.known = true;
+    resumed.digest = in.resume ? digest_of(*in.resume) : 0;
+    resumed.shown =
+        in.resume ? "step " + std::to_string(in.resume->step) + " of '" + in.resume->model + "'"
+                  : "none";
+  } catch (...) {
+    first.problem = current_problem();
   }
-  const std::uint64_t failed = problem ? 1 : 0;
-  const std::uint64_t total = comm.sum(comm.rank() == 0 ? failed << 32 : failed);
-  const bool rank0_failed = (total >> 32) != 0;
-  const std::uint64_t others = total & 0xffffffffu;
-  if (!rank0_failed && others == 0) return std::move(*in);
-  if (comm.rank() == 0)
-    throw InputError(problem ? *problem
-                             : std::to_string(others) +
-                                   " other rank(s) refused their inputs (their messages follow)");
-  if (problem && !rank0_failed)
-    throw RankInputError("rank " + std::to_string(comm.rank()) + ": " + *problem);
-  throw PeerInputError();
+  const std::vector<std::array<std::uint64_t, 2>> values = agree(comm, first);
+  // The job's cores divide the batch; its smallest L2 bounds the conv micro-batch (unknown on
+  // some rank: no bound, as a single process that cannot tell).
+  std::uint64_t cores = 0, l2 = UINT64_MAX;
+  for (const auto& [rank_cores, rank_l2] : values) {
+    cores += rank_cores;
+    l2 = std::min(l2, rank_l2);
+  }
+  train::TrainConfig& c = in.config;
+  if (c.workers == 0) c.workers = static_cast<std::size_t>(first.values[0]);
+  c.job_cores = static_cast<std::size_t>(cores);
+  c.job_l2_bytes = l2 != 0 ? static_cast<std::size_t>(l2) : SIZE_MAX;
+
+  Stand second;
+  second.facts.resize(1);
+  second.facts[0].what = "the effective config";
+  second.facts[0].json_object = true;
+  try {
+    json shared = config_json(train::resolve_defaults(c, model_of(in)), o.data_dir);
+    shared.erase("data");
+    shared.erase("workers");
+    // What decides the collectives of a run besides the config: saves are gathered by every
+    // rank, and a dry run does none.
+    shared["save"] = !o.checkpoint.save.empty();
+    shared["save_every"] = o.checkpoint.save_every;
+    shared["dry_run"] = o.dry_run;
+    second.facts[0].known = true;
+    second.facts[0].shown = shared.dump();
+    second.facts[0].digest = digest_of(second.facts[0].shown);
+    check_config(o, in);
+  } catch (...) {
+    second.problem = current_problem();
+  }
+  agree(comm, second);
+  return in;
 }
 
 int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_out,
@@ -140,16 +199,47 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
   std::ostream null_out(nullptr);
   std::ostream& out = writer ? all_out : null_out;
   const CheckpointOptions& ck = o.checkpoint;
-  StopSignals signals;  // before any thread exists, so every thread inherits the blocked mask
+  StopSignals signals;  // from here the first SIGINT or SIGTERM stops the run after a step
   // Validates again, then builds the replicas.
   train::Trainer trainer(in.config, *in.data, &comm);
   const auto& c = trainer.config();
   if (in.resume) trainer.restore(*in.resume, ck.resume);
   const json effective_json = config_json(c, o.data_dir);
   const std::string effective = effective_json.dump();
+  // Several ranks: a peer that hangs leaves this rank waiting where no error reaches it.
+  std::optional<dist::Watchdog> watchdog;
+  if (comm.size() > 1)
+    watchdog.emplace(std::chrono::duration<double>(o.stall_timeout), [&comm](double idle) {
+      std::cerr << "cohort: rank " << comm.rank() << " of " << comm.size()
+                << ": no step finished in " << std::fixed << std::setprecision(0) << idle
+                << " s (--stall-timeout); ending the job\n"
+                << std::flush;
+      comm.abort(kExitInternal);
+    });
+  // Rank 0 writes a file of the run (a checkpoint, the trace, the summary) while every other
+  // rank waits for it: here, in a collective that ends the write, rather than in the next step's
+  // exchange. Neither is a stall, however slow the filesystem: rank 0's watchdog pauses while it
+  // writes, the others' while they wait. Rank 0 joins the collective with its watchdog counting
+  // again (the others are there already; one that is not has hung). Every rank calls this alike,
+  // whatever its own output flags (only rank 0's decide what is written): the collectives match.
+  auto rank0_writes = [&](const auto& write) {
+    dist::Watchdog* const dog = watchdog ? &*watchdog : nullptr;
+    if (writer) {
+      const dist::WatchdogPause writing(dog);
+      write();
+    }
+    if (comm.size() == 1) return;
+    const dist::WatchdogPause waiting(writer ? nullptr : dog);
+    comm.sum(0);
+  };
+  // At most one save per step: a second would rotate a copy of the first in and push a distinct
+  // checkpoint out of --keep's files.
+  std::optional<std::uint64_t> saved_step;
   auto save = [&] {
+    if (saved_step == trainer.steps_done()) return;
     checkpoint::Checkpoint snapshot = trainer.checkpoint(effective);  // every rank: a collective
-    if (writer) checkpoint::save_checkpoint(ck.save, snapshot, ck.keep);
+    rank0_writes([&] { checkpoint::save_checkpoint(ck.save, snapshot, ck.keep); });
+    saved_step = trainer.steps_done();
   };
   if (!o.quiet)
     out << "cohort train: " << c.model << " on " << o.data_dir << " (" << in.data->train.count
@@ -166,16 +256,6 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
         << (in.resume ? "  resumed from " + ck.resume + " at step " +
                             std::to_string(in.resume->step) + "\n"
                       : "");
-  // Several ranks: a peer that hangs leaves this rank waiting where no error reaches it.
-  std::optional<dist::Watchdog> watchdog;
-  if (comm.size() > 1)
-    watchdog.emplace(std::chrono::duration<double>(o.stall_timeout), [&comm](double idle) {
-      std::cerr << "cohort: rank " << comm.rank() << " of " << comm.size()
-                << ": no step finished in " << std::fixed << std::setprecision(0) << idle
-                << " s (--stall-timeout); ending the job\n"
-                << std::flush;
-      comm.abort(kExitInternal);
-    });
   std::optional<std::ofstream> metrics;
   if (writer && !o.metrics_path.empty()) {
     metrics.emplace(o.metrics_path, std::ios::trunc);
@@ -197,43 +277,67 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
   try {
     s = trainer.run(progress);
   } catch (...) {
-    if (writer && !o.trace_path.empty())
-      write_trace(o.trace_path, trainer, effective_json);  // to the fault
+    if (writer && !o.trace_path.empty()) {
+      // To the fault. Only this rank's watchdog pauses: the others, wherever this fault left
+      // them, cannot know of the write.
+      const dist::WatchdogPause writing(watchdog ? &*watchdog : nullptr);
+      write_trace(o.trace_path, trainer, effective_json);
+    }
     throw;
   }
-  if (writer && !o.trace_path.empty()) write_trace(o.trace_path, trainer, effective_json);
-  if (!ck.save.empty()) save();  // the final weights (also after Ctrl-C: a whole step's)
+  rank0_writes([&] {
+    if (!o.trace_path.empty()) write_trace(o.trace_path, trainer, effective_json);
+  });
+  if (!ck.save.empty()) save();  // the final weights (also after Ctrl-C: a whole step's), once
   if (s.stopped) {
-    out << "\nstopped by a signal after step " << s.steps
+    // Every rank stopped at the same step, some for a signal of their own: all exit alike, 143
+    // if any had SIGTERM (a scheduler ending the job), else 130.
+    const bool term = comm.sum(StopSignals::received() == SIGTERM ? 1 : 0) > 0;
+    out << "\nstopped by " << (term ? "SIGTERM" : "SIGINT") << " after step " << s.steps
         << (ck.save.empty() ? "" : "; checkpoint " + ck.save) << "\n";
-    return kExitInterrupted;
+    return term ? kExitTerminated : kExitInterrupted;
   }
   if (!o.quiet) print_summary(out, s);
-  if (writer && !o.summary_path.empty())
-    write_file_atomically(o.summary_path, summary_json(s, effective_json).dump(2) + "\n");
+  rank0_writes([&] {
+    if (!o.summary_path.empty())
+      write_file_atomically(o.summary_path, summary_json(s, effective_json).dump(2) + "\n");
+  });
   return kExitOk;
 }
 
 }  // namespace
 
-int train_command(const TrainOptions& given, const Loaders& loaders, std::ostream& out,
+int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& out,
                   dist::Comm& comm) {
-  TrainOptions o = given;
-  if (comm.size() > 1) apply_rank_defaults(o.config, comm);
-  const Checked in = agreed_inputs(o, loaders, comm);
+  const Checked in = comm.size() == 1 ? check_inputs(o, loaders) : agreed_inputs(o, loaders, comm);
   if (o.dry_run) return dry_run(o, in, out);
   if (comm.size() == 1) return train_checked(o, in, out, comm);
   // From here every rank is in the job's collectives: a failure on one rank must end them all.
   try {
     return train_checked(o, in, out, comm);
   } catch (const std::exception& e) {
+    const bool input = dynamic_cast<const InputError*>(&e) != nullptr;
+    const bool output = dynamic_cast<const OutputError*>(&e) != nullptr;
     std::cerr << "cohort: rank " << comm.rank() << " of " << comm.size() << ": "
-              << (dynamic_cast<const InputError*>(&e) ? "error: " : "internal error: ") << e.what()
+              << (input || output ? "error: " : "internal error: ") << e.what()
               << "; ending the job\n"
               << std::flush;
-    comm.abort(dynamic_cast<const InputError*>(&e) ? kExitBadInput : kExitInternal);
+    comm.abort(input ? kExitBadInput : output ? kExitWriteFailed : kExitInternal);
   }
   return kExitInternal;  // not reached: abort ends the process
+}
+
+std::vector<std::string> refuse_train(const std::string& problem, dist::Comm& comm) {
+  Stand first = first_stand(comm);
+  first.problem = problem;
+  try {
+    agree(comm, first);
+  } catch (const JobInputError& e) {
+    return e.lines();
+  } catch (const std::exception& e) {
+    return {problem, std::string("internal error: ") + e.what()};
+  }
+  return {problem};  // not reached: a rank that failed fails the agreement
 }
 
 }  // namespace cohort::cli

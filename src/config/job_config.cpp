@@ -11,6 +11,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
 
 namespace cohort::config {
@@ -190,7 +191,13 @@ std::string path_problem(Type type, const std::string& text) {
       return fs::is_regular_file(p, e) ? "" : expected + "', which is not a file";
     case Type::kFileOut: {
       if (fs::is_directory(p, e)) return expected + "', which is a directory";
-      const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+      fs::path target;  // a link is written through: its target's folder is the one written
+      try {
+        target = output_target(p);
+      } catch (const OutputError& error) {
+        return expected + "' (" + error.what() + ")";
+      }
+      const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
       if (!fs::is_directory(dir, e)) return expected + "' (folder " + dir.string() + " missing)";
       if (::access(dir.c_str(), W_OK) != 0)
         return expected + "' (folder " + dir.string() + " read-only)";

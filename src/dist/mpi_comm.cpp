@@ -1,6 +1,7 @@
 // The ranks of an MPI job (Open MPI); see include/cohort/dist/comm.hpp. Built with COHORT_MPI.
 #include <mpi.h>
 
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <vector>
@@ -27,7 +28,8 @@ int count_of(std::size_t bytes) {
 
 class MpiComm final : public Comm {
  public:
-  MpiComm() {
+  // gather_limit: the most bytes one MPI call of allgatherv moves (counts and offsets).
+  explicit MpiComm(std::size_t gather_limit) : gather_limit_(gather_limit) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_),
@@ -90,16 +92,25 @@ class MpiComm final : public Comm {
 
   void allgatherv(void* data, std::span<const std::size_t> bytes) override {
     COHORT_CHECK(bytes.size() == static_cast<std::size_t>(size_), "allgatherv: a size per rank");
-    std::vector<int> counts(bytes.size()), offsets(bytes.size());
-    std::size_t at = 0;
-    for (std::size_t r = 0; r < bytes.size(); ++r) {
-      counts[r] = count_of(bytes[r]);
-      offsets[r] = count_of(at);
-      at += bytes[r];
+    const std::vector<GatherPiece> pieces = gather_pieces(bytes, gather_limit_);
+    if (pieces.empty()) {
+      std::vector<int> counts(bytes.size()), offsets(bytes.size());
+      std::size_t at = 0;
+      for (std::size_t r = 0; r < bytes.size(); ++r) {
+        counts[r] = count_of(bytes[r]);
+        offsets[r] = count_of(at);
+        at += bytes[r];
+      }
+      check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), offsets.data(),
+                           MPI_BYTE, MPI_COMM_WORLD),
+            "MPI_Allgatherv");
+    } else {
+      // Too large for int counts and offsets: each part from its rank, piece by piece.
+      for (const GatherPiece& p : pieces)
+        check(MPI_Bcast(static_cast<char*>(data) + p.offset, count_of(p.bytes), MPI_BYTE, p.root,
+                        MPI_COMM_WORLD),
+              "MPI_Bcast");
     }
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts.data(), offsets.data(),
-                         MPI_BYTE, MPI_COMM_WORLD),
-          "MPI_Allgatherv");
     bytes_sent_ += bytes[static_cast<std::size_t>(rank_)] * static_cast<std::size_t>(size_ - 1);
   }
   std::uint64_t sum(std::uint64_t value) override {
@@ -118,6 +129,7 @@ class MpiComm final : public Comm {
     return requests_.size() - 1;
   }
 
+  std::size_t gather_limit_;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1, nodes_ = 1;
   MPI_Comm node_ = MPI_COMM_NULL;
   std::vector<MPI_Request> requests_;  // posted this round; MPI_REQUEST_NULL once waited
@@ -135,6 +147,16 @@ bool built_with_mpi() { return true; }
 
 std::unique_ptr<Comm> world(int* argc, char*** argv) {
   if (!launched_by_mpi()) return local_comm();
+  std::size_t gather_limit = INT_MAX;
+  if (const char* limit = std::getenv("COHORT_MPI_GATHER_LIMIT")) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(limit, &end, 10);
+    if (*limit < '0' || *limit > '9' || *end != '\0' || errno != 0 || n == 0 || n > INT_MAX)
+      throw InputError(std::string("COHORT_MPI_GATHER_LIMIT: expected bytes from 1 to ") +
+                       std::to_string(INT_MAX) + ", found '" + limit + "'");
+    gather_limit = static_cast<std::size_t>(n);
+  }
   int provided = MPI_THREAD_SINGLE;
   check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
   if (provided < MPI_THREAD_MULTIPLE) {
@@ -145,7 +167,7 @@ std::unique_ptr<Comm> world(int* argc, char*** argv) {
   }
   // Errors come back as codes (checked above), not as MPI's default abort without a message.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  return std::make_unique<MpiComm>();
+  return std::make_unique<MpiComm>(gather_limit);
 }
 
 }  // namespace cohort::dist

@@ -30,9 +30,10 @@ Watchdog::~Watchdog() {
 
 bool Watchdog::check() {
   if (fired_ || timeout_.count() <= 0) return false;
+  const bool paused = paused_.load(std::memory_order_acquire) > 0;  // before the beats
   const std::uint64_t beats = beats_.load(std::memory_order_relaxed);
   const TimePoint now = now_();
-  if (beats != seen_) {
+  if (paused || beats != seen_) {
     seen_ = beats;
     last_change_ = now;
     return false;

@@ -1,16 +1,21 @@
 // Checkpoint files: exact round trips, every truncation and 1,000 bit flips refused whole,
-// foreign and future files refused with reasons, rotation of kept copies.
+// foreign and future files refused with reasons, rotation of kept copies, a link written through,
+// and a failed save leaving the previous file.
 #include "cohort/checkpoint/checkpoint.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
+#include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
 
 namespace cohort::checkpoint {
@@ -48,7 +53,10 @@ class Checkpoints : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    set_file_calls(system_file_calls());
+    fs::remove_all(dir_);
+  }
   static std::vector<std::uint8_t> read(const fs::path& p) {
     std::ifstream f(p, std::ios::binary);
     return {std::istreambuf_iterator<char>(f), {}};
@@ -261,6 +269,69 @@ TEST_F(Checkpoints, KeepRotatesNewestFirst) {
   EXPECT_FALSE(fs::exists(dir_ / "run.ckpt.3"));
   for (const auto& e : fs::directory_iterator(dir_))
     EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+// A link named as the checkpoint is written through: the link stays, its target is replaced and
+// the kept copies go beside the target.
+TEST_F(Checkpoints, ALinkIsWrittenThroughAndRotatedBesideItsTarget) {
+  fs::create_directories(dir_ / "scratch");
+  fs::create_symlink("scratch/run.ckpt", dir_ / "run.ckpt");
+  Checkpoint c = small_checkpoint();
+  c.skipped = 0;
+  for (std::uint64_t step = 1; step <= 3; ++step) {
+    c.step = c.updates = step;
+    save_checkpoint(dir_ / "run.ckpt", c, 3);
+  }
+  EXPECT_TRUE(fs::is_symlink(dir_ / "run.ckpt"));
+  EXPECT_EQ(load_checkpoint(dir_ / "run.ckpt").step, 3u);
+  EXPECT_EQ(load_checkpoint(dir_ / "scratch" / "run.ckpt").step, 3u);
+  EXPECT_EQ(load_checkpoint(dir_ / "scratch" / "run.ckpt.1").step, 2u);
+  EXPECT_EQ(load_checkpoint(dir_ / "scratch" / "run.ckpt.2").step, 1u);
+  EXPECT_FALSE(fs::exists(dir_ / "run.ckpt.1"));
+}
+
+// A save that fails (the disk full, a failed rename, the rotation refused) throws OutputError
+// naming the file and the reason, leaves the previous checkpoint loadable and no temporary file.
+TEST_F(Checkpoints, AFailedSaveLeavesThePreviousCheckpointAndNoTemporaryFile) {
+  const fs::path path = dir_ / "run.ckpt";
+  Checkpoint c = small_checkpoint();
+  c.skipped = 0;
+  c.step = c.updates = 1;
+  save_checkpoint(path, c, 2);
+  c.step = c.updates = 2;
+  auto no_temporary = [&] {
+    for (const auto& e : fs::directory_iterator(dir_))
+      EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+  };
+  const int full = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(full, 0);
+  FileCalls calls = system_file_calls();
+  calls.write = [full](int, const void* p, std::size_t n) { return ::write(full, p, n); };
+  const FileCalls before = set_file_calls(calls);
+  try {
+    save_checkpoint(path, c, 2);
+    ADD_FAILURE() << "no OutputError";
+  } catch (const OutputError& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::strerror(ENOSPC)), std::string::npos) << e.what();
+  }
+  calls = system_file_calls();
+  calls.rename = [](const char*, const char*) {
+    errno = EIO;
+    return -1;
+  };
+  set_file_calls(calls);
+  EXPECT_THROW(save_checkpoint(path, c, 2), OutputError);
+  set_file_calls(before);
+  ::close(full);
+  EXPECT_EQ(load_checkpoint(path).step, 1u);
+  no_temporary();
+  // The rotation refused: run.ckpt.1 is a folder that is not empty.
+  fs::remove(dir_ / "run.ckpt.1");
+  fs::create_directories(dir_ / "run.ckpt.1" / "x");
+  EXPECT_THROW(save_checkpoint(path, c, 2), OutputError);
+  EXPECT_EQ(load_checkpoint(path).step, 1u);
+  no_temporary();
 }
 
 }  // namespace

@@ -200,5 +200,25 @@ TEST_F(CliCheckTrain, ReportsTheLoadersErrorsAsBadInput) {
   EXPECT_NE(err.str().find("no checkpoint here"), std::string::npos) << err.str();
 }
 
+// CSV as the dry run counts it: a UTF-8 byte-order mark and CRLF do not cost the first sample,
+// and a first line of numbers only (pandas' "0,1,2") is a sample by the header rule, while one
+// with any non-numeric cell is a header.
+TEST_F(CliDryRun, CountsCsvSamplesByTheHeaderRule) {
+  std::ofstream(dir_ / "train.csv", std::ios::binary) << "\xEF\xBB\xBF"
+                                                      << "1,0.5,2\r\n0,1,2\r\n1,3,4\r\n";
+  std::ofstream(dir_ / "test.csv", std::ios::binary) << "0,1,2\n1,0.5,2\n0,1,2\n";
+  const std::vector<std::string> args{"train",   "--data",  dir_.string(), "--model",
+                                      "mlp:2-2", "--batch", "1",           "--dry-run"};
+  Result r = cohort(args);
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("(3 train, 3 test samples of 2 tabular features)"), std::string::npos)
+      << r.out;
+  std::ofstream(dir_ / "test.csv", std::ios::binary) << "y,a,2\n1,0.5,2\n0,1,2\n";
+  r = cohort(args);
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("(3 train, 2 test samples of 2 tabular features)"), std::string::npos)
+      << r.out;
+}
+
 }  // namespace
 }  // namespace cohort::cli

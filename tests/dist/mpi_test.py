@@ -9,11 +9,13 @@ case ends early, the whole process group is killed.
 The seed is random per run of the file (printed); COHORT_MPI_TEST_SEED=N repeats one.
 """
 import argparse
+import gzip
 import json
 import os
 import random
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -56,6 +58,34 @@ def launch(ranks, args, mpi=True):
     return (MPIRUN + ["-np", str(ranks)] + cmd) if mpi else cmd
 
 
+def launch_ranks(*per_rank):
+    """One mpirun with a rank per argument list: rank r runs `cohort train per_rank[r]` (MPMD),
+    as ranks on nodes that differ would."""
+    cmd = list(MPIRUN)
+    for r, args in enumerate(per_rank):
+        cmd += ([":"] if r else []) + ["-np", "1"] + launch(1, args, mpi=False)
+    return cmd
+
+
+def fixture_copy(folder, train_count=None, changed_pixel=False):
+    """A copy of DATA (IDX, gzipped) in folder: its first train_count training samples, and with
+    changed_pixel one training pixel other than the fixture's."""
+    os.makedirs(folder)
+    for name in os.listdir(DATA):
+        with gzip.open(os.path.join(DATA, name)) as f:
+            data = bytearray(f.read())
+        if name.startswith("train-") and train_count is not None:
+            images = name.startswith("train-images")
+            header = 16 if images else 8
+            struct.pack_into(">i", data, 4, train_count)
+            data = data[:header + train_count * (28 * 28 if images else 1)]
+        if name.startswith("train-images") and changed_pixel:
+            data[16 + 400] ^= 0x55
+        with gzip.open(os.path.join(folder, name), "wb") as f:
+            f.write(bytes(data))
+    return folder
+
+
 def kill_group(proc):
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -63,11 +93,12 @@ def kill_group(proc):
         pass
 
 
-def run(cmd, timeout=RUN_TIMEOUT):
-    """Runs cmd to the end; returns (returncode, stdout, stderr, seconds). Fails on timeout."""
+def run(cmd, timeout=RUN_TIMEOUT, env=None):
+    """Runs cmd to the end (env: variables beside ENV's); returns (returncode, stdout, stderr,
+    seconds). Fails on timeout."""
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=ENV, start_new_session=True)
+                            env=dict(ENV, **(env or {})), start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -171,6 +202,75 @@ def running(pid):
     return stat[stat.rindex(")") + 2:].split()[0] != "Z"
 
 
+def wait_state(pid, state, timeout=10):
+    """Waits until pid is in state (/proc's letter: "T" stopped)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        if stat[stat.rindex(")") + 2:].split()[0] == state:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} not in state {state} within {timeout} s")
+
+
+def wait_taken(pid, sig, timeout=10):
+    """Waits until sig is no longer pending for pid: a cohort rank's signal thread took it (every
+    other thread blocks SIGINT and SIGTERM)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                pending = [int(line.split()[1], 16) for line in f
+                           if line.startswith(("SigPnd:", "ShdPnd:"))]
+        except FileNotFoundError:
+            raise AssertionError(f"pid {pid} ended: signal {sig} took its default action")
+        if not any(mask >> (sig - 1) & 1 for mask in pending):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"signal {sig} still pending for pid {pid} after {timeout} s")
+
+
+def checkpoint_step(path):
+    """The step of the checkpoint at path (from `cohort eval`'s summary)."""
+    summary = path + ".eval.json"
+    rc, out, err, _ = run([COHORT, "eval", "--checkpoint", path, "--data", DATA, "--quiet",
+                           "--summary", summary])
+    assert rc == 0, f"cohort eval {path} exited {rc}\n{err}"
+    with open(summary) as f:
+        return json.load(f)["step"]
+
+
+SLOW_FSYNC_C = r"""
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+/* fsync after COHORT_TEST_FSYNC_MS milliseconds: a slow shared filesystem. */
+int fsync(int fd) {
+  const char* ms = getenv("COHORT_TEST_FSYNC_MS");
+  if (ms) {
+    const long n = atol(ms);
+    struct timespec t = {n / 1000, n % 1000 * 1000000L};
+    nanosleep(&t, NULL);
+  }
+  return (int)syscall(SYS_fsync, fd);
+}
+"""
+
+
+def slow_fsync_library(folder):
+    """A library for LD_PRELOAD whose fsync waits COHORT_TEST_FSYNC_MS first, built in folder."""
+    source, library = os.path.join(folder, "slow_fsync.c"), os.path.join(folder, "slow_fsync.so")
+    with open(source, "w") as f:
+        f.write(SLOW_FSYNC_C)
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    assert cc, "no C compiler (cc) for the slow-fsync library"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", library, source], check=True)
+    return library
+
+
 def wait_for_line(path, proc, timeout=60):
     """Waits until rank 0 has written a step to the metrics file (training has started)."""
     deadline = time.monotonic() + timeout
@@ -246,6 +346,18 @@ class MpiTest(unittest.TestCase):
                     self.assertGreater(summary["bytes_sent_per_step"], 0)
                 else:
                     self.assertEqual(summary["bytes_sent_per_step"], 0)
+
+    def test_roofline_shares_the_leaves_over_the_jobs_replicas(self):
+        """Under mpirun the floor's GEMMs are the job's leaves shared over every rank's replicas,
+        measured by rank 0 alone: 2 ranks x 1 worker and 1 process x 2 workers have the same
+        floor (counted per rank's replicas, 2 ranks' would read twice the 1-process one)."""
+        one, _, _, _ = Runs.get("mlp", 1, 2)
+        two, _, _, _ = Runs.get("mlp", 2, 1)
+        a, b = one["roofline"]["gemm_seconds"], two["roofline"]["gemm_seconds"]
+        print(f"roofline GEMMs: 1x2 {a * 1e6:.1f} us, 2x1 {b * 1e6:.1f} us a step")
+        self.assertGreater(a, 0)
+        self.assertLess(b / a, 1.5)
+        self.assertGreater(b / a, 1 / 1.5)
 
     def test_quiet_prints_nothing(self):
         """--quiet: no rank prints anything, whatever the split (mpirun binds each of 2 ranks to
@@ -323,6 +435,114 @@ class MpiTest(unittest.TestCase):
                 self.assertNotIn("cohort train:", out)
                 self.assertNotIn("loss", out + err)
                 self.assertNotIn("step", out)
+
+    # The ranks agree before any work ---------------------------------------------------------------
+    QUICK = ["--batch", "64", "--micro-batch", "8", "--steps", "2", "--workers", "1", "--quiet"]
+
+    def refused_by_all(self, cmd, *words):
+        """cmd ends with exit 2 within 30 s, having trained nothing, on one "cohort: error" line
+        holding every word."""
+        rc, out, err, seconds = run(cmd, timeout=60)
+        self.assertEqual(rc, 2, f"stdout:\n{out}\nstderr:\n{err}")
+        errors = [l for l in err.splitlines() if l.startswith("cohort: error")]
+        self.assertEqual(len(errors), 1, err)
+        for word in words:
+            self.assertIn(word, errors[0])
+        self.assertNotIn("cohort train:", out)
+        self.assertLess(seconds, 30)
+
+    def test_one_ranks_failure_ends_every_rank(self):
+        """A failure on one rank only before any work (its command line, its config file, its
+        inputs) is exit 2 on every rank within seconds, printed once, naming the rank."""
+        garbage = os.path.join(self.tmp, "garbage.ck")
+        with open(garbage, "w") as f:
+            f.write("not a checkpoint\n")
+        missing = os.path.join(self.tmp, "no-such")
+        cases = {
+            "unknown flag": (["--no-such-flag"], "--no-such-flag"),
+            "missing config": (["--config", missing + ".toml"], "--config"),
+            "missing data": (["--data", missing], "no-such"),
+            "corrupt resume": (["--resume", garbage], "garbage.ck"),
+        }
+        for name, (bad, word) in cases.items():
+            with self.subTest(name):
+                self.refused_by_all(launch_ranks(self.QUICK, self.QUICK + bad), "rank 1: ", word)
+
+    def test_output_paths_are_rank0s_alone(self):
+        """Only rank 0 writes --summary, --metrics, --trace and --save, so only rank 0 checks
+        them: paths in a folder that rank 1 lacks (given as flags or by its config file) run, and
+        rank 0's own bad path is every rank's exit 2."""
+        here = os.path.join(self.tmp, "here")
+        os.mkdir(here)
+        names = {"--summary": "s.json", "--metrics": "m.jsonl", "--trace": "t.json",
+                 "--save": "c.ck"}
+
+        def outputs(folder):
+            return [a for flag, name in names.items() for a in (flag, os.path.join(folder, name))]
+
+        elsewhere = os.path.join(self.tmp, "elsewhere")
+        toml = os.path.join(self.tmp, "elsewhere.toml")
+        with open(toml, "w") as f:
+            f.write(f'[output]\nsummary = "{elsewhere}/s.json"\nmetrics = "{elsewhere}/m.jsonl"\n'
+                    f'trace = "{elsewhere}/t.json"\n[checkpoint]\nsave = "{elsewhere}/c.ck"\n')
+        for name, rank1 in {"flags": outputs(elsewhere), "config": ["--config", toml]}.items():
+            with self.subTest(name):
+                shutil.rmtree(here)
+                os.mkdir(here)
+                rc, out, err, _ = run(launch_ranks(self.QUICK + outputs(here), self.QUICK + rank1),
+                                      timeout=60)
+                self.assertEqual(rc, 0, err)
+                self.assertEqual(sorted(os.listdir(here)), sorted(names.values()))
+        self.refused_by_all(launch_ranks(self.QUICK + outputs(elsewhere), self.QUICK + outputs(here)),
+                            "rank 0: ", "expected a file path", "elsewhere")
+
+    def test_ranks_that_differ_refuse(self):
+        """Ranks that would train on different things (other training data, fewer samples or as
+        many with one pixel changed; another --seed or model; another checkpoint to resume; a
+        --save on one rank only) are exit 2 before any work, naming the ranks and what differs."""
+        fewer = fixture_copy(os.path.join(self.tmp, "fewer"), train_count=448)
+        changed = fixture_copy(os.path.join(self.tmp, "changed"), changed_pixel=True)
+        ck = {}
+        for steps in (1, 2):
+            ck[steps] = os.path.join(self.tmp, f"{steps}.ck")
+            rc, _, err, _ = run(launch(1, self.QUICK + ["--steps", str(steps), "--save", ck[steps]],
+                                       mpi=False))
+            self.assertEqual(rc, 0, err)
+        resume = ["--steps", "4", "--resume"]
+        cases = {  # rank 0's flags, rank 1's, what the message says
+            "fewer samples": ([], ["--data", fewer],
+                              ["training split", "rank 0: 512 samples", "rank 1: 448 samples"]),
+            "a pixel": ([], ["--data", changed], ["training split", "digest"]),
+            "seed": ([], ["--seed", "7"], ["effective config: seed (rank 0: 1; rank 1: 7)"]),
+            "model": ([], ["--model", "mlp:784-16-10"], ["effective config: model", "mlp:784-16-10"]),
+            "checkpoint": (resume + [ck[1]], resume + [ck[2]],
+                           ["checkpoint resumed", "rank 0: step 1", "rank 1: step 2"]),
+            "save": ([], ["--save", os.path.join(self.tmp, "c.ck")], ["effective config: save (rank 0: false; rank 1: true)"]),
+        }
+        for name, (rank0, rank1, words) in cases.items():
+            with self.subTest(name):
+                self.refused_by_all(launch_ranks(self.QUICK + rank0, self.QUICK + rank1), *words)
+
+    def test_gathers_in_pieces(self):
+        """All-gathers larger than one MPI call carries (INT_MAX bytes: a model past ~0.5 G
+        parameters) go in pieces; COHORT_MPI_GATHER_LIMIT makes the pieces small: 3 ranks with
+        pieces of 4093 bytes train the same weights and save the same checkpoint (weights and
+        Adam's state gathered from their owners) as with whole gathers."""
+        flags = self.QUICK + ["--steps", "3", "--optimizer", "adam", "--lr", "0.001",
+                              "--seed", str(SEED)]
+        got = {}
+        for limit in ("", "4093"):
+            summary, ck = (os.path.join(self.tmp, f"{limit or 'whole'}.{ext}")
+                           for ext in ("json", "ck"))
+            rc, _, err, _ = run(launch(3, flags + ["--summary", summary, "--save", ck]),
+                                env={"COHORT_MPI_GATHER_LIMIT": limit} if limit else None)
+            self.assertEqual(rc, 0, err)
+            with open(summary) as f, open(ck, "rb") as c:
+                got[limit] = (json.load(f)["weights_digest"], c.read())
+        self.assertEqual(got["4093"], got[""])
+        rc, _, err, _ = run(launch(2, flags), env={"COHORT_MPI_GATHER_LIMIT": "0"})
+        self.assertEqual(rc, 2, err)
+        self.assertIn("COHORT_MPI_GATHER_LIMIT", err)
 
     # e ------------------------------------------------------------------------------------------
     def test_exception_in_rank_ends_job(self):
@@ -407,6 +627,99 @@ class MpiTest(unittest.TestCase):
             self.cleanup(proc, pids.values())
         for pid in pids.values():
             self.assertTrue(gone(pid), f"rank pid {pid} still running 5 s after SIGKILL")
+
+    def test_failed_save_exits_74(self):
+        """A periodic save that fails during the run (here its rename: the checkpoint's name
+        became a folder) ends every rank with exit 74, not 2, naming the file and the reason,
+        and leaves no temporary file."""
+        ck = os.path.join(self.tmp, "run.ckpt")
+        cmd = launch(2, ["--epochs", "1000", "--batch", "64", "--micro-batch", "8", "--workers",
+                         "1", "--quiet", "--save", ck, "--save-every", "2"])
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=ENV, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(ck) and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.05)
+            self.assertTrue(os.path.exists(ck), "no periodic save within 60 s")
+            while True:  # a save may land between the remove and the mkdir: then again
+                try:
+                    os.remove(ck)
+                except FileNotFoundError:
+                    pass
+                try:
+                    os.mkdir(ck)
+                    break
+                except FileExistsError:
+                    continue
+            out, err = proc.communicate(timeout=60)
+        finally:
+            kill_group(proc)
+            proc.wait(timeout=30)
+        self.assertEqual(proc.returncode, 74, err)
+        self.assertIn(ck, err)
+        self.assertIn("Is a directory", err)
+        self.assertEqual([f for f in os.listdir(self.tmp) if ".tmp" in f], [])
+
+    # Signals: any rank's, or mpirun's, stops every rank after a step; rank 0 saves it ---------
+    def stop_case(self, send):
+        """A long run saving to a file; send(proc, pids) signals it once it trains. Every rank
+        stops after the same step, whose checkpoint rank 0 writes (the last step in the
+        metrics). Returns (mpirun's status, its stderr)."""
+        ck = os.path.join(self.tmp, "stop.ck")
+        proc, metrics = self.long_run(["--save", ck])
+        pids = {}
+        try:
+            wait_for_line(metrics, proc)
+            pids = rank_pids(proc.pid, 2)
+            send(proc, pids)
+            rc, err, seconds = self.end_long_run(proc, pids.values(), 30, "signalled")
+        finally:
+            self.cleanup(proc, pids.values())  # SIGKILL: also a rank left stopped
+        self.assertTrue(os.path.exists(ck), f"no checkpoint (mpirun exited {rc})\n{err[-3000:]}")
+        self.assertEqual(checkpoint_step(ck), read_losses(metrics)[-1]["step"])
+        return rc, err
+
+    def test_sigterm_to_a_rank_stops_every_rank_and_saves(self):
+        """SIGTERM to rank 1 alone: every rank exits 143. A second SIGTERM (a scheduler signals
+        every process, and mpirun passes its own on) changes nothing: both reach rank 1 while
+        rank 0 is stopped, so rank 1 is still in the run when it takes them."""
+        def send(proc, pids):
+            os.kill(pids[0], signal.SIGSTOP)
+            wait_state(pids[0], "T")
+            for _ in range(2):
+                os.kill(pids[1], signal.SIGTERM)
+                wait_taken(pids[1], signal.SIGTERM)
+            os.kill(pids[0], signal.SIGCONT)
+        rc, err = self.stop_case(send)
+        self.assertEqual(rc, 143, err)
+
+    def test_sigint_to_rank0_stops_every_rank_and_saves(self):
+        rc, err = self.stop_case(lambda proc, pids: os.kill(pids[0], signal.SIGINT))
+        self.assertEqual(rc, 130, err)
+
+    def test_sigterm_to_mpirun_stops_every_rank_and_saves(self):
+        """mpirun (Open MPI 4) turns a SIGINT or SIGTERM of its own into SIGTERM to every rank,
+        and SIGKILL odls_base_sigkill_timeout seconds later (default 1; the ranks, saved, wait
+        in MPI_Finalize for a launcher that is ending), and exits 1 whatever the ranks return."""
+        rc, err = self.stop_case(lambda proc, pids: os.kill(proc.pid, signal.SIGTERM))
+        self.assertNotEqual(rc, 0, err)
+
+    def test_watchdog_pauses_while_rank0_writes(self):
+        """Rank 0's writes slower than --stall-timeout (every fsync 0.6 s: 1.8 s a file, as on a
+        slow shared filesystem) are no stall, nor is the other rank's wait for them: a periodic
+        save, the final one and the trace, and the run ends normally."""
+        library = slow_fsync_library(self.tmp)
+        ck, trace = os.path.join(self.tmp, "run.ck"), os.path.join(self.tmp, "t.json")
+        cmd = launch(2, ["--batch", "64", "--micro-batch", "8", "--steps", "2", "--workers", "1",
+                         "--quiet", "--stall-timeout", "1", "--save", ck, "--save-every", "1",
+                         "--trace", trace])
+        cmd[1:1] = ["-x", "LD_PRELOAD=" + library, "-x", "COHORT_TEST_FSYNC_MS=600"]
+        rc, out, err, seconds = run(cmd)
+        self.assertEqual(rc, 0, err)
+        self.assertGreater(seconds, 3 * 1.8, "the writes were not slowed")
+        self.assertEqual(checkpoint_step(ck), 2)
+        self.assertTrue(os.path.exists(trace))
 
     # h, i ---------------------------------------------------------------------------------------
     def test_trace(self):

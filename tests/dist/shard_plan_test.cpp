@@ -240,6 +240,48 @@ TEST(WatchdogTest, TimeoutZeroOrBelowNeverFires) {
   EXPECT_EQ(fired, 0);
 }
 
+// A pause (rank 0 writing a checkpoint, the others waiting for it) is not idle time, however
+// long, nested or unseen by any check; after the last resume the timeout counts afresh.
+TEST(WatchdogTest, TimePausedIsNotIdle) {
+  FakeClock clock;
+  int fired = 0;
+  Watchdog dog(2s, [&](double) { ++fired; }, clock.fn());
+  clock.t += 1500ms;  // idle before the pause
+  dog.pause();
+  for (int i = 0; i < 10; ++i) {
+    clock.t += 1500ms;
+    EXPECT_FALSE(dog.check()) << "paused, check " << i;
+  }
+  dog.pause();  // nested: still paused after the inner resume
+  clock.t += 5s;
+  dog.resume();
+  clock.t += 5s;
+  EXPECT_FALSE(dog.check());
+  dog.resume();
+  clock.t += 1999ms;
+  EXPECT_FALSE(dog.check());  // sees the resume: the timeout counts from here
+  clock.t += 1999ms;
+  EXPECT_FALSE(dog.check());
+  clock.t += 1ms;
+  EXPECT_TRUE(dog.check());
+  EXPECT_EQ(fired, 1);
+
+  // A pause that no check saw (shorter than the thread's period) counts as a beat.
+  Watchdog unseen(2s, [&](double) { ++fired; }, clock.fn());
+  clock.t += 1500ms;
+  {
+    WatchdogPause writing(&unseen);
+    clock.t += 30s;
+  }
+  EXPECT_FALSE(unseen.check());
+  clock.t += 1999ms;
+  EXPECT_FALSE(unseen.check());
+  clock.t += 1ms;
+  EXPECT_TRUE(unseen.check());
+  EXPECT_EQ(fired, 2);
+  WatchdogPause none(nullptr);  // no watchdog (one rank): nothing to pause
+}
+
 // The thread: with no beats it fires (waited for without a time bound of its own: ctest's
 // timeout ends a hang), beats from another thread are seen, and destruction stops it.
 TEST(WatchdogTest, ThreadFiresWithoutBeatsAndStopsWhenDestroyed) {

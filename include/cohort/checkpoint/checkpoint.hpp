@@ -43,8 +43,10 @@ struct Checkpoint {
   std::vector<float> running_stats;
 };
 
-// Atomically replaces `path` with `c`. With keep > 1 the previous files are kept as path.1 ...
-// path.(keep-1), newest first. Throws InputError if the folder cannot be written.
+// Atomically replaces `path` with `c` (write_file_atomically: a symbolic link is written through,
+// its target replaced). With keep > 1 the previous files are kept beside the file written as
+// .1 ... .(keep-1), newest first. Throws OutputError naming the file and the system's reason if
+// it cannot be written or rotated; the file written is then the previous one.
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, std::size_t keep = 1);
 
 // Reads and validates a whole checkpoint. Throws InputError (the file is never partly applied).

@@ -15,12 +15,23 @@
 
 namespace cohort::cli {
 
-// Exit codes (README): 0 success, 1 internal error, 2 bad input or usage, 130 stopped by
-// Ctrl-C / SIGTERM (after the step in progress, and a checkpoint if --save is set).
+// Exit codes (README): 0 success, 1 internal error, 2 bad input or usage, 74 a file that could
+// not be written once work had started (sysexits.h's EX_IOERR: a full disk, a failed rename; the
+// inputs were fine), 130 stopped by Ctrl-C (SIGINT), 143 by SIGTERM (after the step in progress,
+// and a checkpoint if --save is set; several ranks: on every rank, 143 if any rank had SIGTERM).
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitInternal = 1;
 inline constexpr int kExitBadInput = 2;
-inline constexpr int kExitInterrupted = 130;
+inline constexpr int kExitWriteFailed = 74;
+inline constexpr int kExitInterrupted = 130;  // 128 + SIGINT
+inline constexpr int kExitTerminated = 143;   // 128 + SIGTERM
+
+// What the `cohort` executable does first, while it has one thread (before MPI starts its
+// own): opens /dev/null on any of descriptors 0-2 that is closed (a file opened later, e.g.
+// --metrics, would take it and receive what is printed there), ignores SIGPIPE (a reader that
+// went away fails the write instead: progress stops, training goes on), and takes SIGINT and
+// SIGTERM on a thread of its own (a run stops after the current step). Once per process.
+void prepare_process();
 
 // Runs `cohort <args>`; human output to `out`, errors to `err`. Never throws.
 int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err);

@@ -1,6 +1,7 @@
 // Error types and the always-on invariant check shared by every module.
-// Not a logging facility: user-fixable problems throw InputError (exit code 2 in main),
-// broken invariants throw InternalError (exit code 1). Nothing here aborts.
+// Not a logging facility: user-fixable problems throw InputError (exit code 2 in main), a file
+// that cannot be written once the run is under way OutputError (exit code 74), broken
+// invariants InternalError (exit code 1). Nothing here aborts.
 #pragma once
 
 #include <stdexcept>
@@ -11,6 +12,14 @@ namespace cohort {
 // A problem the user can fix: a bad flag, file, config field or checkpoint. The message names
 // the place (path, field, offset), what was expected and what was found.
 class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A file that could not be written although its path passed the checks before work started:
+// the disk is full, a write, fsync, close or rename failed. The message names the file and the
+// system's reason. Not bad input (the user's flags were fine), so not an InputError.
+class OutputError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };

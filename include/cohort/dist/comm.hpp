@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace cohort::dist {
 
@@ -42,7 +43,8 @@ class Comm {
   virtual void progress() {}
 
   // In place: rank r's `bytes[r]` bytes lie at offset bytes[0] + ... + bytes[r-1] of `data`;
-  // afterwards every rank has every part.
+  // afterwards every rank has every part. Parts and their sum may exceed what one MPI call
+  // carries (gather_pieces).
   virtual void allgatherv(void* data, std::span<const std::size_t> bytes) = 0;
   // The sum over ranks (exact: integers).
   virtual std::uint64_t sum(std::uint64_t value) = 0;
@@ -58,6 +60,16 @@ class Comm {
   std::uint64_t bytes_sent_ = 0;
 };
 
+// An in-place all-gather (Comm::allgatherv's `bytes`) as calls that each move at most `limit`
+// bytes, their offsets included (MPI 3 counts and displaces in int: limit INT_MAX). Empty when
+// the whole gather fits one all-gather call; else each rank's part, in rank order, broadcast
+// from that rank in pieces of at most `limit` bytes (none for an empty part).
+struct GatherPiece {
+  int root;
+  std::size_t offset, bytes;
+};
+std::vector<GatherPiece> gather_pieces(std::span<const std::size_t> bytes, std::size_t limit);
+
 // One process: rank 0 of 1. Messages to itself are not supported (nothing sends them).
 std::unique_ptr<Comm> local_comm();
 
@@ -67,7 +79,8 @@ bool built_with_mpi();
 // The world of this process: MPI's when built with MPI and started by an MPI launcher
 // (mpirun/srun set OMPI_COMM_WORLD_SIZE, PMIX_RANK or PMI_SIZE), else local_comm(). Throws
 // InputError if MPI grants less than MPI_THREAD_MULTIPLE. MPI is finalized when the last world
-// object is destroyed.
+// object is destroyed. COHORT_MPI_GATHER_LIMIT=N (bytes, for tests) makes the all-gathers go in
+// pieces of at most N bytes, as they do past INT_MAX; InputError if N is not a positive integer.
 std::unique_ptr<Comm> world(int* argc, char*** argv);
 
 // The cores this process may run on (its CPU affinity mask), at least 1.
