@@ -140,15 +140,8 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
       memory::desc b_md({l.out.C}, act_, Tag::x);
       memory::desc dst_md({N_, l.out.C}, last ? Dt::f32 : act_, Tag::nc);
       s.src = ensure(cur, memory::desc({N_, l.in.C}, act_, Tag::nc), p_.forward);
-      dnnl::primitive_attr attr;  // a new one: a copy would share attr_'s handle
-      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      if (fuse_relu_) {
-        dnnl::post_ops relu;
-        relu.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-        attr.set_post_ops(relu);
-      }
       dnnl::inner_product_forward::primitive_desc pd({prop, s.src.get_desc(), w_md, b_md, dst_md},
-                                                     attr, eng_);
+                                                     attr_with_relu(fuse_relu_), eng_);
       s.weights = s.user_weights = external(p_.params, w_md, l.weight);
       memory b = external(p_.params, b_md, l.bias);
       s.dst = new_memory(dst_md);

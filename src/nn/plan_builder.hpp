@@ -99,6 +99,18 @@ class PlanBuilder {
   void add_sum(std::vector<Exec>& list, const memory& a, const memory& b, const memory& dst,
                bool relu = false);
 
+  // The plan's attributes (user scratchpad), with max(x, 0) as a post-op when `relu`. A new
+  // object each time: a copy of attr_ would share its handle.
+  dnnl::primitive_attr attr_with_relu(bool relu) const {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (relu) {
+      dnnl::post_ops ops;
+      ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+      attr.set_post_ops(ops);
+    }
+    return attr;
+  }
   float* buffer(std::size_t bytes) {
     p_.buffers.emplace_back((bytes + sizeof(float) - 1) / sizeof(float));
     return p_.buffers.back().data();

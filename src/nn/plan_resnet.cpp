@@ -162,15 +162,9 @@ void PlanBuilder::add_relu_backward(const Saved& s, const memory& diff) {
 // the rounded sum) on oneDNN's binary add; a, b and dst share one layout (dst may be a: in place).
 void PlanBuilder::add_sum(std::vector<Exec>& list, const memory& a, const memory& b,
                           const memory& dst, bool relu) {
-  dnnl::primitive_attr attr;  // a new one: a copy would share attr_'s handle
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (relu) {
-    dnnl::post_ops ops;
-    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-    attr.set_post_ops(ops);
-  }
   dnnl::binary::primitive_desc pd(
-      {dnnl::algorithm::binary_add, a.get_desc(), b.get_desc(), dst.get_desc()}, attr, eng_);
+      {dnnl::algorithm::binary_add, a.get_desc(), b.get_desc(), dst.get_desc()},
+      attr_with_relu(relu), eng_);
   add(list, dnnl::binary(pd), pd.scratchpad_desc(),
       {{DNNL_ARG_SRC_0, a}, {DNNL_ARG_SRC_1, b}, {DNNL_ARG_DST, dst}}, Phase::kEltwise);
 }

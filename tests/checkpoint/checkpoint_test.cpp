@@ -13,10 +13,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 
 #include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
+
+#include "../common/scratch_dir.hpp"
 
 namespace cohort::checkpoint {
 namespace {
@@ -46,21 +49,18 @@ Checkpoint small_checkpoint() {
 class Checkpoints : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("cohort_ckpt_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    scratch_.emplace("cohort_ckpt");
+    dir_ = scratch_->path();
   }
   void TearDown() override {
     set_file_calls(system_file_calls());
-    fs::remove_all(dir_);
+    scratch_.reset();
   }
   static std::vector<std::uint8_t> read(const fs::path& p) {
     std::ifstream f(p, std::ios::binary);
     return {std::istreambuf_iterator<char>(f), {}};
   }
+  std::optional<testing::ScratchDir> scratch_;
   fs::path dir_;
 };
 

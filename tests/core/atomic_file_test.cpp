@@ -11,11 +11,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "cohort/core/error.hpp"
+
+#include "../common/scratch_dir.hpp"
 
 namespace cohort {
 namespace {
@@ -25,16 +28,12 @@ namespace fs = std::filesystem;
 class AtomicFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("cohort_atomic_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    scratch_.emplace("cohort_atomic");
+    dir_ = scratch_->path();
   }
   void TearDown() override {
     set_file_calls(system_file_calls());
-    fs::remove_all(dir_);
+    scratch_.reset();
   }
   static std::string read(const fs::path& p) {
     std::ifstream f(p, std::ios::binary);
@@ -60,6 +59,7 @@ class AtomicFile : public ::testing::Test {
     set_file_calls(system_file_calls());
     return "";
   }
+  std::optional<testing::ScratchDir> scratch_;
   fs::path dir_;
 };
 
