@@ -53,10 +53,15 @@ std::string cohort_kernels_isa();
 #define COHORT_TARGET_AVX512_BF16_BEGIN \
   COHORT_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
 // A function compiled twice, for the baseline and for x86-64-v4 (AVX-512 F/BW/CD/DQ/VL), the
-// loader choosing one by cpuid
-// (an ifunc): for the root's elementwise sweeps, where 16 lanes beat 8 once the data is in
-// cache. Elementwise float code gives the same bits at either width.
+// loader choosing one by cpuid (an ifunc): for the root's elementwise sweeps, where 16 lanes
+// beat 8 once the data is in cache. Elementwise float code gives the same bits at either width.
+// GCC only: clang 14 leaves the clones' dispatcher of a function defined in one file undefined
+// for callers in another (the sanitizer and fuzzer presets build with clang: baseline code there).
+#if defined(__clang__)
+#define COHORT_CLONES_AVX512
+#else
 #define COHORT_CLONES_AVX512 __attribute__((target_clones("arch=x86-64-v4", "default")))
+#endif
 #else
 #define COHORT_CLONES_AVX512
 #endif
