@@ -1,5 +1,6 @@
-// Helpers of the cli tests: run `cohort <args>` in-process and keep its exit code and output,
-// and a fresh temporary folder per test. Not a test of anything by itself.
+// Helpers of the cli tests: run `cohort <args>` in-process and keep its exit code and output, a
+// fresh temporary folder per test, and the fixture Cli with the arguments of a short run. Not a
+// test of anything by itself.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -42,6 +43,20 @@ class TempDirTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::filesystem::path dir_;
+};
+
+// The fixture of cli_test.cpp and cli_process_test.cpp, one class for both (gtest refuses a
+// suite whose tests have different fixtures): quick() is a 12-step run on the fixture data with
+// `extra` after it.
+class Cli : public TempDirTest {
+ protected:
+  std::vector<std::string> quick(std::vector<std::string> extra = {}) {
+    std::vector<std::string> a{"train",   "--data", COHORT_FIXTURE_DIR, "--model", "mlp:784-32-10",
+                               "--batch", "64",     "--steps",          "12",      "--workers",
+                               "2"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
 };
 
 }  // namespace cohort::cli::testing
