@@ -14,7 +14,8 @@
 namespace cohort::nn {
 
 // The kernels twice: for the build's baseline (8 lanes a vector step, one ymm), and for AVX-512
-// (16, one zmm) where the CPU has it. Both compute the same bits: each lane's maximum is one of its inputs.
+// (16, one zmm) where the CPU has it. Both compute the same bits: each lane's maximum is one of its
+// inputs.
 namespace {
 namespace portable {
 #define COHORT_POOL_LANES 8

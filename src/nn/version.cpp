@@ -2,11 +2,9 @@
 // bf16_support: whether oneDNN creates a bf16 primitive here at all.
 #include "cohort/nn/version.hpp"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
 #include <oneapi/dnnl/dnnl.hpp>
+
+#include "cohort/core/cpu.hpp"
 
 namespace cohort::nn {
 
@@ -53,17 +51,7 @@ std::string onednn_isa() {
   return "unknown (" + std::to_string(static_cast<int>(dnnl::get_effective_cpu_isa())) + ")";
 }
 
-bool cpu_has_bf16() {
-#if defined(__x86_64__) || defined(__i386__)
-  // CPUID leaf 7, subleaf 1: EAX bit 5 is AVX512_BF16 (the dot products VDPBF16PS).
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__get_cpuid_max(0, nullptr) < 7) return false;
-  __cpuid_count(7, 1, eax, ebx, ecx, edx);
-  return (eax >> 5) & 1u;
-#else
-  return false;
-#endif
-}
+bool cpu_has_bf16() { return cpu_features().avx512_bf16; }
 
 Bf16Support bf16_support() {
   // The smallest bf16 inner product the Net builds (bf16 source and weights, f32 destination):

@@ -189,9 +189,9 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
   const double rw_bytes = static_cast<double>(n) * 8 * static_cast<double>(1 + state_arrays);
   // Several ranks: each root sweeps its share of the chunks (the exchange is not in the floor).
   const auto share = static_cast<double>(std::max<std::size_t>(1, ranks));
-  r.root_seconds = sweep_seconds(std::max(0.0, r.root_bytes - rw_bytes) / share, 1 + state_arrays,
-                                 static_cast<std::size_t>(static_cast<double>(n) / share),
-                                 graph.executor());
+  r.root_seconds =
+      sweep_seconds(std::max(0.0, r.root_bytes - rw_bytes) / share, 1 + state_arrays,
+                    static_cast<std::size_t>(static_cast<double>(n) / share), graph.executor());
   r.floor_seconds = r.gemm_seconds + r.root_seconds;
   r.fraction = step_seconds > 0 ? r.floor_seconds / step_seconds : 0;
   return r;

@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <functional>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -201,7 +201,8 @@ struct FakeClock {
 TEST(WatchdogTest, FiresOnceAfterTheTimeoutWithoutBeats) {
   FakeClock clock;
   std::vector<double> idle;
-  Watchdog dog(2s, [&](double s) { idle.push_back(s); }, clock.fn());
+  Watchdog dog(
+      2s, [&](double s) { idle.push_back(s); }, clock.fn());
   clock.t += 1999ms;
   EXPECT_FALSE(dog.check());
   clock.t += 1ms;
@@ -216,7 +217,8 @@ TEST(WatchdogTest, FiresOnceAfterTheTimeoutWithoutBeats) {
 TEST(WatchdogTest, EachBeatSeenRestartsTheTimeout) {
   FakeClock clock;
   int fired = 0;
-  Watchdog dog(2s, [&](double) { ++fired; }, clock.fn());
+  Watchdog dog(
+      2s, [&](double) { ++fired; }, clock.fn());
   for (int i = 0; i < 100; ++i) {  // 150 s of clock time, a beat between checks 1.5 s apart
     clock.t += 1500ms;
     dog.beat();
@@ -233,7 +235,8 @@ TEST(WatchdogTest, TimeoutZeroOrBelowNeverFires) {
   FakeClock clock;
   int fired = 0;
   for (auto timeout : {0s, -1s}) {
-    Watchdog dog(timeout, [&](double) { ++fired; }, clock.fn());
+    Watchdog dog(
+        timeout, [&](double) { ++fired; }, clock.fn());
     clock.t += 1000s;
     EXPECT_FALSE(dog.check());
   }
@@ -245,7 +248,8 @@ TEST(WatchdogTest, TimeoutZeroOrBelowNeverFires) {
 TEST(WatchdogTest, TimePausedIsNotIdle) {
   FakeClock clock;
   int fired = 0;
-  Watchdog dog(2s, [&](double) { ++fired; }, clock.fn());
+  Watchdog dog(
+      2s, [&](double) { ++fired; }, clock.fn());
   clock.t += 1500ms;  // idle before the pause
   dog.pause();
   for (int i = 0; i < 10; ++i) {
@@ -267,7 +271,8 @@ TEST(WatchdogTest, TimePausedIsNotIdle) {
   EXPECT_EQ(fired, 1);
 
   // A pause that no check saw (shorter than the thread's period) counts as a beat.
-  Watchdog unseen(2s, [&](double) { ++fired; }, clock.fn());
+  Watchdog unseen(
+      2s, [&](double) { ++fired; }, clock.fn());
   clock.t += 1500ms;
   {
     WatchdogPause writing(&unseen);

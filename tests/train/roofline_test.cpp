@@ -92,8 +92,8 @@ TEST_P(Roofline, FloorIsBelowTheRunsOwnTimingOfTheSameWork) {
   const double replicas = std::min(static_cast<double>(c.workers), leaves);
   const double run_gemm =
       (s.time.matmul + s.time.weight_grad) / static_cast<double>(s.steps) / replicas;
-  std::printf("floor GEMMs %.1f us, the run's %.1f us a step and replica\n",
-              r.gemm_seconds * 1e6, run_gemm * 1e6);
+  std::printf("floor GEMMs %.1f us, the run's %.1f us a step and replica\n", r.gemm_seconds * 1e6,
+              run_gemm * 1e6);
   EXPECT_GT(r.gemm_seconds, 0);
   EXPECT_LE(r.gemm_seconds, 1.5 * run_gemm);
   EXPECT_GE(r.gemm_seconds, run_gemm / 8);
@@ -102,8 +102,8 @@ TEST_P(Roofline, FloorIsBelowTheRunsOwnTimingOfTheSameWork) {
   // The first step is left out of the mean, and accounted for: together they are the run's
   // step time.
   EXPECT_GT(r.first_step_seconds, 0);
-  EXPECT_NEAR(r.first_step_seconds + static_cast<double>(c.steps - 1) * r.step_seconds,
-              s.time.step, 1e-9 * s.time.step);
+  EXPECT_NEAR(r.first_step_seconds + static_cast<double>(c.steps - 1) * r.step_seconds, s.time.step,
+              1e-9 * s.time.step);
   EXPECT_DOUBLE_EQ(r.root_bytes, expected_root_bytes(c));
 }
 

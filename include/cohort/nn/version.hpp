@@ -15,7 +15,7 @@ std::string onednn_version();
 // The instruction set oneDNN dispatches to on this CPU (dnnl::get_effective_cpu_isa), e.g.
 // "avx512_core_amx", for the run's header.
 std::string onednn_isa();
-// Whether this CPU has native bf16 dot products (AVX512_BF16, from cpuid).
+// Whether this CPU has native bf16 dot products (AVX512_BF16: cohort::cpu_features()).
 bool cpu_has_bf16();
 
 // What oneDNN can do with bf16 here: nothing (oneDNN 2.6 has no bf16 kernels below AVX-512, so

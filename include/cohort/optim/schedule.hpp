@@ -25,9 +25,9 @@ const char* to_string(ScheduleKind kind);
 struct ScheduleConfig {
   ScheduleKind kind = ScheduleKind::kCosine;
   std::uint64_t warmup_steps = 200;  // lr rises linearly to the base over these updates
-  std::uint64_t step_every = 0;    // step: multiply by gamma every this many updates (> 0)
-  float gamma = 0.1f;              // step: the decay factor, in (0, 1]
-  float min_lr = 0.0f;             // cosine: the rate reached at the last update, in [0, base)
+  std::uint64_t step_every = 0;      // step: multiply by gamma every this many updates (> 0)
+  float gamma = 0.1f;                // step: the decay factor, in (0, 1]
+  float min_lr = 0.0f;               // cosine: the rate reached at the last update, in [0, base)
   // Linear scaling rule: with scale_batch > 0 the base rate is lr * batch / scale_batch.
   std::uint64_t scale_batch = 0;
 };
