@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -325,6 +326,52 @@ Checkpoint load_checkpoint(const std::filesystem::path& path) {
   std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(f)), {});
   if (!f.good() && !f.eof()) throw InputError(path.string() + ": checkpoint: read failed");
   return decode_checkpoint(bytes, path.string());
+}
+
+Newest newest_checkpoint(const std::filesystem::path& path,
+                         const std::function<Checkpoint(const std::filesystem::path&)>& load) {
+  namespace fs = std::filesystem;
+  const fs::path target = output_target(path);
+  std::error_code ec;
+  std::vector<fs::path> candidates;
+  if (fs::exists(fs::symlink_status(target, ec))) candidates.push_back(target);
+  // Rotated copies up to --keep's largest value (1000), each looked for: a gap (a copy the user
+  // removed) does not hide the older ones.
+  for (std::size_t k = 1; k < 1000; ++k) {
+    const fs::path copy = target.string() + "." + std::to_string(k);
+    if (fs::exists(fs::symlink_status(copy, ec))) candidates.push_back(copy);
+  }
+  Newest found;
+  // Temporary files of saves that never reached their rename: "<target>[.k].tmp.<pid>".
+  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string stem = target.filename().string();
+  std::vector<std::string> unfinished;
+  for (const fs::directory_entry& e : fs::directory_iterator(folder, ec)) {
+    const std::string name = e.path().filename().string();
+    const std::size_t tmp = name.rfind(".tmp.");
+    if (name.rfind(stem, 0) != 0 || tmp == std::string::npos) continue;
+    const std::string rest = name.substr(stem.size(), tmp - stem.size());  // "" or ".k"
+    const std::string pid = name.substr(tmp + 5);
+    const bool digits = !pid.empty() && pid.find_first_not_of("0123456789") == std::string::npos;
+    const bool rotated = rest.size() > 1 && rest[0] == '.' &&
+                         rest.find_first_not_of("0123456789", 1) == std::string::npos;
+    if (digits && (rest.empty() || rotated))
+      unfinished.push_back(target.has_parent_path() ? (folder / name).string() : name);
+  }
+  std::sort(unfinished.begin(), unfinished.end());
+  for (const std::string& f : unfinished)
+    found.skipped.push_back(f + ": a save that did not finish (its process ended before the "
+                                "rename; left in place)");
+  for (const fs::path& file : candidates) {
+    try {
+      found.checkpoint = load(file);
+      found.file = file;
+      return found;
+    } catch (const InputError& e) {
+      found.skipped.push_back(e.what());
+    }
+  }
+  return found;
 }
 
 }  // namespace cohort::checkpoint

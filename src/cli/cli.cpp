@@ -12,6 +12,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/dist/comm.hpp"
 #include "commands.hpp"
+#include "launch.hpp"
 #include "options.hpp"
 
 namespace cohort::cli {
@@ -75,20 +76,23 @@ int run_args(std::vector<std::string> args, std::ostream& all_out, std::ostream&
     EvalOptions eval;
     PlotOptions plot;
     ExportOptions exp;
+    LaunchOptions launch;
     CLI::App* train_cmd = add_train_command(app, train);
     CLI::App* eval_cmd = mode == Mode::kRun ? add_eval_command(app, eval) : nullptr;
     CLI::App* plot_cmd = mode == Mode::kRun ? add_plot_command(app, plot) : nullptr;
     CLI::App* export_cmd = mode == Mode::kRun ? add_export_command(app, exp) : nullptr;
+    CLI::App* launch_cmd = mode == Mode::kRun ? add_launch_command(app, launch) : nullptr;
     if (const std::optional<int> code = parse(app, args, out)) return *code;
     if (train_cmd->parsed()) {
       check_train_flags(*train_cmd, train, /*outputs=*/comm.rank() == 0);
       if (mode == Mode::kCheckTrain) train.dry_run = true;
       agreeing = true;
-      return train_command(train, loaders, out, comm);
+      return train_command(train, loaders, out, err, comm);
     }
     if (eval_cmd && eval_cmd->parsed()) return eval_command(eval, out);
     if (plot_cmd && plot_cmd->parsed()) return plot_command(plot, out);
     if (export_cmd && export_cmd->parsed()) return export_command(exp, out);
+    if (launch_cmd && launch_cmd->parsed()) return launch_command(launch, loaders, err);
     return kExitBadInput;
   } catch (const JobInputError& e) {
     return refused(e.lines());

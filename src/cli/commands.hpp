@@ -17,14 +17,15 @@
 namespace cohort::cli {
 
 // `cohort train`: checks every input, then (unless --dry-run) trains with progress, Ctrl-C
-// handling, checkpoints and the files asked for.
+// handling, checkpoints and the files asked for. Warnings (the files --resume auto passed over)
+// go to `err`.
 // With several ranks (`comm`, every rank runs this with the same options, or refuse_train): the
 // inputs are checked on every rank and agreed on before any other collective (agreement.hpp:
 // JobInputError on every rank if any rank failed or the ranks differ in what they would train);
 // only rank 0 prints and writes files; after the agreement any failure ends the whole job
 // (Comm::abort) with the rank in its message.
 int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& out,
-                  dist::Comm& comm);
+                  std::ostream& err, dist::Comm& comm);
 
 // Several ranks: this rank's `cohort train` failed before train_command (its command line or
 // config file): it joins the agreement the other ranks' train_command waits in, so that none

@@ -126,6 +126,12 @@ TrainFlag bool_flag(std::string flag, std::string toml, std::string help) {
   return Field<Path...>::row(std::move(flag), std::move(toml), Type::kBool, {}, std::move(help));
 }
 
+// A kFileIn row that also takes `words` (config::Key::choices).
+TrainFlag with_words(TrainFlag row, std::vector<std::string> words) {
+  row.key.choices = std::move(words);
+  return row;
+}
+
 // "a, b and c".
 std::string joined(const std::vector<std::string>& names) {
   std::string text;
@@ -251,9 +257,11 @@ std::vector<TrainFlag> make_table() {
       number_flag<&O::checkpoint, &CheckpointOptions::keep>(
           "--keep", "checkpoint.keep", {1, 1000},
           "checkpoints to keep: FILE, FILE.1, ... (newest first)"),
-      string_flag<&O::checkpoint, &CheckpointOptions::resume>(
-          "--resume", "checkpoint.resume", Type::kFileIn,
-          "continue from this checkpoint (bit for bit the uninterrupted run)"),
+      with_words(string_flag<&O::checkpoint, &CheckpointOptions::resume>(
+                     "--resume", "checkpoint.resume", Type::kFileIn,
+                     "continue from this checkpoint (bit for bit the uninterrupted run); auto: "
+                     "from the newest of --save's files that loads, or from the start if none"),
+                 {std::string(kResumeAuto)}),
       string_flag<&O::summary_path>("--summary", "output.summary", Type::kFileOut,
                                     "write a JSON summary to this file"),
       string_flag<&O::metrics_path>("--metrics", "output.metrics", Type::kFileOut,
@@ -346,7 +354,7 @@ void check_train_flags(const CLI::App& cmd, const TrainOptions& o, bool outputs)
       problem = config::number_problem(row.key, row.number(o), row.text(o));
     if (type == Type::kDir || type == Type::kFileIn || (type == Type::kFileOut && outputs))
       if (const std::string path = row.text(o); !path.empty())  // "" leaves an output off
-        problem = config::path_problem(type, path);
+        problem = config::path_problem(row.key, path);
     if (!problem.empty()) throw InputError(row.key.flag + ": " + problem);
   }
 }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cohort/cli/cli.hpp"
@@ -15,6 +16,9 @@
 #include "cohort/train/trainer.hpp"
 
 namespace cohort::cli {
+
+// --resume's word for the newest checkpoint of --save (checkpoint::newest_checkpoint).
+inline constexpr std::string_view kResumeAuto = "auto";
 
 struct CheckpointOptions {
   std::string save, resume;

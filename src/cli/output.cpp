@@ -222,4 +222,29 @@ void write_trace(const std::string& path, const train::Trainer& trainer, const j
   write_file_atomically(path, trace.dump() + "\n");
 }
 
+double continue_metrics(const std::string& path, std::uint64_t step) {
+  std::ifstream in(path);
+  if (!in) return 0;  // no file yet: the run starts it
+  std::string kept, line;
+  bool dropped = false;
+  double elapsed = 0;
+  while (std::getline(in, line)) {
+    // A line the writer finished ends in a newline and parses; getline cannot tell the last
+    // line's newline, the parse can (a line cut short is not a whole JSON object).
+    const json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool ours = record.is_object() && record.contains("step") &&
+                      record["step"].is_number_unsigned() &&
+                      record["step"].get<std::uint64_t>() <= step;
+    if (!ours) {
+      dropped = true;
+      continue;
+    }
+    kept += line + "\n";
+    if (record.contains("elapsed_s") && record["elapsed_s"].is_number())
+      elapsed = record["elapsed_s"].get<double>();
+  }
+  if (dropped) write_file_atomically(path, kept);
+  return elapsed;
+}
+
 }  // namespace cohort::cli

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <string>
 
 #include "cohort/train/trainer.hpp"
@@ -36,6 +37,14 @@ std::string config_text(const json& config);
 
 // --summary's object: the run's figures and `config`.
 json summary_json(const train::Summary& s, const json& config);
+
+// A resumed run's --metrics file, made ready to append to: of the lines a run wrote there, those
+// of steps up to `step` (the checkpoint's) are kept and the later ones (written after that
+// checkpoint by a run that then failed, and about to be trained again) are dropped, as is a line
+// its writer left unfinished; the file is rewritten atomically only if a line goes. Returns the
+// elapsed_s of the last line kept (0 if none, or no file), from which the run's own lines count
+// on. Throws OutputError if the file cannot be rewritten.
+double continue_metrics(const std::string& path, std::uint64_t step);
 
 // The trainer's spans as a Chrome trace, written atomically.
 void write_trace(const std::string& path, const train::Trainer& trainer, const json& config);

@@ -95,7 +95,15 @@ StopSignals::StopSignals() {
 StopSignals::~StopSignals() { armed_.store(false, std::memory_order_relaxed); }
 
 void Progress::on_step(const train::StepEvent& e) {
-  if (every_step_) every_step_(e.step);
+  report_step(e);
+  if (!every_step_) return;
+  if (e.step_in_epoch == e.steps_per_epoch)
+    after_epoch_ = e.step;  // on_epoch calls it, once the epoch's line is written
+  else
+    every_step_(e.step);
+}
+
+void Progress::report_step(const train::StepEvent& e) {
   if (first_step_ == 0) {  // a resumed run starts past 1
     first_step_ = e.step;
     last_step_ = e.step - 1;
@@ -122,7 +130,7 @@ void Progress::on_step(const train::StepEvent& e) {
               {"loss", metrics_window_.take()},
               {"lr", e.lr}};
     if (std::isfinite(e.grad_norm)) line["grad_norm"] = e.grad_norm;
-    line["elapsed_s"] = e.elapsed;
+    line["elapsed_s"] = elapsed_before_ + e.elapsed;
     write_metrics(line);
   }
   const bool line_due =
@@ -161,9 +169,14 @@ void Progress::on_epoch(const train::EpochResult& r) {
             {"test_loss", r.test_loss},
             {"test_accuracy", r.test_accuracy},
             {"samples_per_second", r.samples_per_second},
-            {"elapsed_s", r.elapsed}};
+            {"elapsed_s", elapsed_before_ + r.elapsed}};
   line.update(epoch_tags_);
   write_metrics(line);
+  if (after_epoch_) {
+    const std::uint64_t step = *after_epoch_;
+    after_epoch_.reset();
+    every_step_(step);
+  }
   if (quiet_) return;
   if (tty_) out_ << "\r";
   out_ << "epoch " << r.epoch + 1 << " done: train loss " << std::fixed << std::setprecision(4)

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <optional>
 
 #include "cohort/train/trainer.hpp"
 #include "output.hpp"
@@ -54,6 +55,9 @@ class StopSignals {
 
 // Progress on the terminal (one rewritten line on a TTY, periodic lines otherwise) and the
 // JSON Lines metrics file. Called on the thread that runs Trainer::run.
+// `every_step(step)` (the periodic save, the watchdog's beat) runs after that step's lines are
+// written, and for an epoch's last step after the epoch's line: a checkpoint is never ahead of
+// the metrics, so a run resumed from it (continue_metrics) finds every line up to its step.
 class Progress final : public train::Observer {
  public:
   Progress(std::ostream& out, bool quiet, bool tty, std::size_t log_every, std::ostream* metrics,
@@ -69,12 +73,16 @@ class Progress final : public train::Observer {
   // Fields every epoch line of the metrics carries (e.g. the precision), so curves of runs in
   // different precisions are told apart.
   void tag_epochs(json fields) { epoch_tags_ = std::move(fields); }
+  // A resumed run's metrics continue a file whose last line had elapsed_s = `seconds`: its own
+  // lines' elapsed_s count on from there.
+  void continue_after(double seconds) { elapsed_before_ = seconds; }
 
   bool stop_requested() override { return StopSignals::requested(); }
   void on_step(const train::StepEvent& e) override;
   void on_epoch(const train::EpochResult& r) override;
 
  private:
+  void report_step(const train::StepEvent& e);
   void write_metrics(const json& line);
 
   std::ostream& out_;
@@ -84,6 +92,8 @@ class Progress final : public train::Observer {
   std::size_t epochs_planned_;
   std::function<void(std::uint64_t)> every_step_;
   json epoch_tags_ = json::object();
+  double elapsed_before_ = 0;
+  std::optional<std::uint64_t> after_epoch_;  // an epoch's last step, whose every_step waits
   // The mean loss over a window of steps.
   struct LossWindow {
     double sum = 0;

@@ -33,7 +33,9 @@ struct Checked {
   std::shared_ptr<const data::Splits> data;
   std::size_t parameters = 0;
   std::optional<checkpoint::Checkpoint> resume;
-  double load_seconds = 0;  // reading the data
+  std::string resume_path;                  // the file `resume` came from
+  std::vector<std::string> resume_skipped;  // --resume auto: files passed over, and why
+  double load_seconds = 0;                  // reading the data
 };
 
 // Checks what the option table cannot check alone: flags that need each other, the checkpoint
@@ -47,7 +49,19 @@ Checked check_own(const TrainOptions& o, const Loaders& loaders) {
   const CheckpointOptions& ck = o.checkpoint;
   if (ck.save_every != 0 && ck.save.empty())
     throw InputError("--save-every: expected --save FILE as well, found none");
-  if (!ck.resume.empty()) in.resume = loaders.checkpoint(ck.resume);  // all checked, none used
+  if (ck.resume == kResumeAuto) {
+    if (ck.save.empty())
+      throw InputError("--resume auto: expected --save FILE as well (the checkpoints it resumes "
+                       "from), found none");
+    checkpoint::Newest newest = checkpoint::newest_checkpoint(
+        ck.save, [&loaders](const std::filesystem::path& p) { return loaders.checkpoint(p); });
+    in.resume = std::move(newest.checkpoint);
+    in.resume_path = newest.file.string();
+    in.resume_skipped = std::move(newest.skipped);
+  } else if (!ck.resume.empty()) {
+    in.resume = loaders.checkpoint(ck.resume);  // all checked, none used
+    in.resume_path = ck.resume;
+  }
   const auto t_load = std::chrono::steady_clock::now();
   in.data = loaders.data(o.data_dir);
   in.load_seconds =
@@ -59,19 +73,18 @@ nn::Model model_of(const Checked& in) {
   return nn::Model::parse(in.config.model, train::input_shape(in.data->train));
 }
 
-void check_config(const TrainOptions& o, Checked& in) {
-  const CheckpointOptions& ck = o.checkpoint;
+void check_config(Checked& in) {
   const nn::Model model = model_of(in);
   train::validate(in.config, model, *in.data);
   if (in.resume) {
-    train::check_resume(in.config, model, *in.data, *in.resume, ck.resume);
+    train::check_resume(in.config, model, *in.data, *in.resume, in.resume_path);
     // --augment lives in the checkpoint's effective config, not its META: a resume with other
     // augmentation would not continue the run the checkpoint started.
     const std::string ours = data::to_string(data::parse_augment(in.config.augment));
-    const std::string theirs = recorded_augment(*in.resume, ck.resume);
+    const std::string theirs = recorded_augment(*in.resume, in.resume_path);
     auto shown = [](const std::string& spec) { return spec.empty() ? "none" : "'" + spec + "'"; };
     if (ours != theirs)
-      throw InputError(ck.resume + ": --augment: this run has " + shown(ours) +
+      throw InputError(in.resume_path + ": --augment: this run has " + shown(ours) +
                        ", the checkpoint " + shown(theirs) +
                        " (resume with the checkpoint's value, or start a new run)");
   }
@@ -80,7 +93,7 @@ void check_config(const TrainOptions& o, Checked& in) {
 
 Checked check_inputs(const TrainOptions& o, const Loaders& loaders) {
   Checked in = check_own(o, loaders);
-  check_config(o, in);
+  check_config(in);
   return in;
 }
 
@@ -96,7 +109,9 @@ int dry_run(const TrainOptions& o, const Checked& in, std::ostream& out) {
                  in.config, nn::Model::parse(in.config.model, train::input_shape(in.data->train))),
              o.data_dir));
   if (in.resume)
-    out << "  would resume from " << o.checkpoint.resume << " at step " << in.resume->step << "\n";
+    out << "  would resume from " << in.resume_path << " at step " << in.resume->step << "\n";
+  else if (o.checkpoint.resume == kResumeAuto)
+    out << "  would start at step 0: no checkpoint of " << o.checkpoint.save << " to resume\n";
   return kExitOk;
 }
 
@@ -185,7 +200,7 @@ Checked agreed_inputs(const TrainOptions& o, const Loaders& loaders, dist::Comm&
     second.facts[0].known = true;
     second.facts[0].shown = shared.dump();
     second.facts[0].digest = digest_of(second.facts[0].shown);
-    check_config(o, in);
+    check_config(in);
   } catch (...) {
     second.problem = current_problem();
   }
@@ -203,7 +218,7 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
   // Validates again, then builds the replicas.
   train::Trainer trainer(in.config, *in.data, &comm);
   const auto& c = trainer.config();
-  if (in.resume) trainer.restore(*in.resume, ck.resume);
+  if (in.resume) trainer.restore(*in.resume, in.resume_path);
   const json effective_json = config_json(c, o.data_dir);
   const std::string effective = effective_json.dump();
   // Several ranks: a peer that hangs leaves this rank waiting where no error reaches it.
@@ -253,12 +268,16 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
         << (c.precision == nn::Precision::kBf16 && nn::bf16_support() == nn::Bf16Support::kEmulated
                 ? " (no AVX512_BF16: bf16 is emulated)\n"
                 : "\n")
-        << (in.resume ? "  resumed from " + ck.resume + " at step " +
+        << (in.resume ? "  resumed from " + in.resume_path + " at step " +
                             std::to_string(in.resume->step) + "\n"
-                      : "");
+            : ck.resume == kResumeAuto ? "  --resume auto: no checkpoint of " + ck.save +
+                                             " to resume; starting at step 0\n"
+                                       : "");
   std::optional<std::ofstream> metrics;
+  double elapsed_before = 0;  // a resumed run: the metrics file's time so far
   if (writer && !o.metrics_path.empty()) {
-    metrics.emplace(o.metrics_path, std::ios::trunc);
+    if (in.resume) elapsed_before = continue_metrics(o.metrics_path, in.resume->step);
+    metrics.emplace(o.metrics_path, in.resume ? std::ios::app : std::ios::trunc);
     if (!*metrics) throw InputError("--metrics " + o.metrics_path + ": cannot open for writing");
   }
   const std::size_t train_count = in.data->train.count;
@@ -272,6 +291,7 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
   };
   Progress progress(out, o.quiet, &out == &std::cout && ::isatty(STDOUT_FILENO), o.log_every,
                     metrics ? &*metrics : nullptr, epochs_planned, every_step);
+  progress.continue_after(elapsed_before);
   progress.tag_epochs({{"precision", std::string(name_of(nn::kPrecisionNames, c.precision))}});
   train::Summary s;
   try {
@@ -308,8 +328,11 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
 }  // namespace
 
 int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& out,
-                  dist::Comm& comm) {
+                  std::ostream& err, dist::Comm& comm) {
   const Checked in = comm.size() == 1 ? check_inputs(o, loaders) : agreed_inputs(o, loaders, comm);
+  if (comm.rank() == 0)
+    for (const std::string& line : in.resume_skipped)
+      err << "cohort: warning: --resume auto: passed over " << line << "\n";
   if (o.dry_run) return dry_run(o, in, out);
   if (comm.size() == 1) return train_checked(o, in, out, comm);
   // From here every rank is in the job's collectives: a failure on one rank must end them all.

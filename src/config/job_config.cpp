@@ -98,7 +98,7 @@ std::string add_flags(const Key& k, const toml::node& value, std::vector<std::st
       const auto* v = value.as_string();
       if (!v) return expected_type + type_of(value);
       if (v->get().empty()) return "expected a non-empty string, found \"\"";
-      if (std::string problem = path_problem(k.type, v->get()); !problem.empty()) return problem;
+      if (std::string problem = path_problem(k, v->get()); !problem.empty()) return problem;
       flags.insert(flags.end(), {k.flag, v->get()});
       return "";
     }
@@ -206,6 +206,14 @@ std::string path_problem(Type type, const std::string& text) {
     default:
       return "";
   }
+}
+
+std::string path_problem(const Key& key, const std::string& text) {
+  if (key.type != Type::kFileIn || key.choices.empty()) return path_problem(key.type, text);
+  if (std::find(key.choices.begin(), key.choices.end(), text) != key.choices.end()) return "";
+  const std::string problem = path_problem(key.type, text);
+  return problem.empty() ? "" : "expected an existing file or " + choices_text(key.choices) +
+                                    ", found '" + text + "', which is not a file";
 }
 
 std::vector<std::string> job_config_flags(const fs::path& path, const Schema& schema) {

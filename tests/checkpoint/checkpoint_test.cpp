@@ -290,6 +290,45 @@ TEST_F(Checkpoints, ALinkIsWrittenThroughAndRotatedBesideItsTarget) {
   EXPECT_FALSE(fs::exists(dir_ / "run.ckpt.1"));
 }
 
+// --resume auto's search: through a link to its target's rotation, newest first, past a damaged
+// file and a gap in the rotation, naming what it passes over; nothing at all is a fresh start.
+TEST_F(Checkpoints, NewestCheckpointFollowsTheRotationPastDamageAndGaps) {
+  EXPECT_FALSE(newest_checkpoint(dir_ / "run.ckpt").checkpoint);
+  EXPECT_TRUE(newest_checkpoint(dir_ / "run.ckpt").skipped.empty());
+  fs::create_directories(dir_ / "scratch");
+  fs::create_symlink("scratch/run.ckpt", dir_ / "run.ckpt");
+  Checkpoint c = small_checkpoint();
+  c.skipped = 0;
+  for (std::uint64_t step = 1; step <= 4; ++step) {
+    c.step = c.updates = step;
+    save_checkpoint(dir_ / "run.ckpt", c, 4);
+  }
+  Newest n = newest_checkpoint(dir_ / "run.ckpt");
+  ASSERT_TRUE(n.checkpoint);
+  EXPECT_EQ(n.checkpoint->step, 4u);
+  EXPECT_EQ(n.file, dir_ / "scratch" / "run.ckpt");
+  const fs::path scratch = dir_ / "scratch";
+  fs::resize_file(scratch / "run.ckpt", fs::file_size(scratch / "run.ckpt") - 3);  // truncated
+  fs::remove(scratch / "run.ckpt.1");                                              // a gap
+  std::ofstream(scratch / "run.ckpt.2.tmp.77") << "x";  // a rotation that died
+  std::ofstream(scratch / "run.ckpt.tmp.x") << "x";     // not a pid: someone else's file
+  n = newest_checkpoint(dir_ / "run.ckpt");
+  ASSERT_TRUE(n.checkpoint);
+  EXPECT_EQ(n.checkpoint->step, 2u);
+  EXPECT_EQ(n.file, scratch / "run.ckpt.2");
+  ASSERT_EQ(n.skipped.size(), 2u);
+  EXPECT_EQ(n.skipped[0].rfind((scratch / "run.ckpt.2.tmp.77").string() + ": a save that did not "
+                                                                           "finish",
+                               0),
+            0u)
+      << n.skipped[0];
+  EXPECT_EQ(n.skipped[1].rfind((scratch / "run.ckpt").string() + ": ", 0), 0u) << n.skipped[1];
+  // A loader's other failures are not a reason to pass a file over.
+  EXPECT_THROW(newest_checkpoint(dir_ / "run.ckpt",
+                                 [](const fs::path&) -> Checkpoint { throw std::bad_alloc(); }),
+               std::bad_alloc);
+}
+
 // A save that fails (the disk full, a failed rename, the rotation refused) throws OutputError
 // naming the file and the reason, leaves the previous checkpoint loadable and no temporary file.
 TEST_F(Checkpoints, AFailedSaveLeavesThePreviousCheckpointAndNoTemporaryFile) {

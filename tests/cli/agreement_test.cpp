@@ -83,7 +83,7 @@ TEST(Agreement, AnyExceptionOnOneRankEndsEveryRankWithItsMessage) {
         throw std::bad_alloc();
       };
     std::ostringstream out;
-    return train_command(quick(), loaders, out, comm);
+    return train_command(quick(), loaders, out, out, comm);
   });
   for (const Lines& lines : got) EXPECT_EQ(lines, Lines{"rank 1: internal error: std::bad_alloc"});
 }
@@ -92,7 +92,7 @@ TEST(Agreement, ARankWhoseCommandLineFailedJoinsTheOthers) {
   const std::vector<Lines> got = on_ranks(2, [](int rank, dist::Comm& comm) {
     if (rank == 1) throw JobInputError(refuse_train("--config x.toml: missing", comm));
     std::ostringstream out;
-    return train_command(quick(), fixture_loaders(), out, comm);
+    return train_command(quick(), fixture_loaders(), out, out, comm);
   });
   for (const Lines& lines : got) EXPECT_EQ(lines, Lines{"rank 1: --config x.toml: missing"});
 }
@@ -102,7 +102,7 @@ TEST(Agreement, RanksThatDifferAreNamedWithWhatEachHas) {
     TrainOptions o = quick();
     if (rank == 1) o.config.seed = 7;
     std::ostringstream out;
-    return train_command(o, fixture_loaders(), out, comm);
+    return train_command(o, fixture_loaders(), out, out, comm);
   });
   for (const Lines& lines : got)
     EXPECT_EQ(lines, Lines{"ranks differ in the effective config: seed (rank 0: 1; rank 1: 7)"});

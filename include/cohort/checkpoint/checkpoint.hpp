@@ -10,6 +10,8 @@
 #include <array>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,23 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, std
 
 // Reads and validates a whole checkpoint. Throws InputError (the file is never partly applied).
 Checkpoint load_checkpoint(const std::filesystem::path& path);
+
+// `--resume auto`: the newest checkpoint of `--save path` that loads. The candidates are the
+// files save_checkpoint leaves, newest first: the file a write to `path` replaces
+// (output_target: a link's target) and its rotated copies target.1, target.2, ... (every one
+// present, whatever --keep is now). Each candidate that `load` refuses is passed over with a
+// line saying why; so is each temporary file a save left when its process died before the rename
+// (`<file>.tmp.<pid>`: never a candidate, and left in place). `load` is load_checkpoint unless a
+// test or fuzzer injects another; only its InputError passes a file over, anything else it throws
+// is rethrown. No candidate at all, or none that loads, is `checkpoint` empty: a fresh start.
+struct Newest {
+  std::optional<Checkpoint> checkpoint;
+  std::filesystem::path file;        // the file `checkpoint` came from
+  std::vector<std::string> skipped;  // "<file>: <why>", newest first
+};
+Newest newest_checkpoint(
+    const std::filesystem::path& path,
+    const std::function<Checkpoint(const std::filesystem::path&)>& load = load_checkpoint);
 
 // The encoding alone (for tests and fuzzing): bytes <-> checkpoint, same validation.
 std::vector<std::uint8_t> encode_checkpoint(const Checkpoint& c);

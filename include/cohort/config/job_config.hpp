@@ -30,7 +30,9 @@ struct Key {
   std::string toml;  // "run.batch"
   Type type = Type::kString;
   Range range{};                          // kInteger, kFloat
-  std::vector<std::string> choices = {};  // kChoice: the accepted names
+  // kChoice: the accepted names. kFileIn: words that stand for themselves, not for a file
+  // (--resume auto); a file of that name is written with a folder, ./auto.
+  std::vector<std::string> choices = {};
 };
 using Schema = std::vector<Key>;
 
@@ -52,6 +54,8 @@ std::vector<std::string> job_config_flags_from_text(std::string_view text,
 // or the file position). `text` is the value as the user wrote it, for the message.
 std::string number_problem(const Key& key, double value, const std::string& text);
 std::string path_problem(Type type, const std::string& text);
+// path_problem, but a kFileIn key's words (Key::choices) pass as they are.
+std::string path_problem(const Key& key, const std::string& text);
 
 // "a, b or c".
 std::string choices_text(const std::vector<std::string>& choices);
