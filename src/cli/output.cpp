@@ -154,7 +154,7 @@ std::string recorded_augment(const checkpoint::Checkpoint& ck, const std::string
   }
 }
 
-json summary_json(const train::Summary& s, const json& config) {
+json summary_json(const train::Summary& s, const json& config, const SaveAccount& saves) {
   return {{"steps", s.steps},
           {"updates", s.updates},
           {"skipped_steps", s.skipped},
@@ -182,6 +182,7 @@ json summary_json(const train::Summary& s, const json& config) {
             {"first_step_seconds", s.roofline.first_step_seconds},
             {"fraction", s.roofline.fraction}}},
           {"time", to_json(s.time)},
+          {"checkpoints", {{"saves", saves.count}, {"seconds", saves.seconds}}},
           {"config", config}};
 }
 

@@ -35,8 +35,15 @@ std::string recorded_augment(const checkpoint::Checkpoint& ck, const std::string
 // stays in the summary file, the trace and the checkpoint.
 std::string config_text(const json& config);
 
-// --summary's object: the run's figures and `config`.
-json summary_json(const train::Summary& s, const json& config);
+// The checkpoints a run wrote, and the seconds it spent on them (copying the state out, every
+// rank; encoding, writing, fsync and rename, rank 0).
+struct SaveAccount {
+  std::uint64_t count = 0;
+  double seconds = 0;
+};
+
+// --summary's object: the run's figures, its checkpoints and `config`.
+json summary_json(const train::Summary& s, const json& config, const SaveAccount& saves = {});
 
 // A resumed run's --metrics file, made ready to append to: of the lines a run wrote there, those
 // of steps up to `step` (the checkpoint's) are kept and the later ones (written after that

@@ -250,11 +250,16 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
   // At most one save per step: a second would rotate a copy of the first in and push a distinct
   // checkpoint out of --keep's files.
   std::optional<std::uint64_t> saved_step;
+  SaveAccount saves;  // what the saves cost the run, which waits for each
   auto save = [&] {
     if (saved_step == trainer.steps_done()) return;
+    const auto t0 = std::chrono::steady_clock::now();
     checkpoint::Checkpoint snapshot = trainer.checkpoint(effective);  // every rank: a collective
     rank0_writes([&] { checkpoint::save_checkpoint(ck.save, snapshot, ck.keep); });
     saved_step = trainer.steps_done();
+    ++saves.count;
+    saves.seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   if (!o.quiet)
     out << "cohort train: " << c.model << " on " << o.data_dir << " (" << in.data->train.count
@@ -317,10 +322,16 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
         << (ck.save.empty() ? "" : "; checkpoint " + ck.save) << "\n";
     return term ? kExitTerminated : kExitInterrupted;
   }
-  if (!o.quiet) print_summary(out, s);
+  if (!o.quiet) {
+    print_summary(out, s);
+    if (saves.count > 0)
+      out << "  checkpoints: " << saves.count << " saved, " << std::fixed << std::setprecision(1)
+          << 1e3 * saves.seconds / double(saves.count) << " ms each (the run waits for them)\n";
+  }
   rank0_writes([&] {
     if (!o.summary_path.empty())
-      write_file_atomically(o.summary_path, summary_json(s, effective_json).dump(2) + "\n");
+      write_file_atomically(o.summary_path,
+                            summary_json(s, effective_json, saves).dump(2) + "\n");
   });
   return kExitOk;
 }
