@@ -360,8 +360,9 @@ Newest newest_checkpoint(const std::filesystem::path& path,
   }
   std::sort(unfinished.begin(), unfinished.end());
   for (const std::string& f : unfinished)
-    found.skipped.push_back(f + ": a save that did not finish (its process ended before the "
-                                "rename; left in place)");
+    found.skipped.push_back(f +
+                            ": a save that did not finish (its process ended before the "
+                            "rename; left in place)");
   for (const fs::path& file : candidates) {
     try {
       found.checkpoint = load(file);

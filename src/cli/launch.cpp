@@ -79,6 +79,7 @@ struct JobEnd {
   int status = 0;
   std::string stderr_tail;
   bool signalled = false;  // the supervisor passed a signal on: the job was asked to stop
+  int signal = 0;          // which
 };
 
 JobEnd run_job(const std::vector<std::string>& argv, std::ostream& err) {
@@ -100,8 +101,8 @@ JobEnd run_job(const std::vector<std::string>& argv, std::ostream& err) {
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &defaults);
   posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
-                                      POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -124,7 +125,8 @@ JobEnd run_job(const std::vector<std::string>& argv, std::ostream& err) {
   int quiet_polls = 0;
   while (open && !(exited && quiet_polls >= 10)) {
     if (!end.signalled && StopSignals::requested()) {
-      ::kill(pid, StopSignals::received());
+      end.signal = StopSignals::received();
+      ::kill(pid, end.signal);
       end.signalled = true;
     }
     pollfd p{pipe_fds[0], POLLIN, 0};
@@ -226,7 +228,8 @@ JobCommand parse_job_command(std::vector<std::string> argv) {
           std::string s;
           for (const std::string& w : a) s += (s.empty() ? "" : " ") + w;
           return s;
-        }() + "'");
+        }() +
+        "'");
   job.program = program;
   job.mpirun = program > 0;
   for (std::size_t i = 1; i < program; ++i) {
@@ -351,11 +354,13 @@ int launch_command(const LaunchOptions& o, const Loaders& loaders, std::ostream&
   const TrainOptions train = train_options(job, loaders);
   const CheckpointOptions& ck = train.checkpoint;
   if (ck.save.empty())
-    throw InputError("cohort launch: the command's cohort train: expected --save FILE (the "
-                     "checkpoints a restart resumes from), found none");
+    throw InputError(
+        "cohort launch: the command's cohort train: expected --save FILE (the "
+        "checkpoints a restart resumes from), found none");
   if (ck.save_every == 0)
-    throw InputError("cohort launch: the command's cohort train: expected --save-every N (a "
-                     "failure loses at most N steps), found none: a restart would start over");
+    throw InputError(
+        "cohort launch: the command's cohort train: expected --save-every N (a "
+        "failure loses at most N steps), found none: a restart would start over");
   if (o.shrink && job.mpirun && !job.np_at)
     throw InputError("cohort launch: --shrink: expected the command's mpirun to give -np N " +
                      std::string(job.mpmd ? "in one app context" : "") + ", found none");
@@ -374,11 +379,15 @@ int launch_command(const LaunchOptions& o, const Loaders& loaders, std::ostream&
   const StopSignals signals;  // the first SIGINT or SIGTERM goes to the job, and ends the launch
   for (std::size_t restarts = 0;; ++restarts) {
     const JobEnd end = run_job(job.argv, err);
-    if (end.status == kExitOk || end.signalled) return end.status;
+    if (end.status == kExitOk) return kExitOk;
+    // Asked to stop: the job stopped after its step and saved, and the launch ends as `cohort
+    // train` does (130 / 143), whatever mpirun made of it (Open MPI 4 exits 1 after passing a
+    // signal on).
+    if (end.signalled) return 128 + end.signal;
     const Failure failure = describe_failure(end.status, end.stderr_tail);
     if (!worth_restarting(end.status)) {
       err << "cohort launch: " << failure.cause << "; not restarted ("
-          << (end.status == kExitBadInput       ? "bad input fails again alike"
+          << (end.status == kExitBadInput      ? "bad input fails again alike"
               : end.status == kExitWriteFailed ? "a write failed: free or fix the disk first"
                                                : "a stop that was asked for")
           << ")\n";

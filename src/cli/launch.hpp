@@ -29,8 +29,10 @@ struct LaunchOptions {
 CLI::App* add_launch_command(CLI::App& app, LaunchOptions& o);
 
 // Checks the command (InputError, exit 2, before anything runs), then runs it and restarts it as
-// the header says; one line on `err` per restart. Returns 0 when the job finishes, else the exit
-// status of the failure that ended it (128 + N for a signal N), as the job alone would have.
+// the header says; one line on `err` per restart. Returns 0 when the job finishes, the exit
+// status of the failure that ended it (128 + N for a signal N), or 130 / 143 when a SIGINT /
+// SIGTERM to the supervisor stopped it (passed on to the job once: it stops after its step and
+// saves).
 int launch_command(const LaunchOptions& o, const Loaders& loaders, std::ostream& err);
 
 // The command a launch runs, as parsed. The cohort executable is the argument before the first
@@ -58,8 +60,9 @@ std::vector<std::string> with_resume_auto(std::vector<std::string> argv);
 // on node n3"); other failures are told by their status alone.
 struct Failure {
   int status = 0;
-  std::string cause;  // one clause: "rank 1 on node n3 ended by signal 9 (Killed) (exit status 137)"
-  std::string node;   // the node that failed, when mpirun named one
+  std::string
+      cause;         // one clause: "rank 1 on node n3 ended by signal 9 (Killed) (exit status 137)"
+  std::string node;  // the node that failed, when mpirun named one
 };
 Failure describe_failure(int status, std::string_view job_stderr);
 

@@ -51,8 +51,9 @@ Checked check_own(const TrainOptions& o, const Loaders& loaders) {
     throw InputError("--save-every: expected --save FILE as well, found none");
   if (ck.resume == kResumeAuto) {
     if (ck.save.empty())
-      throw InputError("--resume auto: expected --save FILE as well (the checkpoints it resumes "
-                       "from), found none");
+      throw InputError(
+          "--resume auto: expected --save FILE as well (the checkpoints it resumes "
+          "from), found none");
     checkpoint::Newest newest = checkpoint::newest_checkpoint(
         ck.save, [&loaders](const std::filesystem::path& p) { return loaders.checkpoint(p); });
     in.resume = std::move(newest.checkpoint);
@@ -258,8 +259,7 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
     rank0_writes([&] { checkpoint::save_checkpoint(ck.save, snapshot, ck.keep); });
     saved_step = trainer.steps_done();
     ++saves.count;
-    saves.seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    saves.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   if (!o.quiet)
     out << "cohort train: " << c.model << " on " << o.data_dir << " (" << in.data->train.count
@@ -330,8 +330,7 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
   }
   rank0_writes([&] {
     if (!o.summary_path.empty())
-      write_file_atomically(o.summary_path,
-                            summary_json(s, effective_json, saves).dump(2) + "\n");
+      write_file_atomically(o.summary_path, summary_json(s, effective_json, saves).dump(2) + "\n");
   });
   return kExitOk;
 }

@@ -212,8 +212,9 @@ std::string path_problem(const Key& key, const std::string& text) {
   if (key.type != Type::kFileIn || key.choices.empty()) return path_problem(key.type, text);
   if (std::find(key.choices.begin(), key.choices.end(), text) != key.choices.end()) return "";
   const std::string problem = path_problem(key.type, text);
-  return problem.empty() ? "" : "expected an existing file or " + choices_text(key.choices) +
-                                    ", found '" + text + "', which is not a file";
+  return problem.empty() ? ""
+                         : "expected an existing file or " + choices_text(key.choices) +
+                               ", found '" + text + "', which is not a file";
 }
 
 std::vector<std::string> job_config_flags(const fs::path& path, const Schema& schema) {

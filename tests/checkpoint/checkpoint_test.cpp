@@ -318,7 +318,7 @@ TEST_F(Checkpoints, NewestCheckpointFollowsTheRotationPastDamageAndGaps) {
   EXPECT_EQ(n.file, scratch / "run.ckpt.2");
   ASSERT_EQ(n.skipped.size(), 2u);
   EXPECT_EQ(n.skipped[0].rfind((scratch / "run.ckpt.2.tmp.77").string() + ": a save that did not "
-                                                                           "finish",
+                                                                          "finish",
                                0),
             0u)
       << n.skipped[0];

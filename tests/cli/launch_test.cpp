@@ -42,9 +42,8 @@ TEST(LaunchCommand, FindsMpirunsRanksHostsAndTheTrainArguments) {
 
   for (const char* np : {"-n", "--np", "-c"})
     EXPECT_EQ(parse_job_command({"mpirun", np, "5", "cohort", "train"}).ranks, 5u) << np;
-  const JobCommand mpmd =
-      parse_job_command({"mpirun", "-np", "1", "cohort", "train", "--lr", "1", ":", "-np", "1",
-                         "cohort", "train", "--lr", "2"});
+  const JobCommand mpmd = parse_job_command({"mpirun", "-np", "1", "cohort", "train", "--lr", "1",
+                                             ":", "-np", "1", "cohort", "train", "--lr", "2"});
   EXPECT_TRUE(mpmd.mpmd);
   EXPECT_FALSE(mpmd.np_at);  // ranks of several app contexts are left as they are
   EXPECT_EQ(mpmd.train_args(), (Args{"--lr", "1"}));
@@ -59,11 +58,11 @@ TEST(LaunchCommand, RefusesACommandWithoutCohortTrainOrWithBadRanks) {
 }
 
 TEST(LaunchCommand, ResumeAutoGoesLastInEveryAppContext) {
-  EXPECT_EQ(with_resume_auto({"mpirun", "-np", "2", "cohort", "train", "--resume", "old.ckpt"}),
-            (Args{"mpirun", "-np", "2", "cohort", "train", "--resume", "old.ckpt", "--resume",
-                  "auto"}));
-  EXPECT_EQ(with_resume_auto({"mpirun", "-np", "1", "cohort", "train", "--lr", "1", ":", "-np",
-                              "1", "cohort", "train"}),
+  EXPECT_EQ(
+      with_resume_auto({"mpirun", "-np", "2", "cohort", "train", "--resume", "old.ckpt"}),
+      (Args{"mpirun", "-np", "2", "cohort", "train", "--resume", "old.ckpt", "--resume", "auto"}));
+  EXPECT_EQ(with_resume_auto({"mpirun", "-np", "1", "cohort", "train", "--lr", "1", ":", "-np", "1",
+                              "cohort", "train"}),
             (Args{"mpirun", "-np", "1", "cohort", "train", "--lr", "1", "--resume", "auto", ":",
                   "-np", "1", "cohort", "train", "--resume", "auto"}));
 }
@@ -78,8 +77,9 @@ TEST(LaunchFailure, ToldFromMpirunsMessagesOrTheStatus) {
   EXPECT_EQ(killed.cause, "rank 2 on node n3 ended by signal 9 (Killed) (exit status 137)");
 
   const Failure lost = describe_failure(
-      1, "ORTE has lost communication with a remote daemon.\n\n  HNP daemon   : [[9,0],0] on "
-         "node n1\n  Remote daemon: [[9,0],2] on node n4\n");
+      1,
+      "ORTE has lost communication with a remote daemon.\n\n  HNP daemon   : [[9,0],0] on "
+      "node n1\n  Remote daemon: [[9,0],2] on node n4\n");
   EXPECT_EQ(lost.node, "n4");
   EXPECT_EQ(lost.cause, "mpirun lost node n4 (exit status 1)");
 
@@ -89,8 +89,7 @@ TEST(LaunchFailure, ToldFromMpirunsMessagesOrTheStatus) {
   EXPECT_EQ(aborted.cause, "rank 1 called MPI_Abort (exit status 1)");
 
   EXPECT_EQ(describe_failure(134, "").cause.rfind("the job ended by signal 6 (", 0), 0u);
-  EXPECT_EQ(describe_failure(1, "cohort: internal error\n").cause,
-            "the job exited with status 1");
+  EXPECT_EQ(describe_failure(1, "cohort: internal error\n").cause, "the job exited with status 1");
 }
 
 TEST(LaunchFailure, RetriesFailuresNotBadInputWriteErrorsOrStops) {
@@ -102,8 +101,8 @@ TEST(LaunchFailure, RetriesFailuresNotBadInputWriteErrorsOrStops) {
 class LaunchHosts : public testing::TempDirTest {};
 
 TEST_F(LaunchHosts, AFailedHostLeavesTheHostListAndTheHostfile) {
-  JobCommand listed = parse_job_command({"mpirun", "-np", "6", "-H", "a:2,b:2,c:2", "cohort",
-                                         "train"});
+  JobCommand listed =
+      parse_job_command({"mpirun", "-np", "6", "-H", "a:2,b:2,c:2", "cohort", "train"});
   EXPECT_EQ(drop_host(listed, "b", dir_ / "unused"), 4u);
   EXPECT_EQ(listed.argv[4], "a:2,c:2");
   EXPECT_FALSE(drop_host(listed, "zz", dir_ / "unused"));  // not one of them: nothing changes
@@ -117,8 +116,8 @@ TEST_F(LaunchHosts, AFailedHostLeavesTheHostListAndTheHostfile) {
 
   const fs::path hostfile = dir_ / "hosts", scratch = dir_ / "hosts.left";
   std::ofstream(hostfile) << "# the cluster\nn1 slots=4\nn2 slots=4 max_slots=8\n\nn3 slots=2\n";
-  JobCommand job = parse_job_command({"mpirun", "--hostfile", hostfile.string(), "-np", "10",
-                                      "cohort", "train"});
+  JobCommand job = parse_job_command(
+      {"mpirun", "--hostfile", hostfile.string(), "-np", "10", "cohort", "train"});
   EXPECT_EQ(drop_host(job, "n2", scratch), 6u);
   EXPECT_EQ(job.argv[2], scratch.string());
   std::ifstream left(scratch);
@@ -159,8 +158,8 @@ TEST_F(Launch, AJobThatFinishesRunsOnce) {
 TEST_F(Launch, AJobThatKeepsFailingEndsWithItsStatusWhenTheRestartsRunOut) {
   // A learning rate that overflows: every attempt stops at the same step (--max-skips 1),
   // a failure the supervisor cannot tell from a crash, so it retries until it may not.
-  Result r = cohort(supervised({"--max-restarts", "2"}, {"--lr", "1e15", "--max-skips", "1",
-                                                          "--warmup-steps", "0"}));
+  Result r = cohort(supervised({"--max-restarts", "2"},
+                               {"--lr", "1e15", "--max-skips", "1", "--warmup-steps", "0"}));
   const std::vector<std::string> lines = launch_lines(r.err);
   ASSERT_EQ(lines.size(), 3u) << r.err;
   EXPECT_EQ(lines[0].rfind("cohort launch: restart 1 of 2 after the job exited with status " +
@@ -196,8 +195,8 @@ TEST_F(Launch, RefusesBeforeRunningAnything) {
         "--save-every", "2"},
        "-np N"},
       {"--min-ranks past -np",
-       {"launch", "--min-ranks", "3", "--", "mpirun", "-np", "2", COHORT_BINARY, "train",
-        "--save", ckpt, "--save-every", "2"},
+       {"launch", "--min-ranks", "3", "--", "mpirun", "-np", "2", COHORT_BINARY, "train", "--save",
+        ckpt, "--save-every", "2"},
        "--min-ranks"},
   };
   for (const auto& c : cases) {

@@ -24,8 +24,8 @@ class ResumeAuto : public testing::Cli {
  protected:
   // quick() for `steps` steps with checkpoints every 4 (three kept) and --resume auto.
   std::vector<std::string> run_to(int steps, std::vector<std::string> extra = {}) {
-    std::vector<std::string> a = quick({"--quiet", "--save", ckpt(), "--save-every", "4",
-                                        "--keep", "3", "--resume", "auto"});
+    std::vector<std::string> a = quick(
+        {"--quiet", "--save", ckpt(), "--save-every", "4", "--keep", "3", "--resume", "auto"});
     a[8] = std::to_string(steps);  // --steps
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
@@ -47,7 +47,8 @@ class ResumeAuto : public testing::Cli {
 };
 
 TEST_F(ResumeAuto, StartsFreshThenResumesTheNewestCheckpointThatLoads) {
-  const std::string full = (dir_ / "full.json").string(), resumed = (dir_ / "resumed.json").string();
+  const std::string full = (dir_ / "full.json").string(),
+                    resumed = (dir_ / "resumed.json").string();
   ASSERT_EQ(cohort(quick({"--quiet", "--summary", full})).code, 0);
 
   Result first = cohort(run_to(8));  // saves at steps 4 and 8: run.ckpt (8), run.ckpt.1 (4)
@@ -80,7 +81,8 @@ TEST_F(ResumeAuto, NoCheckpointIsAFreshStartSaidOnce) {
   args.erase(std::find(args.begin(), args.end(), "--quiet"));
   Result r = cohort(args);
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("--resume auto: no checkpoint of " + ckpt() + " to resume; starting at "
+  EXPECT_NE(r.out.find("--resume auto: no checkpoint of " + ckpt() +
+                       " to resume; starting at "
                        "step 0"),
             std::string::npos)
       << r.out;

@@ -3,7 +3,8 @@ r"""`cohort launch` restarting a real mpirun job of the real `cohort` binary (te
 CMakeLists.txt: dist_launch, label mpi): a rank SIGKILLed at a random step after the first
 checkpoint, the job restarted on one rank fewer, and the final weights those of the uninterrupted
 3-rank run and of the single process; the same with two kills; --max-restarts 0 ending with the
-failure's status; a bad flag, bad input and a missing --save not retried. The helpers are in
+failure's status; a bad flag, bad input and a missing --save not retried; SIGTERM to the
+supervisor stopping the job once, saved, without a restart. The helpers are in
 mpi_testing.py.
 
   tests/dist/launch_test.py --cohort build/release/cohort --data datasets/fixture [unittest args]
@@ -175,6 +176,36 @@ class LaunchTest(MpiCase):
         self.assertEqual(len(last), 1, err)
         self.assertIn("no restarts left", last[0])
         self.assertIn(f"exit status {rc})", last[0])
+
+    def test_sigterm_stops_the_job_once(self):
+        """SIGTERM to the supervisor reaches the job once: every rank stops after its step and
+        saves, and the launch exits 143 without a restart."""
+        files, args = self.train_args("sigterm")
+        args[args.index("--steps") + 1] = "100000"
+        cmd = ([mpi_testing.COHORT, "launch", "--"] + MPIRUN + ["-np", "2"] +
+               [mpi_testing.COHORT, "train"] + args)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=ENV, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while last_step(files["jsonl"]) < SAVE_EVERY + 1:
+                self.assertLess(time.monotonic(), deadline, "no step past the first save")
+                self.assertIsNone(proc.poll(), "the launch ended early")
+                time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            kill_group(proc)
+        self.assertEqual(proc.returncode, 143, err)
+        self.assertEqual(self.restart_lines(err), [], err)
+        with open(files["jsonl"]) as f:
+            steps = [json.loads(l)["step"] for l in f if '"kind":"step"' in l]
+        rc, out, err, _ = run([mpi_testing.COHORT, "eval", "--checkpoint", files["ckpt"],
+                               "--data", mpi_testing.DATA, "--quiet", "--summary",
+                               files["json"]])
+        self.assertEqual(rc, 0, err)
+        with open(files["json"]) as f:
+            self.assertEqual(json.load(f)["step"], steps[-1])  # saved where it stopped
 
     def test_not_retried(self):
         """Bad input (exit 2 before the first step) is not retried; a flag cohort train does not

@@ -29,7 +29,7 @@ struct Key {
   std::string flag;  // "--batch"
   std::string toml;  // "run.batch"
   Type type = Type::kString;
-  Range range{};                          // kInteger, kFloat
+  Range range{};  // kInteger, kFloat
   // kChoice: the accepted names. kFileIn: words that stand for themselves, not for a file
   // (--resume auto); a file of that name is written with a folder, ./auto.
   std::vector<std::string> choices = {};
