@@ -1,0 +1,109 @@
+// A decoder-only transformer for character-level language models: nanoGPT's GPT with
+// bias=False (token and learned position embeddings, pre-LayerNorm blocks of causal multi-head
+// self-attention and a GELU MLP, a final LayerNorm, an output head tied to the token embedding).
+// GptModel is its description — spec, parameter layout under nanoGPT's state_dict names, GPT-2's
+// initialisation; GptNet its executor on oneDNN, one per replica, as nn::Net is for the layer
+// lists of model.hpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cohort/nn/dropout.hpp"
+#include "cohort/nn/net.hpp"
+#include "cohort/tensor/bf16.hpp"
+#include "cohort/tensor/param_layout.hpp"
+
+namespace cohort::nn {
+
+struct GptShape {
+  std::int64_t layers = 4, heads = 4, embd = 128, block = 64;
+  std::int64_t vocab = 65;
+  float dropout = 0;  // on the embeddings, the attention weights and each block's two branches
+  std::int64_t head_size() const { return embd / heads; }
+  bool operator==(const GptShape&) const = default;
+};
+
+class GptModel {
+ public:
+  // LayerNorm's epsilon (PyTorch's default, as nanoGPT).
+  static constexpr float kLayerNormEpsilon = 1e-5f;
+
+  // "gpt:LAYERS-HEADS-EMBD-BLOCK[-DROPOUT]" (nanoGPT's CPU recipe: gpt:4-4-128-64; its full
+  // one gpt:6-6-384-256-0.2) for a vocabulary of `vocab` tokens. Throws InputError naming
+  // --model, what was expected and what was found: HEADS must divide EMBD, every size positive,
+  // DROPOUT in [0, 1), parameters at most Model::kMaxParameters.
+  static GptModel parse(const std::string& spec, std::int64_t vocab);
+  static bool is_gpt(const std::string& spec);  // starts with "gpt:"
+
+  const std::string& spec() const { return spec_; }
+  const GptShape& shape() const { return shape_; }
+  // nanoGPT's parameters in its order, under its names (transformer.wte.weight,
+  // transformer.wpe.weight, transformer.h.I.ln_1.weight, .attn.c_attn.weight,
+  // .attn.c_proj.weight, .ln_2.weight, .mlp.c_fc.weight, .mlp.c_proj.weight,
+  // transformer.ln_f.weight), in PyTorch's layout ((out, in) for a linear weight). The head's
+  // weight is the token embedding's (lm_head.weight is tied: not stored twice).
+  const ParamLayout& layout() const { return layout_; }
+  // Offsets of one block's tensors in the flat array.
+  struct BlockOffsets {
+    std::size_t ln_1, c_attn, attn_proj, ln_2, c_fc, mlp_proj;
+  };
+  const BlockOffsets& block(std::int64_t i) const { return blocks_[static_cast<std::size_t>(i)]; }
+  std::size_t wte() const { return wte_; }
+  std::size_t wpe() const { return wpe_; }
+  std::size_t ln_f() const { return ln_f_; }
+
+  // GPT-2's initialisation, as nanoGPT: every matrix and embedding N(0, 0.02), the residual
+  // projections (c_proj) N(0, 0.02 / sqrt(2 * layers)), LayerNorm weights 1; each tensor from a
+  // stream keyed by (seed, its index in layout()). Padding is zeroed.
+  void init(float* params, std::uint64_t seed) const;
+  // [begin, end) of the LayerNorm weights, one per tensor, sorted: what --no-decay-norm-bias
+  // exempts from weight decay (nanoGPT decays the 2-D tensors only).
+  std::vector<std::pair<std::size_t, std::size_t>> norm_ranges() const;
+  // Floating-point operations of one training token's forward pass (2 per multiply-add: the
+  // matmuls, attention over a full window counted at its causal half, and the head).
+  double forward_flops_per_token() const;
+
+ private:
+  std::string spec_;
+  GptShape shape_;
+  ParamLayout layout_;
+  std::vector<BlockOffsets> blocks_;
+  std::size_t wte_ = 0, wpe_ = 0, ln_f_ = 0;
+};
+
+// The executor of one GptModel on one thread at a time (the contract of nn::Net: not
+// thread-safe, may move between threads, OpenMP at one thread in the caller).
+class GptNet {
+ public:
+  explicit GptNet(const GptModel& model, Precision precision = Precision::kF32);
+  ~GptNet();
+  GptNet(GptNet&&) noexcept;
+  GptNet& operator=(GptNet&&) noexcept;
+  Precision precision() const;
+
+  // Forward and backward on N windows of block + 1 tokens each (windows: N x (block + 1) token
+  // ids in [0, vocab), row-major): the inputs are a window's first block tokens, the targets its
+  // last block. Overwrites grad (layout().total() floats; padding untouched) with the gradient
+  // of the cross-entropy *summed* over the N x block positions, and returns that sum. `key`
+  // names dropout's streams. A bf16 net takes the bf16 copy of the parameters (same offsets).
+  double forward_backward(const float* params, const std::int32_t* windows, std::int64_t N,
+                          float* grad, const StreamKey& key = {});
+  double forward_backward(const bf16* params, const std::int32_t* windows, std::int64_t N,
+                          float* grad, const StreamKey& key = {});
+  // The summed cross-entropy of N windows in inference mode (no dropout).
+  double loss(const float* params, const std::int32_t* windows, std::int64_t N);
+  double loss(const bf16* params, const std::int32_t* windows, std::int64_t N);
+
+  const PhaseTimes& times() const;
+  void reset_times();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cohort::nn

@@ -1,0 +1,147 @@
+// GptNet: plans per window count (plan_gpt.cpp), bound to the caller's arrays and run; the loss
+// over every position between forward and backward.
+#include <chrono>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "cohort/core/error.hpp"
+#include "cohort/nn/gpt.hpp"
+#include "cohort/nn/loss.hpp"
+#include "gpt_plan.hpp"
+
+namespace cohort::nn {
+
+using detail::Exec;
+using detail::Phase;
+using detail::Plan;
+using Clock = std::chrono::steady_clock;
+
+struct GptNet::Impl {
+  const GptModel* model;
+  Precision precision;
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::map<std::pair<std::int64_t, bool>, std::unique_ptr<Plan>> plans;  // (N, training)
+  PhaseTimes times;
+  StreamKey key;                          // the current call's
+  const std::int32_t* windows = nullptr;  // the current call's
+  std::vector<std::int32_t> targets;      // the current call's, (N x block)
+
+  Impl(const GptModel& m, Precision p) : model(&m), precision(p) {}
+
+  Plan& plan(std::int64_t N, bool training) {
+    auto& slot = plans[{N, training}];
+    if (!slot)
+      slot = detail::build_gpt_plan({model, &engine, &key, &windows, N, training, precision});
+    return *slot;
+  }
+
+  void require(Precision p, const char* what) const {
+    if (precision != p)
+      throw InternalError(std::string("nn::GptNet: ") + what + " called on a " +
+                          (precision == Precision::kBf16 ? "bf16" : "f32") + " net of " +
+                          model->spec());
+  }
+
+  void bind(Plan& p, const void* params, float* grad) {
+    const std::size_t elem = precision == Precision::kBf16 ? sizeof(bf16) : sizeof(float);
+    if (p.bound_params != params) {
+      auto* base = static_cast<char*>(const_cast<void*>(params));
+      for (auto& e : p.params) e.mem.set_data_handle(base + e.offset * elem);
+      p.bound_params = params;
+    }
+    if (grad && p.bound_grad != grad) {
+      for (auto& e : p.grads) e.mem.set_data_handle(grad + e.offset);
+      p.bound_grad = grad;
+    }
+  }
+
+  void run(std::vector<Exec>& execs) {
+    for (Exec& e : execs) {
+      const auto t0 = Clock::now();
+      if (e.custom) {
+        e.custom();
+      } else {
+        try {
+          e.prim.execute(stream, e.args);
+        } catch (const dnnl::error& err) {
+          throw InternalError("oneDNN: running " + model->spec() + ", " + e.where + ": " +
+                              err.what());
+        }
+      }
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      (e.phase == Phase::kMatmul    ? times.matmul
+       : e.phase == Phase::kEltwise ? times.eltwise
+                                    : times.other) += dt;
+    }
+    stream.wait();
+  }
+
+  // The targets of N windows, and the summed cross-entropy of the plan's logits against them
+  // (with its gradient into diff_logits when training).
+  double cross_entropy(const Plan& p, std::int64_t N, bool training) {
+    const GptShape& s = model->shape();
+    const std::int64_t T = s.block;
+    targets.resize(static_cast<std::size_t>(N * T));
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t t = 0; t < T; ++t)
+        targets[static_cast<std::size_t>(n * T + t)] = windows[n * (T + 1) + t + 1];
+    const auto t0 = Clock::now();
+    const double loss = softmax_cross_entropy(p.logits, targets.data(), N * T, s.vocab,
+                                              training ? p.diff_logits : nullptr);
+    times.loss += std::chrono::duration<double>(Clock::now() - t0).count();
+    return loss;
+  }
+
+  double forward_backward(const void* params, const std::int32_t* w, std::int64_t N, float* grad,
+                          const StreamKey& k) {
+    Plan& p = plan(N, /*training=*/true);
+    key = k;
+    windows = w;
+    bind(p, params, grad);
+    run(p.forward);
+    const double loss = cross_entropy(p, N, true);
+    run(p.backward);
+    return loss;
+  }
+
+  double loss(const void* params, const std::int32_t* w, std::int64_t N) {
+    Plan& p = plan(N, /*training=*/false);
+    windows = w;
+    bind(p, params, nullptr);
+    run(p.forward);
+    return cross_entropy(p, N, false);
+  }
+};
+
+GptNet::GptNet(const GptModel& model, Precision precision)
+    : impl_(std::make_unique<Impl>(model, precision)) {}
+GptNet::~GptNet() = default;
+GptNet::GptNet(GptNet&&) noexcept = default;
+GptNet& GptNet::operator=(GptNet&&) noexcept = default;
+Precision GptNet::precision() const { return impl_->precision; }
+
+double GptNet::forward_backward(const float* params, const std::int32_t* windows, std::int64_t N,
+                                float* grad, const StreamKey& key) {
+  impl_->require(Precision::kF32, "forward_backward(const float* ...)");
+  return impl_->forward_backward(params, windows, N, grad, key);
+}
+double GptNet::forward_backward(const bf16* params, const std::int32_t* windows, std::int64_t N,
+                                float* grad, const StreamKey& key) {
+  impl_->require(Precision::kBf16, "forward_backward(const bf16* ...)");
+  return impl_->forward_backward(params, windows, N, grad, key);
+}
+double GptNet::loss(const float* params, const std::int32_t* windows, std::int64_t N) {
+  impl_->require(Precision::kF32, "loss(const float* ...)");
+  return impl_->loss(params, windows, N);
+}
+double GptNet::loss(const bf16* params, const std::int32_t* windows, std::int64_t N) {
+  impl_->require(Precision::kBf16, "loss(const bf16* ...)");
+  return impl_->loss(params, windows, N);
+}
+
+const PhaseTimes& GptNet::times() const { return impl_->times; }
+void GptNet::reset_times() { impl_->times = {}; }
+
+}  // namespace cohort::nn

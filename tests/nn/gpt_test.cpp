@@ -1,0 +1,255 @@
+// The GPT: GptModel's spec, parameter counts and names (nanoGPT's), refusals and initialisation;
+// the float64 reference (tests/reference/gpt_reference.hpp) against finite differences; GptNet
+// against the reference in f32 (loss and every parameter's gradient, with and without dropout,
+// one head or several, a window of one token) and in bf16 (within bf16's rounding), inference
+// against training's loss, and plans reused with other arrays.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <iostream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "cohort/core/error.hpp"
+#include "cohort/core/rng.hpp"
+#include "cohort/nn/gpt.hpp"
+#include "cohort/nn/version.hpp"
+#include "cohort/tensor/bf16.hpp"
+#include "cohort/tensor/buffer.hpp"
+#include "gpt_reference.hpp"
+
+namespace cohort::nn {
+namespace {
+
+constexpr std::uint64_t kSeed = 20261203;
+
+TEST(GptModel, ParameterCountsAreNanoGptsWithThePositionTable) {
+  EXPECT_EQ(GptModel::parse("gpt:4-4-128-64", 65).layout().numel(), 804'096u);
+  EXPECT_EQ(GptModel::parse("gpt:6-6-384-256-0.2", 65).layout().numel(), 10'745'088u);
+}
+
+TEST(GptModel, NamesAndShapesAreNanoGpts) {
+  const GptModel m = GptModel::parse("gpt:2-2-8-5", 7);
+  std::vector<std::string> names;
+  for (const auto& e : m.layout().entries()) names.push_back(e.name + " " + e.shape.str());
+  const std::vector<std::string> want = {"transformer.wte.weight (7, 8)",
+                                         "transformer.wpe.weight (5, 8)",
+                                         "transformer.h.0.ln_1.weight (8)",
+                                         "transformer.h.0.attn.c_attn.weight (24, 8)",
+                                         "transformer.h.0.attn.c_proj.weight (8, 8)",
+                                         "transformer.h.0.ln_2.weight (8)",
+                                         "transformer.h.0.mlp.c_fc.weight (32, 8)",
+                                         "transformer.h.0.mlp.c_proj.weight (8, 32)",
+                                         "transformer.h.1.ln_1.weight (8)",
+                                         "transformer.h.1.attn.c_attn.weight (24, 8)",
+                                         "transformer.h.1.attn.c_proj.weight (8, 8)",
+                                         "transformer.h.1.ln_2.weight (8)",
+                                         "transformer.h.1.mlp.c_fc.weight (32, 8)",
+                                         "transformer.h.1.mlp.c_proj.weight (8, 32)",
+                                         "transformer.ln_f.weight (8)"};
+  EXPECT_EQ(names, want);
+  EXPECT_EQ(m.shape().dropout, 0.0f);
+  EXPECT_EQ(GptModel::parse("gpt:2-2-8-5-0.25", 7).shape().dropout, 0.25f);
+  const auto ranges = m.norm_ranges();
+  ASSERT_EQ(ranges.size(), 5u);
+  EXPECT_EQ(ranges.front().first, m.block(0).ln_1);
+  EXPECT_EQ(ranges.back().first, m.ln_f());
+}
+
+struct BadSpec {
+  const char* name;
+  const char* spec;
+  std::int64_t vocab;
+  const char* says;
+};
+
+class GptBadSpec : public ::testing::TestWithParam<BadSpec> {};
+
+TEST_P(GptBadSpec, IsRefusedNamingTheField) {
+  const BadSpec& c = GetParam();
+  try {
+    GptModel::parse(c.spec, c.vocab);
+    FAIL() << c.spec << " was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--model"), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Specs, GptBadSpec,
+    ::testing::Values(BadSpec{"ThreeFields", "gpt:4-4-128", 65, "found 3 fields"},
+                      BadSpec{"ZeroLayers", "gpt:0-4-128-64", 65, "LAYERS"},
+                      BadSpec{"HeadsNotADivisor", "gpt:4-3-128-64", 65, "HEADS"},
+                      BadSpec{"NotANumber", "gpt:4-4-x-64", 65, "EMBD"},
+                      BadSpec{"DropoutOne", "gpt:4-4-128-64-1", 65, "DROPOUT"},
+                      BadSpec{"NoVocabulary", "gpt:4-4-128-64", 0, "vocabulary"},
+                      BadSpec{"TooLarge", "gpt:64-16-16384-1024", 65, "parameters"}),
+    [](const auto& p) { return std::string(p.param.name); });
+
+TEST(GptModel, InitIsGpt2sAndKeyedBySeed) {
+  const GptModel m = GptModel::parse("gpt:4-4-128-64", 65);
+  AlignedBuffer<float> a(m.layout().total()), b(m.layout().total());
+  m.init(a.data(), kSeed);
+  m.init(b.data(), kSeed);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  auto stddev = [&](const std::string& name) {
+    const auto& e = m.layout().at(name);
+    double sum = 0, sq = 0;
+    const std::size_t n = e.shape.numel();
+    for (std::size_t i = 0; i < n; ++i) {
+      sum += a[e.offset + i];
+      sq += double(a[e.offset + i]) * a[e.offset + i];
+    }
+    EXPECT_NEAR(sum / double(n), 0.0, 0.002) << name;
+    return std::sqrt(sq / double(n) - (sum / double(n)) * (sum / double(n)));
+  };
+  EXPECT_NEAR(stddev("transformer.h.0.attn.c_attn.weight"), 0.02, 0.0005);
+  EXPECT_NEAR(stddev("transformer.wte.weight"), 0.02, 0.001);
+  EXPECT_NEAR(stddev("transformer.h.3.mlp.c_proj.weight"), 0.02 / std::sqrt(8.0), 0.0003);
+  EXPECT_NEAR(stddev("transformer.h.1.attn.c_proj.weight"), 0.02 / std::sqrt(8.0), 0.0003);
+  const auto& ln = m.layout().at("transformer.h.2.ln_2.weight");
+  for (std::size_t i = 0; i < 128; ++i) EXPECT_EQ(a[ln.offset + i], 1.0f);
+  m.init(b.data(), kSeed + 1);
+  EXPECT_NE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+// A case of the numeric tests: a spec, its vocabulary and the windows per call.
+struct Case {
+  const char* name;
+  const char* spec;
+  std::int64_t vocab, N;
+};
+
+std::vector<std::int32_t> windows_for(const GptModel& m, std::int64_t N, std::uint64_t seed) {
+  Rng rng({seed, 7});
+  std::vector<std::int32_t> w(static_cast<std::size_t>(N * (m.shape().block + 1)));
+  for (auto& t : w)
+    t = static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(m.shape().vocab)));
+  return w;
+}
+
+// Parameters larger than GPT-2's initial ones (N(0, 0.02) would leave the attention uniform
+// and the gradients tiny): N(0, 0.3)-ish uniforms, LayerNorm weights around 1.
+std::vector<double> params_for(const GptModel& m, std::uint64_t seed) {
+  std::vector<double> p(m.layout().total(), 0.0);
+  Rng rng({seed, 11});
+  for (const auto& e : m.layout().entries())
+    for (std::size_t i = 0; i < e.shape.numel(); ++i)
+      p[e.offset + i] =
+          e.shape.dims.size() == 1 ? rng.uniform(0.5f, 1.5f) : rng.uniform(-0.5f, 0.5f);
+  return p;
+}
+
+class GptNumeric : public ::testing::TestWithParam<Case> {};
+
+const nn::StreamKey kKey{kSeed, 3, 1};
+
+TEST_P(GptNumeric, ReferenceMatchesFiniteDifferences) {
+  const Case& c = GetParam();
+  const GptModel m = GptModel::parse(c.spec, c.vocab);
+  const auto w = windows_for(m, c.N, kSeed);
+  std::vector<double> p = params_for(m, kSeed);
+  const reference::GptResult r = reference::gpt_forward_backward(m, p, w.data(), c.N, kKey);
+  const double h = 1e-6;
+  double worst = 0;
+  for (const auto& e : m.layout().entries())
+    for (std::size_t i = 0; i < e.shape.numel(); ++i) {
+      const std::size_t j = e.offset + i;
+      const double keep = p[j];
+      p[j] = keep + h;
+      const double up = reference::gpt_forward_backward(m, p, w.data(), c.N, kKey, true).loss;
+      p[j] = keep - h;
+      const double down = reference::gpt_forward_backward(m, p, w.data(), c.N, kKey, true).loss;
+      p[j] = keep;
+      const double fd = (up - down) / (2 * h);
+      const double err = std::abs(fd - r.grad[j]) / std::max(1.0, std::abs(fd));
+      worst = std::max(worst, err);
+      ASSERT_LT(err, 1e-6) << e.name << "[" << i << "]: finite difference " << fd << ", reference "
+                           << r.grad[j];
+    }
+  std::cout << "  worst relative error " << worst << "\n";
+}
+
+// Max |a - b| over max |b|, over the parameters' elements.
+double relative_error(const std::vector<double>& want, const float* got, const GptModel& m) {
+  double num = 0, den = 0;
+  for (const auto& e : m.layout().entries())
+    for (std::size_t i = 0; i < e.shape.numel(); ++i) {
+      num = std::max(num, std::abs(double(got[e.offset + i]) - want[e.offset + i]));
+      den = std::max(den, std::abs(want[e.offset + i]));
+    }
+  return num / den;
+}
+
+TEST_P(GptNumeric, F32NetMatchesTheReference) {
+  const Case& c = GetParam();
+  const GptModel m = GptModel::parse(c.spec, c.vocab);
+  const auto w = windows_for(m, c.N, kSeed);
+  const std::vector<double> p = params_for(m, kSeed);
+  AlignedBuffer<float> pf(p.size()), grad(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) pf[i] = static_cast<float>(p[i]);
+  std::vector<double> pr(pf.data(), pf.data() + pf.size());  // the f32 values, exactly
+  const reference::GptResult r = reference::gpt_forward_backward(m, pr, w.data(), c.N, kKey);
+  GptNet net(m);
+  const double loss = net.forward_backward(pf.data(), w.data(), c.N, grad.data(), kKey);
+  EXPECT_NEAR(loss, r.loss, 1e-5 * std::abs(r.loss)) << "seed " << kSeed;
+  EXPECT_LT(relative_error(r.grad, grad.data(), m), 2e-5) << "seed " << kSeed;
+  // Inference: the loss without dropout, as the reference's.
+  const double plain = reference::gpt_forward_backward(m, pr, w.data(), c.N, kKey, false).loss;
+  EXPECT_NEAR(net.loss(pf.data(), w.data(), c.N), plain, 1e-5 * std::abs(plain));
+}
+
+TEST_P(GptNumeric, Bf16NetMatchesTheReferenceWithinBf16) {
+  if (bf16_support() == Bf16Support::kNone)
+    GTEST_SKIP() << "oneDNN has no bf16 kernels here (" << onednn_isa() << ")";
+  const Case& c = GetParam();
+  const GptModel m = GptModel::parse(c.spec, c.vocab);
+  const auto w = windows_for(m, c.N, kSeed);
+  const std::vector<double> p = params_for(m, kSeed);
+  std::vector<bf16> pb(p.size());
+  std::vector<double> pr(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    pb[i] = to_bf16(static_cast<float>(p[i]));
+    pr[i] = to_float(pb[i]);  // the reference gets the bf16 weights: only activations round
+  }
+  AlignedBuffer<float> grad(p.size());
+  const reference::GptResult r = reference::gpt_forward_backward(m, pr, w.data(), c.N, kKey);
+  GptNet net(m, Precision::kBf16);
+  const double loss = net.forward_backward(pb.data(), w.data(), c.N, grad.data(), kKey);
+  // bf16 keeps 8 bits of mantissa: each rounding is within 2^-9 relative; the loss within 1% and
+  // the gradient (through a dozen roundings in sequence) within 3% of its largest element (seen:
+  // at most 0.4% and 1.1%; a wrong scale or mask gives 14% or more).
+  const double err = relative_error(r.grad, grad.data(), m);
+  std::cout << "  loss " << loss << " (reference " << r.loss << "), gradient error " << err << "\n";
+  EXPECT_NEAR(loss, r.loss, 0.01 * std::abs(r.loss)) << "seed " << kSeed;
+  EXPECT_LT(err, 0.03) << "seed " << kSeed;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GptNumeric,
+                         ::testing::Values(Case{"TwoLayersTwoHeads", "gpt:2-2-8-5", 7, 2},
+                                           Case{"OneHead", "gpt:1-1-8-4", 5, 3},
+                                           Case{"FourHeadsOneWindow", "gpt:1-4-8-6", 9, 1},
+                                           Case{"Dropout", "gpt:2-2-8-5-0.3", 7, 2},
+                                           Case{"WindowOfOne", "gpt:1-2-4-1", 3, 4}),
+                         [](const auto& p) { return std::string(p.param.name); });
+
+TEST(GptNet, PlansFollowTheCallersArrays) {
+  const GptModel m = GptModel::parse("gpt:2-2-8-5", 7);
+  const auto w1 = windows_for(m, 2, kSeed), w2 = windows_for(m, 2, kSeed + 1);
+  const std::vector<double> p = params_for(m, kSeed);
+  AlignedBuffer<float> a(p.size()), b(p.size()), g1(p.size()), g2(p.size()), g3(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) a[i] = b[i] = static_cast<float>(p[i]);
+  b[m.wte()] += 0.5f;
+  GptNet net(m), fresh(m);
+  const double l1 = net.forward_backward(a.data(), w1.data(), 2, g1.data());
+  const double l2 = net.forward_backward(b.data(), w2.data(), 2, g2.data());
+  const double l3 = fresh.forward_backward(b.data(), w2.data(), 2, g3.data());
+  EXPECT_NE(l1, l2);
+  EXPECT_EQ(l2, l3);
+  EXPECT_EQ(std::memcmp(g2.data(), g3.data(), g2.size() * sizeof(float)), 0);
+}
+
+}  // namespace
+}  // namespace cohort::nn
