@@ -1,5 +1,8 @@
 // One nn::Net::forward_backward of a 128-row leaf on one thread, f32 against bf16, for the default
-// MLP, the `cnn` preset and resnet20 (blocked layouts, 1x28x28 inputs). oneDNN runs on OpenMP
+// MLP, the `cnn` preset and resnet20 (blocked layouts, 1x28x28 inputs); and one
+// nn::GptNet::forward_backward of a leaf of windows for nanoGPT's CPU recipe (gpt:4-4-128-64, 6
+// windows: half its batch of 12), a medium model (gpt:4-4-256-128, 16 windows) and its full
+// recipe (gpt:6-6-384-256, 4 windows), vocabulary 65, counted in tokens/s. oneDNN runs on OpenMP
 // here, so the process is pinned to one OpenMP thread, as a replica is in training. Counters:
 // rows/s, and the Net's own phase split (Net::times()) in milliseconds per iteration: matmul,
 // eltwise, loss, other. The bf16 cases run only where the CPU has native bf16 dot products
@@ -11,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/nn/gpt.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/nn/version.hpp"
@@ -97,6 +101,59 @@ BENCHMARK_CAPTURE(forward_backward, cnn_bf16, "cnn", Precision::kBf16)
 BENCHMARK_CAPTURE(forward_backward, resnet20_f32, "resnet20", Precision::kF32)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(forward_backward, resnet20_bf16, "resnet20", Precision::kBf16)
+    ->Unit(benchmark::kMillisecond);
+
+void gpt_forward_backward(benchmark::State& state, const char* spec, std::int64_t windows,
+                          Precision precision) {
+  if (precision == Precision::kBf16 &&
+      cohort::nn::bf16_support() != cohort::nn::Bf16Support::kNative) {
+    state.SkipWithError("no native bf16 on this CPU");
+    return;
+  }
+  omp_set_num_threads(1);
+  const auto m = cohort::nn::GptModel::parse(spec, 65);
+  cohort::nn::GptNet net(m, precision);
+  AlignedBuffer<float> params(m.layout().total()), grad(m.layout().total());
+  AlignedBuffer<bf16> params16(params.size());
+  m.init(params.data(), 7);
+  cohort::to_bf16(params.data(), params16.data(), params.size());
+  const std::int64_t T = m.shape().block;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(windows * (T + 1)));
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(i * 37 % 65);
+  auto step = [&] {
+    if (precision == Precision::kBf16)
+      net.forward_backward(params16.data(), tokens.data(), windows, grad.data());
+    else
+      net.forward_backward(params.data(), tokens.data(), windows, grad.data());
+  };
+  step();  // creates the primitives
+  net.reset_times();
+  for (auto _ : state) {
+    step();
+    benchmark::DoNotOptimize(grad.data());
+  }
+  const auto& t = net.times();
+  using benchmark::Counter;
+  state.counters["tokens/s"] =
+      Counter(static_cast<double>(state.iterations() * windows * T), Counter::kIsRate);
+  state.counters["matmul_ms"] = Counter(1e3 * t.matmul, Counter::kAvgIterations);
+  state.counters["eltwise_ms"] = Counter(1e3 * t.eltwise, Counter::kAvgIterations);
+  state.counters["loss_ms"] = Counter(1e3 * t.loss, Counter::kAvgIterations);
+  state.counters["other_ms"] = Counter(1e3 * t.other, Counter::kAvgIterations);
+  state.SetLabel(cohort::nn::onednn_isa());
+}
+
+BENCHMARK_CAPTURE(gpt_forward_backward, cpu_recipe_f32, "gpt:4-4-128-64", 6, Precision::kF32)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gpt_forward_backward, cpu_recipe_bf16, "gpt:4-4-128-64", 6, Precision::kBf16)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gpt_forward_backward, medium_f32, "gpt:4-4-256-128", 16, Precision::kF32)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gpt_forward_backward, medium_bf16, "gpt:4-4-256-128", 16, Precision::kBf16)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gpt_forward_backward, full_recipe_f32, "gpt:6-6-384-256", 4, Precision::kF32)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(gpt_forward_backward, full_recipe_bf16, "gpt:6-6-384-256", 4, Precision::kBf16)
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace
