@@ -134,8 +134,9 @@ Loaders disk_loaders() {
   return {
       .config =
           [](const std::string& path) { return config::job_config_flags(path, train_schema()); },
-      .data = [](const std::string& dir) -> std::shared_ptr<const data::Splits> {
-        return std::make_shared<const data::Splits>(data::load_data_folder(dir));
+      .data = [](const std::string& dir,
+                 std::size_t text_block) -> std::shared_ptr<const data::Splits> {
+        return std::make_shared<const data::Splits>(data::load_data_folder(dir, 10, text_block));
       },
       .checkpoint = [](const std::string& path) { return checkpoint::load_checkpoint(path); },
   };

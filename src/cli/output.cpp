@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <numbers>
 #include <utility>
 #include <vector>
 
@@ -155,35 +156,45 @@ std::string recorded_augment(const checkpoint::Checkpoint& ck, const std::string
 }
 
 json summary_json(const train::Summary& s, const json& config, const SaveAccount& saves) {
-  return {{"steps", s.steps},
-          {"updates", s.updates},
-          {"skipped_steps", s.skipped},
-          {"epochs", s.epochs},
-          {"workers", s.workers},
-          {"ranks", s.ranks},
-          {"precision", std::string(name_of(nn::kPrecisionNames, s.precision))},
-          {"workers_per_rank", s.workers},
-          {"bytes_sent_per_step", s.bytes_sent_per_step},
-          {"rows_staged_ahead", s.rows_staged_ahead},
-          {"batch", s.batch},
-          {"micro_batch", s.micro_batch},
-          {"parameters", s.parameters},
-          {"samples_per_second", s.samples_per_second},
-          {"train_loss", s.train_loss},
-          {"test_loss", s.test_loss},
-          {"test_accuracy", s.test_accuracy},
-          {"weights_digest", s.weights_digest},
-          {"roofline",
-           {{"gemm_seconds", s.roofline.gemm_seconds},
-            {"root_bytes", s.roofline.root_bytes},
-            {"root_seconds", s.roofline.root_seconds},
-            {"floor_seconds", s.roofline.floor_seconds},
-            {"step_seconds", s.roofline.step_seconds},
-            {"first_step_seconds", s.roofline.first_step_seconds},
-            {"fraction", s.roofline.fraction}}},
-          {"time", to_json(s.time)},
-          {"checkpoints", {{"saves", saves.count}, {"seconds", saves.seconds}}},
-          {"config", config}};
+  json j{{"steps", s.steps},
+         {"updates", s.updates},
+         {"skipped_steps", s.skipped},
+         {"epochs", s.epochs},
+         {"workers", s.workers},
+         {"ranks", s.ranks},
+         {"precision", std::string(name_of(nn::kPrecisionNames, s.precision))},
+         {"workers_per_rank", s.workers},
+         {"bytes_sent_per_step", s.bytes_sent_per_step},
+         {"rows_staged_ahead", s.rows_staged_ahead},
+         {"batch", s.batch},
+         {"micro_batch", s.micro_batch},
+         {"parameters", s.parameters},
+         {"samples_per_second", s.samples_per_second},
+         {"train_loss", s.train_loss},
+         {"test_loss", s.test_loss},
+         {"test_accuracy", s.test_accuracy},
+         {"weights_digest", s.weights_digest},
+         {"roofline",
+          {{"gemm_seconds", s.roofline.gemm_seconds},
+           {"root_bytes", s.roofline.root_bytes},
+           {"root_seconds", s.roofline.root_seconds},
+           {"floor_seconds", s.roofline.floor_seconds},
+           {"step_seconds", s.roofline.step_seconds},
+           {"first_step_seconds", s.roofline.first_step_seconds},
+           {"fraction", s.roofline.fraction}}},
+         {"time", to_json(s.time)},
+         {"checkpoints", {{"saves", saves.count}, {"seconds", saves.seconds}}},
+         {"config", config}};
+  if (s.tokens_per_sample != 0)
+    language_model_figures(j, s.samples_per_second, s.test_loss, s.tokens_per_sample);
+  return j;
+}
+
+void language_model_figures(json& j, double samples_per_second, double test_loss,
+                            std::size_t tokens_per_sample) {
+  j["tokens_per_second"] = samples_per_second * static_cast<double>(tokens_per_sample);
+  j["val_loss"] = test_loss;
+  j["val_bpc"] = test_loss / std::numbers::ln2;
 }
 
 // JSON object format: "X" complete events, one thread per track, named by "M" metadata events,

@@ -42,6 +42,12 @@ struct SaveAccount {
   double seconds = 0;
 };
 
+// A language model's figures, added to a summary or an epoch's metrics line: tokens_per_second,
+// val_loss (the validation split's mean cross-entropy per token, nats) and val_bpc (bits per
+// token: per character for character-level text).
+void language_model_figures(json& j, double samples_per_second, double test_loss,
+                            std::size_t tokens_per_sample);
+
 // --summary's object: the run's figures, its checkpoints and `config`.
 json summary_json(const train::Summary& s, const json& config, const SaveAccount& saves = {});
 

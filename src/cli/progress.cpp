@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <iomanip>
 #include <mutex>
+#include <numbers>
 #include <ostream>
 #include <sstream>
 #include <thread>
@@ -25,6 +26,13 @@ namespace cohort::cli {
 namespace {
 
 constexpr const char* kClearToEnd = "\x1b[K";  // erase the rest of a rewritten line
+
+// Nats as bits, "1.234".
+std::string bits(double nats) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(3) << nats / std::numbers::ln2;
+  return s.str();
+}
 
 std::string rate(double samples_per_second) {
   std::ostringstream s;
@@ -151,8 +159,9 @@ void Progress::report_step(const train::StepEvent& e) {
   if (tty_) line << bar(double(e.step) / double(e.total_steps)) << " ";
   line << "epoch " << e.epoch + 1 << "/" << epochs_planned_ << "  step " << e.step_in_epoch << "/"
        << e.steps_per_epoch << "  loss " << std::fixed << std::setprecision(4)
-       << print_window_.take() << "  " << rate(rate_now) << " samples/s"
-       << "  ETA " << clock_text(eta);
+       << print_window_.take() << "  "
+       << rate(rate_now * double(std::max<std::size_t>(1, tokens_per_sample_)))
+       << (tokens_per_sample_ ? " tokens/s" : " samples/s") << "  ETA " << clock_text(eta);
   if (tty_)
     out_ << "\r" << line.str() << kClearToEnd << std::flush;
   else
@@ -170,6 +179,8 @@ void Progress::on_epoch(const train::EpochResult& r) {
             {"test_accuracy", r.test_accuracy},
             {"samples_per_second", r.samples_per_second},
             {"elapsed_s", elapsed_before_ + r.elapsed}};
+  if (tokens_per_sample_ != 0)
+    language_model_figures(line, r.samples_per_second, r.test_loss, tokens_per_sample_);
   line.update(epoch_tags_);
   write_metrics(line);
   if (after_epoch_) {
@@ -180,9 +191,12 @@ void Progress::on_epoch(const train::EpochResult& r) {
   if (quiet_) return;
   if (tty_) out_ << "\r";
   out_ << "epoch " << r.epoch + 1 << " done: train loss " << std::fixed << std::setprecision(4)
-       << r.train_loss << "  test loss " << r.test_loss << "  test accuracy "
-       << std::setprecision(4) << r.test_accuracy << "  " << rate(r.samples_per_second)
-       << " samples/s" << (tty_ ? kClearToEnd : "") << "\n";
+       << r.train_loss << (tokens_per_sample_ ? "  val loss " : "  test loss ") << r.test_loss
+       << (tokens_per_sample_ ? " (" + bits(r.test_loss) + " bits/token)" : std::string())
+       << (tokens_per_sample_ ? "  next-token accuracy " : "  test accuracy ")
+       << std::setprecision(4) << r.test_accuracy << "  "
+       << rate(r.samples_per_second * double(std::max<std::size_t>(1, tokens_per_sample_)))
+       << (tokens_per_sample_ ? " tokens/s" : " samples/s") << (tty_ ? kClearToEnd : "") << "\n";
 }
 
 // One JSON Lines record, flushed so a crash or a reader mid-run sees whole lines only.
@@ -200,9 +214,14 @@ void print_summary(std::ostream& out, const train::Summary& s) {
       << (s.ranks > 1 ? std::to_string(s.ranks) + " ranks x " : std::string()) << "workers "
       << s.workers << ", batch " << s.batch << " (micro-batch " << s.micro_batch << "), "
       << s.parameters << " parameters\n"
-      << "  samples/s " << std::fixed << std::setprecision(0) << s.samples_per_second
-      << "   train loss " << std::setprecision(4) << s.train_loss << "   test loss " << s.test_loss
-      << "   test accuracy " << s.test_accuracy << "\n"
+      << (s.tokens_per_sample ? "  tokens/s " : "  samples/s ") << std::fixed
+      << std::setprecision(0)
+      << s.samples_per_second * double(std::max<std::size_t>(1, s.tokens_per_sample))
+      << "   train loss " << std::setprecision(4) << s.train_loss
+      << (s.tokens_per_sample ? "   val loss " : "   test loss ") << s.test_loss
+      << (s.tokens_per_sample ? " (" + bits(s.test_loss) + " bits/token)" : std::string())
+      << (s.tokens_per_sample ? "   next-token accuracy " : "   test accuracy ") << s.test_accuracy
+      << "\n"
       << "  weights digest " << s.weights_digest << "\n\n"
       << "  time of " << s.steps << " steps: " << std::setprecision(3) << t.step << " s wall x "
       << s.workers << " workers = " << capacity << " worker-s\n";

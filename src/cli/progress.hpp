@@ -76,6 +76,9 @@ class Progress final : public train::Observer {
   // A resumed run's metrics continue a file whose last line had elapsed_s = `seconds`: its own
   // lines' elapsed_s count on from there.
   void continue_after(double seconds) { elapsed_before_ = seconds; }
+  // A language model: its samples are windows of `tokens` positions; rates are tokens/s, and
+  // the epoch lines carry val_loss, val_bpc and tokens_per_second.
+  void count_tokens(std::size_t tokens) { tokens_per_sample_ = tokens; }
 
   bool stop_requested() override { return StopSignals::requested(); }
   void on_step(const train::StepEvent& e) override;
@@ -93,6 +96,7 @@ class Progress final : public train::Observer {
   std::function<void(std::uint64_t)> every_step_;
   json epoch_tags_ = json::object();
   double elapsed_before_ = 0;
+  std::size_t tokens_per_sample_ = 0;
   std::optional<std::uint64_t> after_epoch_;  // an epoch's last step, whose every_step waits
   // The mean loss over a window of steps.
   struct LossWindow {

@@ -16,6 +16,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/data/augment.hpp"
 #include "cohort/dist/watchdog.hpp"
+#include "cohort/nn/gpt.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/version.hpp"
 #include "commands.hpp"
@@ -64,14 +65,20 @@ Checked check_own(const TrainOptions& o, const Loaders& loaders) {
     in.resume_path = ck.resume;
   }
   const auto t_load = std::chrono::steady_clock::now();
-  in.data = loaders.data(o.data_dir);
+  // A language model's windows are its block + 1 tokens: the data is read for that block.
+  const std::size_t block =
+      nn::GptModel::is_gpt(in.config.model)
+          ? static_cast<std::size_t>(nn::GptModel::parse(in.config.model, 1).shape().block)
+          : 0;
+  in.data = loaders.data(o.data_dir, block);
   in.load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   return in;
 }
 
 nn::Model model_of(const Checked& in) {
-  return nn::Model::parse(in.config.model, train::input_shape(in.data->train));
+  return nn::Model::parse(in.config.model, train::input_shape(in.data->train),
+                          static_cast<std::int64_t>(in.data->train.num_classes));
 }
 
 void check_config(Checked& in) {
@@ -105,10 +112,7 @@ int dry_run(const TrainOptions& o, const Checked& in, std::ostream& out) {
       << " parameters) on " << o.data_dir << " (" << in.data->train.count << " train, "
       << in.data->test.count << " test samples of " << in.data->train.describe_shape()
       << "): every input checked, nothing trained or written\n"
-      << config_text(config_json(
-             train::resolve_defaults(
-                 in.config, nn::Model::parse(in.config.model, train::input_shape(in.data->train))),
-             o.data_dir));
+      << config_text(config_json(train::resolve_defaults(in.config, model_of(in)), o.data_dir));
   if (in.resume)
     out << "  would resume from " << in.resume_path << " at step " << in.resume->step << "\n";
   else if (o.checkpoint.resume == kResumeAuto)
@@ -297,6 +301,8 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
   Progress progress(out, o.quiet, &out == &std::cout && ::isatty(STDOUT_FILENO), o.log_every,
                     metrics ? &*metrics : nullptr, epochs_planned, every_step);
   progress.continue_after(elapsed_before);
+  if (const nn::GptModel* gpt = trainer.model().gpt())
+    progress.count_tokens(static_cast<std::size_t>(gpt->shape().block));
   progress.tag_epochs({{"precision", std::string(name_of(nn::kPrecisionNames, c.precision))}});
   train::Summary s;
   try {

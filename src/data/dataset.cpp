@@ -12,6 +12,7 @@
 #include "cohort/data/idx.hpp"
 #include "cohort/data/image_files.hpp"
 #include "cohort/data/npy.hpp"
+#include "cohort/data/text.hpp"
 
 namespace cohort::data {
 
@@ -78,6 +79,7 @@ Splits load_image_folder(const std::filesystem::path& dir, std::size_t num_class
 }
 
 std::string Dataset::describe_shape() const {
+  if (text()) return "windows of " + std::to_string(cols) + " tokens";
   if (tabular) return std::to_string(features()) + " tabular features";
   return (channels != 1 ? std::to_string(channels) + "x" : std::string()) + std::to_string(rows) +
          "x" + std::to_string(cols) + " images";
@@ -119,8 +121,16 @@ std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& path,
   return bytes;
 }
 
-Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_classes) {
+Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_classes,
+                        std::size_t text_block) {
   require_directory(dir);
+  if (is_text_folder(dir)) {
+    if (text_block == 0)
+      throw InputError(dir.string() +
+                       ": data folder: holds text (input.txt or token arrays): expected --model "
+                       "gpt:LAYERS-HEADS-EMBD-BLOCK, a language model, for it");
+    return text_splits(load_text_folder(dir, text_block), text_block);
+  }
   std::error_code ec;
   struct Set {
     const char* what;
@@ -207,6 +217,16 @@ void convert_row(const Dataset& set, std::size_t offset, bf16* __restrict dst) {
 template <class T>
 void assemble(const Dataset& set, std::span<const std::uint32_t> ids, T* x, std::int32_t* y) {
   const std::size_t f = set.features();
+  if (set.text()) {
+    COHORT_CHECK((std::is_same_v<T, float>), "text windows are assembled as floats");
+    for (std::size_t r = 0; r < ids.size(); ++r) {
+      COHORT_CHECK(ids[r] < set.count, "window id out of range");
+      const std::uint32_t* w = set.tokens.data() + std::size_t{ids[r]} * set.window_stride;
+      for (std::size_t j = 0; j < f; ++j) x[r * f + j] = static_cast<T>(static_cast<float>(w[j]));
+      y[r] = 0;
+    }
+    return;
+  }
   for (std::size_t r = 0; r < ids.size(); ++r) {
     COHORT_CHECK(ids[r] < set.count, "sample id out of range");
     // The next sample's image is at a random place in the set: ask for its lines now, so they

@@ -213,4 +213,25 @@ TextData load_text_folder(const std::filesystem::path& dir, std::size_t block) {
                            (dir / "val_tokens.npy").string(), block);
 }
 
+Splits text_splits(TextData text, std::size_t block) {
+  auto split = [&](std::vector<std::uint32_t> tokens, const char* name, std::size_t stride) {
+    COHORT_CHECK(tokens.size() > block, "a text split holds a window");
+    Dataset d;
+    d.name = name;
+    d.channels = d.rows = 1;
+    d.cols = block + 1;
+    d.tabular = true;
+    d.num_classes = text.vocab_size;
+    d.window_stride = stride;
+    d.count = (tokens.size() - 1 - block) / stride + 1;
+    d.tokens = std::move(tokens);
+    return d;
+  };
+  Splits s;
+  s.train = split(std::move(text.train), "train", 1);
+  s.test = split(std::move(text.val), "val", block);
+  s.characters = std::move(text.characters);
+  return s;
+}
+
 }  // namespace cohort::data

@@ -80,7 +80,7 @@ struct GptNet::Impl {
 
   // The targets of N windows, and the summed cross-entropy of the plan's logits against them
   // (with its gradient into diff_logits when training).
-  double cross_entropy(const Plan& p, std::int64_t N, bool training) {
+  double cross_entropy(const Plan& p, std::int64_t N, bool training, double scale = 1) {
     const GptShape& s = model->shape();
     const std::int64_t T = s.block;
     targets.resize(static_cast<std::size_t>(N * T));
@@ -90,28 +90,37 @@ struct GptNet::Impl {
     const auto t0 = Clock::now();
     const double loss = softmax_cross_entropy(p.logits, targets.data(), N * T, s.vocab,
                                               training ? p.diff_logits : nullptr);
+    if (training && scale != 1) {
+      const auto f = static_cast<float>(scale);
+      const auto n = static_cast<std::size_t>(N * T * s.vocab);
+      for (std::size_t i = 0; i < n; ++i) p.diff_logits[i] *= f;
+    }
     times.loss += std::chrono::duration<double>(Clock::now() - t0).count();
-    return loss;
+    return loss * scale;
   }
 
   double forward_backward(const void* params, const std::int32_t* w, std::int64_t N, float* grad,
-                          const StreamKey& k) {
+                          const StreamKey& k, double scale) {
     Plan& p = plan(N, /*training=*/true);
     key = k;
     windows = w;
     bind(p, params, grad);
     run(p.forward);
-    const double loss = cross_entropy(p, N, true);
+    const double loss = cross_entropy(p, N, true, scale);
     run(p.backward);
     return loss;
   }
 
-  double loss(const void* params, const std::int32_t* w, std::int64_t N) {
+  Evaluation evaluate(const void* params, const std::int32_t* w, std::int64_t N) {
     Plan& p = plan(N, /*training=*/false);
     windows = w;
     bind(p, params, nullptr);
     run(p.forward);
-    return cross_entropy(p, N, false);
+    Evaluation e;
+    e.loss = cross_entropy(p, N, false);
+    e.correct =
+        count_correct(p.logits, targets.data(), N * model->shape().block, model->shape().vocab);
+    return e;
   }
 };
 
@@ -123,22 +132,24 @@ GptNet& GptNet::operator=(GptNet&&) noexcept = default;
 Precision GptNet::precision() const { return impl_->precision; }
 
 double GptNet::forward_backward(const float* params, const std::int32_t* windows, std::int64_t N,
-                                float* grad, const StreamKey& key) {
+                                float* grad, const StreamKey& key, double scale) {
   impl_->require(Precision::kF32, "forward_backward(const float* ...)");
-  return impl_->forward_backward(params, windows, N, grad, key);
+  return impl_->forward_backward(params, windows, N, grad, key, scale);
 }
 double GptNet::forward_backward(const bf16* params, const std::int32_t* windows, std::int64_t N,
-                                float* grad, const StreamKey& key) {
+                                float* grad, const StreamKey& key, double scale) {
   impl_->require(Precision::kBf16, "forward_backward(const bf16* ...)");
-  return impl_->forward_backward(params, windows, N, grad, key);
+  return impl_->forward_backward(params, windows, N, grad, key, scale);
 }
-double GptNet::loss(const float* params, const std::int32_t* windows, std::int64_t N) {
-  impl_->require(Precision::kF32, "loss(const float* ...)");
-  return impl_->loss(params, windows, N);
+GptNet::Evaluation GptNet::evaluate(const float* params, const std::int32_t* windows,
+                                    std::int64_t N) {
+  impl_->require(Precision::kF32, "evaluate(const float* ...)");
+  return impl_->evaluate(params, windows, N);
 }
-double GptNet::loss(const bf16* params, const std::int32_t* windows, std::int64_t N) {
-  impl_->require(Precision::kBf16, "loss(const bf16* ...)");
-  return impl_->loss(params, windows, N);
+GptNet::Evaluation GptNet::evaluate(const bf16* params, const std::int32_t* windows,
+                                    std::int64_t N) {
+  impl_->require(Precision::kBf16, "evaluate(const bf16* ...)");
+  return impl_->evaluate(params, windows, N);
 }
 
 const PhaseTimes& GptNet::times() const { return impl_->times; }

@@ -9,6 +9,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/rng.hpp"
+#include "cohort/nn/gpt.hpp"
 
 namespace cohort::nn {
 
@@ -60,7 +61,16 @@ std::string SampleShape::str() const {
   return "(" + std::to_string(C) + ", " + std::to_string(H) + ", " + std::to_string(W) + ")";
 }
 
-Model Model::parse(const std::string& spec_in, SampleShape input) {
+Model Model::parse(const std::string& spec_in, SampleShape input, std::int64_t vocab) {
+  if (GptModel::is_gpt(spec_in)) {
+    Model m;
+    m.spec_ = spec_in;
+    m.gpt_ = std::make_shared<const GptModel>(GptModel::parse(spec_in, vocab));
+    m.layout_ = m.gpt_->layout();
+    m.input_ = {1, 1, m.gpt_->shape().block + 1};
+    m.num_classes_ = vocab;
+    return m;
+  }
   const std::string spec = spec_in == "cnn"        ? kCnnPreset
                            : spec_in == "resnet20" ? kResnet20Preset
                                                    : spec_in;
@@ -281,6 +291,7 @@ Model Model::parse(const std::string& spec_in, SampleShape input) {
 }
 
 bool Model::has_dropout() const {
+  if (gpt_) return gpt_->shape().dropout > 0;
   for (const auto& l : layers_)
     if (l.kind == LayerSpec::Kind::kDropout) return true;
   return false;
@@ -309,6 +320,7 @@ void Model::init_stats(float* stats) const {
 }
 
 std::vector<std::pair<std::size_t, std::size_t>> Model::norm_and_bias_ranges() const {
+  if (gpt_) return gpt_->norm_ranges();
   std::vector<std::pair<std::size_t, std::size_t>> out;
   visit(layers_, [&](const LayerSpec& l) {
     const auto C = static_cast<std::size_t>(l.out.C);
@@ -322,6 +334,7 @@ std::vector<std::pair<std::size_t, std::size_t>> Model::norm_and_bias_ranges() c
 }
 
 double Model::forward_flops_per_sample() const {
+  if (gpt_) return gpt_->forward_flops_per_token() * double(gpt_->shape().block);
   double f = 0;
   visit(layers_, [&](const LayerSpec& l) {
     if (l.kind == LayerSpec::Kind::kLinear) f += 2.0 * double(l.in.C) * double(l.out.C);
@@ -332,6 +345,7 @@ double Model::forward_flops_per_sample() const {
 }
 
 void Model::init(float* params, std::uint64_t seed) const {
+  if (gpt_) return gpt_->init(params, seed);
   for (std::size_t i = 0; i < layout_.total(); ++i) params[i] = 0.0f;
   // The stream of a tensor is keyed by its index in the layout (bn's constant tensors take an
   // index too), so a tensor's values depend only on the seed and its index, and a model without

@@ -7,10 +7,12 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string_view>
 #include <tuple>
 
 #include "cohort/core/error.hpp"
+#include "cohort/nn/gpt.hpp"
 #include "cohort/nn/loss.hpp"
 #include "plan.hpp"
 
@@ -35,8 +37,43 @@ struct Net::Impl {
   Precision precision;
   bool needs_stats;  // the model has bn layers
 
+  // A language model (Model::gpt): its executor, and the current call's windows as token ids.
+  std::optional<GptNet> gpt;
+  std::vector<std::int32_t> windows;
+
   Impl(const Model& m, bool blocked, Precision prec)
-      : model(&m), blocked_layouts(blocked), precision(prec), needs_stats(m.has_batchnorm()) {}
+      : model(&m), blocked_layouts(blocked), precision(prec), needs_stats(m.has_batchnorm()) {
+    if (m.gpt()) gpt.emplace(*m.gpt(), prec);
+  }
+
+  // A language model's N windows, (N, block + 1) token ids as floats, as ids.
+  const std::int32_t* tokens(const float* x, std::int64_t N) {
+    windows.resize(static_cast<std::size_t>(N * model->input_features()));
+    for (std::size_t i = 0; i < windows.size(); ++i) windows[i] = static_cast<std::int32_t>(x[i]);
+    return windows.data();
+  }
+
+  double gpt_forward_backward(const void* params, const float* x, std::int64_t N, float* grad,
+                              const StreamKey& k) {
+    COHORT_CHECK(gpt.has_value(), "token rows are a language model's input");
+    const std::int32_t* w = tokens(x, N);
+    const double per_window = 1.0 / static_cast<double>(model->gpt()->shape().block);
+    const double loss =
+        precision == Precision::kBf16
+            ? gpt->forward_backward(static_cast<const bf16*>(params), w, N, grad, k, per_window)
+            : gpt->forward_backward(static_cast<const float*>(params), w, N, grad, k, per_window);
+    return loss;
+  }
+
+  std::pair<double, double> gpt_evaluate(const void* params, const float* x, std::int64_t N) {
+    COHORT_CHECK(gpt.has_value(), "token rows are a language model's input");
+    const std::int32_t* w = tokens(x, N);
+    const GptNet::Evaluation e = precision == Precision::kBf16
+                                     ? gpt->evaluate(static_cast<const bf16*>(params), w, N)
+                                     : gpt->evaluate(static_cast<const float*>(params), w, N);
+    const auto T = static_cast<double>(model->gpt()->shape().block);
+    return {e.loss / T, static_cast<double>(e.correct) / T};
+  }
 
   Plan& plan(std::int64_t N, bool training, bool batch_linear) {
     auto& slot = plans[{N, training, batch_linear}];
@@ -149,6 +186,7 @@ double Net::forward_backward(const float* params, const float* x, const std::int
                              std::int64_t N, float* grad, const StreamKey& key,
                              std::span<const LinearRows> linear_rows, float* batch_stats) {
   impl_->require(Precision::kF32, "forward_backward(const float* ...)");
+  if (impl_->gpt) return impl_->gpt_forward_backward(params, x, N, grad, key);
   return impl_->forward_backward(params, x, labels, N, grad, key, linear_rows, batch_stats);
 }
 
@@ -171,8 +209,29 @@ const float* Net::forward(const bf16* params, const bf16* x, std::int64_t N,
   return impl_->forward(params, x, N, running_stats);
 }
 
-const PhaseTimes& Net::times() const { return impl_->times; }
+double Net::forward_backward(const bf16* params, const float* x, std::int64_t N, float* grad,
+                             const StreamKey& key) {
+  impl_->require(Precision::kBf16, "forward_backward(const bf16*, const float* ...)");
+  return impl_->gpt_forward_backward(params, x, N, grad, key);
+}
+
+std::pair<double, double> Net::evaluate_windows(const float* params, const float* x,
+                                                std::int64_t N) {
+  impl_->require(Precision::kF32, "evaluate_windows(const float* ...)");
+  return impl_->gpt_evaluate(params, x, N);
+}
+
+std::pair<double, double> Net::evaluate_windows(const bf16* params, const float* x,
+                                                std::int64_t N) {
+  impl_->require(Precision::kBf16, "evaluate_windows(const bf16* ...)");
+  return impl_->gpt_evaluate(params, x, N);
+}
+
+const PhaseTimes& Net::times() const { return impl_->gpt ? impl_->gpt->times() : impl_->times; }
 std::chrono::steady_clock::time_point Net::backward_begin() const { return impl_->backward_begin; }
-void Net::reset_times() { impl_->times = {}; }
+void Net::reset_times() {
+  impl_->times = {};
+  if (impl_->gpt) impl_->gpt->reset_times();
+}
 
 }  // namespace cohort::nn

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 #include "cohort/nn/loss.hpp"
@@ -34,6 +35,10 @@ void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const ReplicaWe
         augment->assemble(set, chunk_ids, 0, /*train=*/false, r.eval_x.data(), r.eval_y.data());
       else
         data::assemble_batch(set, chunk_ids, r.eval_x.data(), r.eval_y.data());
+      if (set.text()) {  // windows: per-window means over their positions
+        std::tie(parts.loss[c], parts.correct[c]) = r.evaluate_windows(weights, N);
+        continue;
+      }
       const float* logits = r.infer(weights, N);  // (N, classes)
       parts.loss[c] = nn::softmax_cross_entropy(logits, r.eval_y.data(), N, classes, nullptr);
       parts.correct[c] =

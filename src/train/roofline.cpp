@@ -44,7 +44,9 @@ double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c) {
   AlignedBuffer<bf16> params16(b16 ? params.size() : 0);
   to_bf16(params.data(), params16.data(), params16.size());
   AlignedBuffer<float> x(c.micro_batch * features);
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 255) / 255.0f;
+  for (std::size_t i = 0; i < x.size(); ++i)  // a language model's: token ids
+    x[i] = model.gpt() ? static_cast<float>(i % static_cast<std::size_t>(model.num_classes()))
+                       : static_cast<float>(i % 255) / 255.0f;
   AlignedBuffer<bf16> x16(b16 ? x.size() : 0);
   to_bf16(x.data(), x16.data(), x16.size());
   std::vector<std::int32_t> y(c.micro_batch);
@@ -67,7 +69,9 @@ double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c) {
   float* batch_stats = stats.size() ? stats.data() : nullptr;
   return best_of([&] {
     net.reset_times();
-    if (b16)
+    if (b16 && model.gpt())
+      net.forward_backward(params16.data(), x.data(), M, grad.data());
+    else if (b16)
       net.forward_backward(params16.data(), x16.data(), y.data(), M, grad.data(), {}, rows,
                            batch_stats);
     else

@@ -93,6 +93,12 @@ const float* Replica::infer(const ReplicaWeights& weights, std::int64_t N) {
   return net.forward(weights.b16, eval_x16.data(), N, weights.stats);
 }
 
+std::pair<double, double> Replica::evaluate_windows(const ReplicaWeights& weights, std::int64_t N) {
+  return net.precision() == nn::Precision::kF32
+             ? net.evaluate_windows(weights.f32, eval_x.data(), N)
+             : net.evaluate_windows(weights.b16, eval_x.data(), N);
+}
+
 StepGraph::StepGraph(std::size_t workers, const nn::Model& model, std::size_t eval_rows,
                      bool blocked_layouts, nn::Precision precision)
     : impl_(std::make_unique<Impl>(workers)) {

@@ -44,6 +44,9 @@ struct Replica {
   // Inference on the first N rows of eval_x (converted to bf16 first for a bf16 Net); the
   // logits (N, classes).
   const float* infer(const ReplicaWeights& weights, std::int64_t N);
+  // A language model: the first N windows of eval_x (token ids, f32 in both precisions):
+  // nn::Net::evaluate_windows.
+  std::pair<double, double> evaluate_windows(const ReplicaWeights& weights, std::int64_t N);
 };
 
 class StepGraph {

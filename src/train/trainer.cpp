@@ -8,13 +8,15 @@
 
 #include <xxhash.h>
 
+#include "cohort/nn/gpt.hpp"
 #include "trainer_impl.hpp"
 
 namespace cohort::train {
 
 namespace {
 nn::Model parse_model(const std::string& spec, const data::Splits& d) {
-  return nn::Model::parse(spec, input_shape(d.train));
+  return nn::Model::parse(spec, input_shape(d.train),
+                          static_cast<std::int64_t>(d.train.num_classes));
 }
 
 TrainConfig checked(TrainConfig c, const nn::Model& model, const data::Splits& data) {
@@ -41,8 +43,9 @@ Trainer::Impl::Impl(TrainConfig c, const data::Splits& d, dist::Comm& world)
                     ? std::nullopt
                     : std::make_optional<data::Augmenter>(data::parse_augment(config.augment),
                                                           data.train, config.seed)),
+      // A language model's rows are token ids: f32 in both precisions.
       staging(data.train, augmenter ? &*augmenter : nullptr, config.batch, config.micro_batch,
-              bf16_run()),
+              bf16_run() && !model.gpt()),
       tracer(config.workers, config.trace),
       root(optimizer, weights.data(), bf16_run() ? weights16.data() : nullptr, make_state(0),
            make_state(1), model.layout().total(), kRootChunk,
@@ -198,6 +201,7 @@ Summary Trainer::Impl::run(Observer& observer) {
   s.samples_per_second = s.time.step > 0 ? s.samples_per_second / s.time.step : 0;
   s.workers = config.workers;
   s.ranks = static_cast<std::size_t>(comm.size());
+  s.tokens_per_sample = model.gpt() ? static_cast<std::size_t>(model.gpt()->shape().block) : 0;
   s.precision = config.precision;
   // The mean over ranks (a collective: every rank ends run() together).
   const std::uint64_t bytes = comm.sum(comm.bytes_sent() - bytes_at_start);

@@ -46,6 +46,13 @@ std::size_t conv_micro_batch(const nn::Model& model, nn::Precision precision,
 
 TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
   if (c.workers == 0) c.workers = cores();
+  // A language model has no layer list for the root's batch GEMMs: its leaves compute every
+  // weight gradient.
+  if (model.gpt()) c.weight_grads = TrainConfig::WeightGrads::kLeaf;
+  // Its evaluation's memory grows with the tokens of a forward pass: at most kEvalTokens.
+  if (model.gpt())
+    c.eval_batch = std::max<std::size_t>(
+        1, std::min(c.eval_batch, kEvalTokens / static_cast<std::size_t>(model.input_features())));
   if (c.micro_batch == 0 && c.batch != 0) {
     if (model.has_batchnorm()) {
       // The leaf's rows are the statistics' sample: fixed, never from the machine.
@@ -84,6 +91,12 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
   if (c.epochs == 0 && c.steps == 0) bad("--epochs", "at least 1 (or --steps N)", "0");
   if (c.eval_batch == 0 || c.eval_batch > kMaxEvalBatch)
     bad("eval batch", "1 .. " + std::to_string(kMaxEvalBatch), std::to_string(c.eval_batch));
+  if (model.gpt() && !data.train.text())
+    bad("--model", "a layer list, mlp:, cnn or resnet20 for " + data.train.describe_shape(),
+        "'" + model.spec() + "', a language model (its --data is text: input.txt)");
+  if (!model.gpt() && data.train.text())
+    bad("--model", "gpt:LAYERS-HEADS-EMBD-BLOCK for text (" + data.train.describe_shape() + ")",
+        "'" + model.spec() + "'");
   if (static_cast<std::size_t>(model.input_features()) != data.train.features())
     bad("--model",
         "an input size of " + std::to_string(data.train.features()) + " (" +

@@ -68,7 +68,7 @@ TrainOptions quick() {
 
 Loaders fixture_loaders() {
   Loaders l;
-  l.data = [](const std::string& dir) {
+  l.data = [](const std::string& dir, std::size_t) {
     return std::make_shared<const data::Splits>(data::load_data_folder(dir));
   };
   return l;
@@ -79,7 +79,7 @@ TEST(Agreement, AnyExceptionOnOneRankEndsEveryRankWithItsMessage) {
   const std::vector<Lines> got = on_ranks(3, [](int rank, dist::Comm& comm) {
     Loaders loaders = fixture_loaders();
     if (rank == 1)
-      loaders.data = [](const std::string&) -> std::shared_ptr<const data::Splits> {
+      loaders.data = [](const std::string&, std::size_t) -> std::shared_ptr<const data::Splits> {
         throw std::bad_alloc();
       };
     std::ostringstream out;

@@ -149,7 +149,7 @@ struct CountingLoaders {
                   return config_flags;
                 },
             .data =
-                [this](const std::string&) {
+                [this](const std::string&, std::size_t) {
                   ++data;
                   return fixture;
                 },

@@ -48,7 +48,7 @@ const cli::Loaders& fuzz_loaders() {
               return cohort::config::job_config_flags_from_text(config_text, path,
                                                                 cli::train_schema());
             },
-        .data = [fixture](const std::string&) { return fixture; },
+        .data = [fixture](const std::string&, std::size_t) { return fixture; },
         .checkpoint = [ck](const std::string&) { return ck; },
     };
   }();

@@ -198,7 +198,7 @@ TEST_P(GptNumeric, F32NetMatchesTheReference) {
   EXPECT_LT(relative_error(r.grad, grad.data(), m), 2e-5) << "seed " << kSeed;
   // Inference: the loss without dropout, as the reference's.
   const double plain = reference::gpt_forward_backward(m, pr, w.data(), c.N, kKey, false).loss;
-  EXPECT_NEAR(net.loss(pf.data(), w.data(), c.N), plain, 1e-5 * std::abs(plain));
+  EXPECT_NEAR(net.evaluate(pf.data(), w.data(), c.N).loss, plain, 1e-5 * std::abs(plain));
 }
 
 TEST_P(GptNumeric, Bf16NetMatchesTheReferenceWithinBf16) {

@@ -154,7 +154,7 @@ TEST(Trainer, MultiChannelImagesTrainWithTheDatasChannels) {
     for (auto& l : d.labels) l = static_cast<std::uint32_t>(rng() % 4);
     return d;
   };
-  const data::Splits data{split("train", 64, 13), split("test", 32, 14)};
+  const data::Splits data{split("train", 64, 13), split("test", 32, 14), {}};
   TrainConfig c;
   c.model = "conv(4,3)-relu-maxpool(2)-flatten-linear(4)";
   c.batch = 16;

@@ -41,7 +41,10 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
 // disk_loaders() reads the files; a fuzzer or a test injects cheaper or safer ones.
 struct Loaders {
   std::function<std::vector<std::string>(const std::string& path)> config;
-  std::function<std::shared_ptr<const data::Splits>(const std::string& dir)> data;
+  // text_block: the block of a language model (--model gpt:...), whose text is read as windows
+  // of block + 1 tokens; 0 for other models (data::load_data_folder).
+  std::function<std::shared_ptr<const data::Splits>(const std::string& dir, std::size_t text_block)>
+      data;
   std::function<checkpoint::Checkpoint(const std::string& path)> checkpoint;
 };
 Loaders disk_loaders();

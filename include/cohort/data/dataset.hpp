@@ -26,6 +26,13 @@ struct Dataset {
   std::vector<std::uint8_t> images;   // (N, C, rows, cols) pixels, scaled by 1/255; or empty
   std::vector<float> float_features;  // (N, C, rows, cols) as given, when `images` is empty
   std::vector<std::uint32_t> labels;  // (N), each < num_classes
+  // A text split (text.hpp, text_splits): windows of cols = block + 1 tokens of `tokens` at
+  // offsets id * window_stride (1 for training: every offset; block for evaluation: the split
+  // in non-overlapping windows). channels = rows = 1, tabular; num_classes is the vocabulary;
+  // no labels (a window's targets are its own tokens, one position on).
+  std::vector<std::uint32_t> tokens;
+  std::size_t window_stride = 0;  // 0: not text
+  bool text() const { return window_stride != 0; }
   std::size_t features() const { return channels * rows * cols; }
   // "28x28 images", "3x32x32 images" or "784 tabular features", for messages.
   std::string describe_shape() const;
@@ -41,6 +48,9 @@ Dataset load_idx_pair(const std::filesystem::path& images, const std::filesystem
 
 struct Splits {
   Dataset train, test;
+  // Text from input.txt: the vocabulary's characters (code points) in token order; empty
+  // otherwise (token arrays: tokens 0 .. vocabulary - 1).
+  std::vector<std::uint32_t> characters;
 };
 
 // The four Fashion-MNIST / MNIST files in `dir`, each as `<name>.gz` or `<name>`:
@@ -54,8 +64,11 @@ Splits load_image_folder(const std::filesystem::path& dir, std::size_t num_class
 // or JPEG images (load_class_folders, image_files.hpp). A folder with files of more than one set,
 // or of none, is refused naming what was looked for. For .npy and CSV the class count is the
 // largest label of both splits + 1; image folders have one class a training class folder; IDX
-// keeps `num_classes`. Throws InputError.
-Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_classes = 10);
+// keeps `num_classes`. Text (input.txt, or train_tokens.npy and val_tokens.npy: text.hpp) is read
+// as windows of `text_block` + 1 tokens (text_splits), for a language model of that block; with
+// text_block 0 (no such model) a text folder is refused. Throws InputError.
+Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_classes = 10,
+                        std::size_t text_block = 0);
 
 // Checks what every loader promises: both splits non-empty, the same features per sample, the
 // labels of both below `num_classes`, which both get. `test_source` names the test split's
@@ -86,14 +99,14 @@ class Sampler {
 };
 
 // Copies the samples `ids` into a batch: x (n, features) as float, pixel / 255 for `images`,
-// as given for `float_features`;
-// y (n) as int32 class ids. x and y must have room for ids.size() rows.
+// as given for `float_features`, a text window's token ids as floats (exact: ids < 2^24);
+// y (n) as int32 class ids (0 for text windows). x and y must have room for ids.size() rows.
 void assemble_batch(const Dataset& set, std::span<const std::uint32_t> ids, float* x,
                     std::int32_t* y);
 // The same rows straight into bf16, each value rounded once to nearest even: a pixel is
 // to_bf16(pixel * (1 / 255)), which is to_bf16(pixel / 255) bit for bit for every byte value
 // (tested; in f32 the two differ in the last bit for 126 of them), without a division and
-// without an f32 copy of the rows.
+// without an f32 copy of the rows. Not for text (its token ids would not survive bf16).
 void assemble_batch(const Dataset& set, std::span<const std::uint32_t> ids, bf16* x,
                     std::int32_t* y);
 

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "cohort/data/dataset.hpp"
+
 namespace cohort::data {
 
 // The largest vocabulary a token array may imply (its embedding table is sized by it).
@@ -54,5 +56,12 @@ bool is_text_folder(const std::filesystem::path& dir);
 
 // input.txt (+ val.txt), or the two token arrays, in `dir`; files of both kinds are refused.
 TextData load_text_folder(const std::filesystem::path& dir, std::size_t block);
+
+// The splits a language model of `block` trains and validates on (Dataset::text): training
+// windows at every offset, validation windows side by side (the split's whole length in
+// floor((n - 1) / block) windows: deterministic, as nanoGPT's estimate is not); the characters,
+// the vocabulary (the class count of both). `text` must hold a window per split (as the readers
+// check).
+Splits text_splits(TextData text, std::size_t block);
 
 }  // namespace cohort::data

@@ -88,15 +88,22 @@ class GptNet {
   // Forward and backward on N windows of block + 1 tokens each (windows: N x (block + 1) token
   // ids in [0, vocab), row-major): the inputs are a window's first block tokens, the targets its
   // last block. Overwrites grad (layout().total() floats; padding untouched) with the gradient
-  // of the cross-entropy *summed* over the N x block positions, and returns that sum. `key`
+  // of the cross-entropy *summed* over the N x block positions, times `scale`, and returns that
+  // sum times `scale` (nn::Net passes 1 / block: a window's mean over its positions, which the
+  // trainer's 1 / batch makes the mean over the batch's positions, as nanoGPT's loss). `key`
   // names dropout's streams. A bf16 net takes the bf16 copy of the parameters (same offsets).
   double forward_backward(const float* params, const std::int32_t* windows, std::int64_t N,
-                          float* grad, const StreamKey& key = {});
+                          float* grad, const StreamKey& key = {}, double scale = 1);
   double forward_backward(const bf16* params, const std::int32_t* windows, std::int64_t N,
-                          float* grad, const StreamKey& key = {});
-  // The summed cross-entropy of N windows in inference mode (no dropout).
-  double loss(const float* params, const std::int32_t* windows, std::int64_t N);
-  double loss(const bf16* params, const std::int32_t* windows, std::int64_t N);
+                          float* grad, const StreamKey& key = {}, double scale = 1);
+  // N windows in inference mode (no dropout): the cross-entropy summed over their positions,
+  // and the positions whose largest logit is the target (ties: the lowest token).
+  struct Evaluation {
+    double loss = 0;
+    std::int64_t correct = 0;
+  };
+  Evaluation evaluate(const float* params, const std::int32_t* windows, std::int64_t N);
+  Evaluation evaluate(const bf16* params, const std::int32_t* windows, std::int64_t N);
 
   const PhaseTimes& times() const;
   void reset_times();

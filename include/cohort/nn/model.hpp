@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "cohort/tensor/param_layout.hpp"
 
 namespace cohort::nn {
+
+class GptModel;
 
 // The shape of one sample's activation: (C, H, W); a flat vector is (F, 1, 1).
 struct SampleShape {
@@ -79,7 +82,13 @@ class Model {
   //                          res(OC[,stride])
   //   e.g.
   //   conv(32,5)-relu-maxpool(2)-conv(64,5)-relu-maxpool(2)-flatten-linear(256)-relu-linear(10)
-  static Model parse(const std::string& spec, SampleShape input = {1, 28, 28});
+  //   "gpt:LAYERS-HEADS-EMBD-BLOCK[-DROPOUT]"   a language model (nn/gpt.hpp) over `vocab`
+  //                          tokens: its samples are windows of BLOCK + 1 tokens, its input
+  //                          (1, 1, BLOCK + 1) and its classes the vocabulary; no layer list
+  static Model parse(const std::string& spec, SampleShape input = {1, 28, 28},
+                     std::int64_t vocab = 0);
+  // The language model of a gpt: spec (its layout is this model's), or null.
+  const GptModel* gpt() const { return gpt_.get(); }
 
   const std::string& spec() const { return spec_; }
   const std::vector<LayerSpec>& layers() const { return layers_; }
@@ -131,6 +140,7 @@ class Model {
   ParamLayout stats_layout_;
   SampleShape input_;
   std::int64_t num_classes_ = 0;
+  std::shared_ptr<const GptModel> gpt_;
 };
 
 // The preset `cnn`: the network of bench/peers/torch_peer.py.

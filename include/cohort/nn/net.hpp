@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 
 #include "cohort/core/names.hpp"
 #include "cohort/nn/dropout.hpp"
@@ -95,6 +96,18 @@ class Net {
                           float* batch_stats = nullptr);
   const float* forward(const bf16* params, const bf16* x, std::int64_t N,
                        const float* running_stats = nullptr);
+
+  // A language model (Model::gpt, nn/gpt.hpp): N windows x of block + 1 token ids as floats,
+  // (N, block + 1), in f32 for both precisions (ids past 256 do not survive bf16); labels are
+  // not read (a window's targets are its own tokens). forward_backward's loss and gradient are
+  // each window's mean cross-entropy over its positions, summed over the windows (the f32 entry
+  // above takes f32 parameters; this one a bf16 Net's). evaluate_windows: the same loss in
+  // inference mode, and each window's fraction of positions whose largest logit is the target,
+  // summed over the windows.
+  double forward_backward(const bf16* params, const float* x, std::int64_t N, float* grad,
+                          const StreamKey& key = {});
+  std::pair<double, double> evaluate_windows(const float* params, const float* x, std::int64_t N);
+  std::pair<double, double> evaluate_windows(const bf16* params, const float* x, std::int64_t N);
 
   const PhaseTimes& times() const;
   // When the last forward_backward finished the loss and began backward (for traces).

@@ -139,6 +139,9 @@ std::size_t l2_cache_bytes();
 // PyTorch's BatchNorm defaults: the running statistics' momentum and the normalization's eps.
 inline constexpr float kBatchNormMomentum = 0.1f;
 inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
+// A language model's evaluation runs windows of at most this many tokens at a time (its
+// activations per token are a few kilobytes per layer).
+inline constexpr std::size_t kEvalTokens = 8192;
 
 // Throws InputError (naming the flag, expected and found value) for a config that cannot run on
 // `data`, before any work starts: nothing is sized from a config this has not accepted.
@@ -226,6 +229,9 @@ struct Summary {
   double epochs = 0;  // fractional when --steps stops mid-epoch
   std::size_t workers = 0, batch = 0, micro_batch = 0, parameters = 0;
   std::size_t ranks = 1;  // processes of the run (MPI ranks); `workers` is per rank
+  // A language model: the positions of a sample (a window's block); its test figures are the
+  // validation split's mean cross-entropy per token and next-token accuracy. 0 otherwise.
+  std::size_t tokens_per_sample = 0;
   nn::Precision precision = nn::Precision::kF32;
   double bytes_sent_per_step = 0;  // by a rank to the others, mean over ranks and the run's steps
   // Training rows a replica assembled in the step before theirs, while it waited for the last

@@ -1,0 +1,139 @@
+// The Trainer on a language model (gpt:, nn/gpt.hpp) and text (Tiny Shakespeare's first 40,000
+// characters): the same weights for every worker count, in f32 and bf16, with dropout; a resume
+// equal to the uninterrupted run; a falling validation loss over the whole validation split,
+// the same every time it is measured; and the refusals of a language model on images and of
+// another model on text.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cohort/checkpoint/checkpoint.hpp"
+#include "cohort/core/error.hpp"
+#include "cohort/data/text.hpp"
+#include "cohort/nn/version.hpp"
+#include "cohort/train/trainer.hpp"
+#include "train_test_util.hpp"
+
+namespace cohort::train {
+namespace {
+
+constexpr std::size_t kBlock = 16;
+
+// The first 40,000 characters of datasets/tinyshakespeare/input.txt, split 90/10.
+const data::Splits& text() {
+  static const data::Splits splits = [] {
+    std::ifstream f(std::string(COHORT_FIXTURE_DIR) + "/../tinyshakespeare/input.txt",
+                    std::ios::binary);
+    std::vector<std::uint8_t> bytes(40000);
+    f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    EXPECT_TRUE(f) << "datasets/tinyshakespeare/input.txt";
+    return data::text_splits(data::read_text(bytes, "input.txt", nullptr, {}, kBlock), kBlock);
+  }();
+  return splits;
+}
+
+// nanoGPT's recipe on a small model: AdamW (0.9, 0.99), weight decay 0.1, clipping at 1.0.
+TrainConfig gpt_config(const char* spec = "gpt:2-2-16-16-0.1") {
+  TrainConfig c;
+  c.model = spec;
+  c.batch = 8;
+  c.micro_batch = 2;
+  c.workers = 1;
+  c.steps = 6;
+  c.seed = 3;
+  c.optimizer.kind = optim::Kind::kAdamW;
+  c.optimizer.lr = 1e-3f;
+  c.optimizer.beta2 = 0.99f;
+  c.optimizer.weight_decay = 0.1f;
+  c.schedule.warmup_steps = 2;
+  c.clip_norm = 1.0f;
+  c.eval_batch = 64;
+  return c;
+}
+
+std::string digest_after(TrainConfig c) {
+  Trainer t(c, text());
+  testing::Recorder rec;
+  return t.run(rec).weights_digest;
+}
+
+bool bf16_runs() { return nn::bf16_support() == nn::Bf16Support::kNative; }
+
+TEST(GptRun, SameWeightsForEveryWorkerCount) {
+  for (const nn::Precision p : {nn::Precision::kF32, nn::Precision::kBf16}) {
+    if (p == nn::Precision::kBf16 && !bf16_runs()) continue;
+    TrainConfig c = gpt_config();
+    c.precision = p;
+    const std::string one = digest_after(c);
+    TrainConfig other = c;
+    other.seed = 4;
+    EXPECT_NE(digest_after(other), one);  // the digest tells runs apart
+    for (const std::size_t w : {2u, 3u}) {
+      c.workers = w;
+      EXPECT_EQ(digest_after(c), one)
+          << w << " workers, " << (p == nn::Precision::kBf16 ? "bf16" : "f32");
+    }
+  }
+}
+
+TEST(GptRun, AResumeIsTheUninterruptedRun) {
+  for (const nn::Precision p : {nn::Precision::kF32, nn::Precision::kBf16}) {
+    if (p == nn::Precision::kBf16 && !bf16_runs()) continue;
+    TrainConfig c = gpt_config();
+    c.precision = p;
+    const std::string whole = digest_after(c);
+    TrainConfig first = c;
+    first.steps = 3;
+    Trainer a(first, text());
+    testing::Recorder rec;
+    a.run(rec);
+    const auto bytes = checkpoint::encode_checkpoint(a.checkpoint("{}"));
+    c.workers = 2;  // and on another worker count
+    Trainer b(c, text());
+    b.restore(checkpoint::decode_checkpoint(bytes, "mem"), "mem");
+    EXPECT_EQ(b.run(rec).weights_digest, whole) << (p == nn::Precision::kBf16 ? "bf16" : "f32");
+  }
+}
+
+TEST(GptRun, ValidationLossFallsAndIsTheSameEachTime) {
+  TrainConfig c = gpt_config("gpt:2-2-32-16");
+  c.workers = 2;
+  Trainer t(c, text());
+  const auto [before, acc_before] = t.evaluate_test();
+  EXPECT_NEAR(before, std::log(double(text().train.num_classes)), 0.2);  // uniform at the start
+  c.steps = 120;
+  Trainer trained(c, text());
+  testing::Recorder rec;
+  const Summary s = trained.run(rec);
+  EXPECT_LT(s.test_loss, before - 0.6) << "validation loss " << before << " -> " << s.test_loss;
+  EXPECT_GT(s.test_accuracy, acc_before);
+  const auto again = trained.evaluate_test();
+  EXPECT_EQ(again.first, s.test_loss);
+  EXPECT_EQ(again.second, s.test_accuracy);
+  // The whole validation split in side-by-side windows.
+  const data::Dataset& val = text().test;
+  EXPECT_EQ(val.count, (val.tokens.size() - 1) / kBlock);
+}
+
+TEST(GptRun, ALanguageModelNeedsTextAndTextALanguageModel) {
+  TrainConfig c = gpt_config();
+  try {
+    Trainer t(c, testing::fixture());
+    FAIL() << "a gpt on images was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--model"), std::string::npos) << e.what();
+  }
+  c.model = "mlp:17-10";
+  try {
+    Trainer t(c, text());
+    FAIL() << "an mlp on text was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("gpt:"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace cohort::train
