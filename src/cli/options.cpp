@@ -268,6 +268,9 @@ std::vector<TrainFlag> make_table() {
                                     "write JSON Lines metrics to this file"),
       string_flag<&O::trace_path>("--trace", "output.trace", Type::kFileOut,
                                   "write a Chrome trace of every step (open in ui.perfetto.dev)"),
+      number_flag<&O::config, &TC::eval_every>(
+          "--eval-every", "run.eval_every", {0, 1e15},
+          "also evaluate the test (validation) split every N steps (0: at epoch ends only)"),
       number_flag<&O::log_every>("--log-every", "output.log_every", {1, 1e9},
                                  "steps between progress lines / step metrics"),
       bool_flag<&O::quiet>("--quiet", "output.quiet", "no progress and no summary table"),

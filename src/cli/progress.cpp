@@ -105,8 +105,9 @@ StopSignals::~StopSignals() { armed_.store(false, std::memory_order_relaxed); }
 void Progress::on_step(const train::StepEvent& e) {
   report_step(e);
   if (!every_step_) return;
-  if (e.step_in_epoch == e.steps_per_epoch)
-    after_epoch_ = e.step;  // on_epoch calls it, once the epoch's line is written
+  const bool evaluated_here = eval_every_ != 0 && e.step % eval_every_ == 0;
+  if (e.step_in_epoch == e.steps_per_epoch || e.step == e.total_steps || evaluated_here)
+    after_epoch_ = e.step;  // on_epoch or on_eval calls it, once its line is written
   else
     every_step_(e.step);
 }
@@ -183,11 +184,7 @@ void Progress::on_epoch(const train::EpochResult& r) {
     language_model_figures(line, r.samples_per_second, r.test_loss, tokens_per_sample_);
   line.update(epoch_tags_);
   write_metrics(line);
-  if (after_epoch_) {
-    const std::uint64_t step = *after_epoch_;
-    after_epoch_.reset();
-    every_step_(step);
-  }
+  run_pending_step();
   if (quiet_) return;
   if (tty_) out_ << "\r";
   out_ << "epoch " << r.epoch + 1 << " done: train loss " << std::fixed << std::setprecision(4)
@@ -197,6 +194,34 @@ void Progress::on_epoch(const train::EpochResult& r) {
        << std::setprecision(4) << r.test_accuracy << "  "
        << rate(r.samples_per_second * double(std::max<std::size_t>(1, tokens_per_sample_)))
        << (tokens_per_sample_ ? " tokens/s" : " samples/s") << (tty_ ? kClearToEnd : "") << "\n";
+}
+
+void Progress::run_pending_step() {
+  if (!after_epoch_) return;
+  const std::uint64_t step = *after_epoch_;
+  after_epoch_.reset();
+  every_step_(step);
+}
+
+void Progress::on_eval(const train::EvalResult& r) {
+  json line{{"kind", "eval"},
+            {"step", r.step},
+            {"test_loss", r.test_loss},
+            {"test_accuracy", r.test_accuracy},
+            {"elapsed_s", elapsed_before_ + r.elapsed}};
+  if (tokens_per_sample_ != 0) {
+    line["val_loss"] = r.test_loss;
+    line["val_bpc"] = r.test_loss / std::numbers::ln2;
+  }
+  write_metrics(line);
+  run_pending_step();
+  if (quiet_) return;
+  if (tty_) out_ << "\r";
+  out_ << "step " << r.step << ": " << (tokens_per_sample_ ? "val loss " : "test loss ")
+       << std::fixed << std::setprecision(4) << r.test_loss
+       << (tokens_per_sample_ ? " (" + bits(r.test_loss) + " bits/token)" : std::string())
+       << (tokens_per_sample_ ? "  next-token accuracy " : "  test accuracy ") << r.test_accuracy
+       << (tty_ ? kClearToEnd : "") << "\n";
 }
 
 // One JSON Lines record, flushed so a crash or a reader mid-run sees whole lines only.

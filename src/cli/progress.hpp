@@ -56,8 +56,9 @@ class StopSignals {
 // Progress on the terminal (one rewritten line on a TTY, periodic lines otherwise) and the
 // JSON Lines metrics file. Called on the thread that runs Trainer::run.
 // `every_step(step)` (the periodic save, the watchdog's beat) runs after that step's lines are
-// written, and for an epoch's last step after the epoch's line: a checkpoint is never ahead of
-// the metrics, so a run resumed from it (continue_metrics) finds every line up to its step.
+// written, and for an epoch's last step (or the run's, or one --eval-every evaluates after)
+// after the epoch's (evaluation's) line: a checkpoint is never ahead of the metrics, so a run
+// resumed from it (continue_metrics) finds every line up to its step.
 class Progress final : public train::Observer {
  public:
   Progress(std::ostream& out, bool quiet, bool tty, std::size_t log_every, std::ostream* metrics,
@@ -79,13 +80,17 @@ class Progress final : public train::Observer {
   // A language model: its samples are windows of `tokens` positions; rates are tokens/s, and
   // the epoch lines carry val_loss, val_bpc and tokens_per_second.
   void count_tokens(std::size_t tokens) { tokens_per_sample_ = tokens; }
+  // --eval-every: a step that ends with an evaluation runs every_step after its line.
+  void evaluate_every(std::size_t steps) { eval_every_ = steps; }
 
   bool stop_requested() override { return StopSignals::requested(); }
   void on_step(const train::StepEvent& e) override;
   void on_epoch(const train::EpochResult& r) override;
+  void on_eval(const train::EvalResult& r) override;
 
  private:
   void report_step(const train::StepEvent& e);
+  void run_pending_step();  // the every_step held back for an epoch's or evaluation's line
   void write_metrics(const json& line);
 
   std::ostream& out_;
@@ -97,6 +102,7 @@ class Progress final : public train::Observer {
   json epoch_tags_ = json::object();
   double elapsed_before_ = 0;
   std::size_t tokens_per_sample_ = 0;
+  std::size_t eval_every_ = 0;
   std::optional<std::uint64_t> after_epoch_;  // an epoch's last step, whose every_step waits
   // The mean loss over a window of steps.
   struct LossWindow {

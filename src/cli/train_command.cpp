@@ -301,6 +301,7 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
   Progress progress(out, o.quiet, &out == &std::cout && ::isatty(STDOUT_FILENO), o.log_every,
                     metrics ? &*metrics : nullptr, epochs_planned, every_step);
   progress.continue_after(elapsed_before);
+  progress.evaluate_every(c.eval_every);
   if (const nn::GptModel* gpt = trainer.model().gpt())
     progress.count_tokens(static_cast<std::size_t>(gpt->shape().block));
   progress.tag_epochs({{"precision", std::string(name_of(nn::kPrecisionNames, c.precision))}});

@@ -174,6 +174,15 @@ Summary Trainer::Impl::run(Observer& observer) {
         stopped = true;
         break;
       }
+      // --eval-every, except where the epoch's (or the run's) end evaluates anyway.
+      if (config.eval_every != 0 && step_number % config.eval_every == 0 &&
+          b + 1 < steps_per_epoch && step_number < total_steps) {
+        const auto t_eval = Clock::now();
+        const auto [loss, accuracy] = evaluate_set(data.test);
+        if (tracer.on())
+          tracer.record("evaluate", tracer.controller_track(), nullptr, 0, t_eval, Clock::now());
+        observer.on_eval({step_number, loss, accuracy, time.total().step});
+      }
     }
     first_b = 0;
     if (epoch_samples == 0) break;

@@ -91,6 +91,9 @@ struct TrainConfig {
   // Test hook: what oneDNN does with bf16 here (null: nn::bf16_support()).
   std::function<nn::Bf16Support()> bf16_support;
   std::size_t eval_batch = 500;  // rows per forward pass in evaluation
+  // Also evaluate the test (validation) split every N steps, besides each epoch's end (0: only
+  // there); Observer::on_eval gets each result.
+  std::size_t eval_every = 0;
   std::string augment;  // --augment: crop:P,flip,erase:P,normalize (data/augment.hpp); "" none
   // Skip each epoch's last, partial batch, as torch_peer.py does: every step then has the same
   // shape (one set of primitives, one leaf decomposition) and throughput and accuracy compare
@@ -210,6 +213,13 @@ struct EpochResult {
   double elapsed;             // training seconds so far
 };
 
+// An evaluation between steps (TrainConfig::eval_every).
+struct EvalResult {
+  std::uint64_t step;  // after this many steps
+  double test_loss, test_accuracy;
+  double elapsed;  // training seconds so far
+};
+
 // The step against its physical floor (src/train/roofline.hpp), per full-batch step.
 struct Roofline {
   double gemm_seconds = 0;        // the step's GEMMs at this run's oneDNN rate / replicas
@@ -266,6 +276,7 @@ class Observer {
   virtual ~Observer() = default;
   virtual void on_step(const StepEvent&) {}
   virtual void on_epoch(const EpochResult&) {}
+  virtual void on_eval(const EvalResult&) {}
   // Checked after every step: true ends the run there (Summary::stopped), without evaluation.
   virtual bool stop_requested() { return false; }
 };
