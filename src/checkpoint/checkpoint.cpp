@@ -79,8 +79,15 @@ std::string meta_text(const Checkpoint& c) {
     << "\nskipped=" << c.skipped << "\nseed=" << c.seed << "\nbatch=" << c.batch
     << "\nmicro_batch=" << c.micro_batch << "\ntrain_count=" << c.train_count
     << "\ndrop_last=" << (c.drop_last ? 1 : 0) << "\noptimizer=" << c.optimizer
-    << "\ninput=" << c.input[0] << "," << c.input[1] << "," << c.input[2]
-    << "\nconfig=" << c.config_json << "\n";
+    << "\ninput=" << c.input[0] << "," << c.input[1] << "," << c.input[2];
+  if (c.vocab != 0) {
+    s << "\nvocab=" << c.vocab;
+    if (!c.characters.empty()) {
+      s << "\ncharacters=";
+      for (std::size_t i = 0; i < c.characters.size(); ++i) s << (i ? "," : "") << c.characters[i];
+    }
+  }
+  s << "\nconfig=" << c.config_json << "\n";
   return s.str();
 }
 
@@ -238,6 +245,29 @@ Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::
   c.drop_last = parse_u64(name, "drop_last", kv["drop_last"]) != 0;
   c.config_json = kv["config"];
   if (kv.count("input")) c.input = parse_shape(name, kv["input"]);
+  if (kv.count("vocab")) {
+    c.vocab = parse_u64(name, "vocab", kv["vocab"]);
+    if (c.vocab == 0 || c.vocab > (std::uint64_t{1} << 20))
+      throw InputError(name + ": section META, field vocab: expected 1 .. 1048576 tokens, found " +
+                       kv["vocab"]);
+  }
+  if (kv.count("characters")) {
+    std::istringstream list(kv["characters"]);
+    for (std::string cp; std::getline(list, cp, ',');) {
+      const std::uint64_t v = parse_u64(name, "characters", cp);
+      if (v > 0x10FFFF || (!c.characters.empty() && v <= c.characters.back()))
+        throw InputError(name +
+                         ": section META, field characters: expected increasing code "
+                         "points up to 1114111, found " +
+                         cp + " after " +
+                         (c.characters.empty() ? "none" : std::to_string(c.characters.back())));
+      c.characters.push_back(static_cast<std::uint32_t>(v));
+    }
+    if (c.characters.size() != c.vocab)
+      throw InputError(name + ": section META, field characters: expected " +
+                       std::to_string(c.vocab) + " (vocab), found " +
+                       std::to_string(c.characters.size()));
+  }
   if (version >= 2) {
     c.updates = parse_u64(name, "updates", kv["updates"]);
     c.skipped = parse_u64(name, "skipped", kv["skipped"]);

@@ -77,11 +77,13 @@ int run_args(std::vector<std::string> args, std::ostream& all_out, std::ostream&
     PlotOptions plot;
     ExportOptions exp;
     LaunchOptions launch;
+    SampleOptions sample;
     CLI::App* train_cmd = add_train_command(app, train);
     CLI::App* eval_cmd = mode == Mode::kRun ? add_eval_command(app, eval) : nullptr;
     CLI::App* plot_cmd = mode == Mode::kRun ? add_plot_command(app, plot) : nullptr;
     CLI::App* export_cmd = mode == Mode::kRun ? add_export_command(app, exp) : nullptr;
     CLI::App* launch_cmd = mode == Mode::kRun ? add_launch_command(app, launch) : nullptr;
+    CLI::App* sample_cmd = mode == Mode::kRun ? add_sample_command(app, sample) : nullptr;
     if (const std::optional<int> code = parse(app, args, out)) return *code;
     if (train_cmd->parsed()) {
       check_train_flags(*train_cmd, train, /*outputs=*/comm.rank() == 0);
@@ -93,6 +95,7 @@ int run_args(std::vector<std::string> args, std::ostream& all_out, std::ostream&
     if (plot_cmd && plot_cmd->parsed()) return plot_command(plot, out);
     if (export_cmd && export_cmd->parsed()) return export_command(exp, out);
     if (launch_cmd && launch_cmd->parsed()) return launch_command(launch, loaders, err);
+    if (sample_cmd && sample_cmd->parsed()) return sample_command(sample, out, err);
     return kExitBadInput;
   } catch (const JobInputError& e) {
     return refused(e.lines());

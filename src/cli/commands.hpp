@@ -63,4 +63,18 @@ CLI::App* add_export_command(CLI::App& app, ExportOptions& o);
 // `cohort export`: a checkpoint's weights as safetensors or ONNX (cohort/export/export.hpp).
 int export_command(const ExportOptions& o, std::ostream& out);
 
+struct SampleOptions {
+  std::string checkpoint, prompt;
+  std::size_t tokens = 500;
+  double temperature = 1.0;
+  std::size_t top_k = 0;  // 0: every token
+  std::uint64_t seed = 1;
+  bool quiet = false;  // no rate line on stderr
+};
+CLI::App* add_sample_command(CLI::App& app, SampleOptions& o);
+// `cohort sample`: text from a language model's checkpoint (sample_command.cpp): the prompt, then
+// `tokens` tokens drawn one at a time (nn::GptGenerator), the same text for the same seed. Its
+// rate goes to `err`.
+int sample_command(const SampleOptions& o, std::ostream& out, std::ostream& err);
+
 }  // namespace cohort::cli

@@ -257,6 +257,10 @@ checkpoint::Checkpoint Trainer::checkpoint(std::string config_json) const {
   c.train_count = m.data.train.count;
   c.drop_last = m.config.drop_last;
   c.input = {m.data.train.channels, m.data.train.rows, m.data.train.cols};  // the data's
+  if (m.model.gpt()) {  // a language model: its vocabulary
+    c.vocab = m.data.train.num_classes;
+    c.characters = m.data.characters;
+  }
   c.config_json = std::move(config_json);
   // In canonical (PyTorch's) order, so a checkpoint does not depend on how this build stores
   // linear weights.

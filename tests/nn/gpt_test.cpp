@@ -235,6 +235,34 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GptNumeric,
                                            Case{"WindowOfOne", "gpt:1-2-4-1", 3, 4}),
                          [](const auto& p) { return std::string(p.param.name); });
 
+// The generator's logits after each token are the full forward pass's at that position: while
+// the window fills, and after it restarts from the last block / 2 tokens.
+TEST(GptGenerator, LogitsAreTheForwardPasssAtEachPosition) {
+  const GptModel m = GptModel::parse("gpt:2-2-8-6", 7);
+  const std::vector<double> p = params_for(m, kSeed);
+  std::vector<float> pf(p.begin(), p.end());
+  const std::vector<double> pr(pf.begin(), pf.end());
+  const std::int64_t T = 6, V = 7;
+  const auto w = windows_for(m, 2, kSeed);  // 14 tokens: the pushes
+  GptGenerator gen(m, pf.data());
+  // The context after push i (0-based), as the generator holds it.
+  std::vector<std::int32_t> context;
+  for (std::size_t i = 0; i < 10; ++i) {
+    if (static_cast<std::int64_t>(context.size()) == T)
+      context.erase(context.begin(), context.end() - T / 2);
+    context.push_back(w[i]);
+    const float* got = gen.push(w[i]);
+    std::vector<std::int32_t> window(context);
+    window.resize(static_cast<std::size_t>(T + 1), 0);  // positions after the last do not matter
+    const auto r = reference::gpt_forward_backward(m, pr, window.data(), 1, {}, false);
+    const std::size_t at = (context.size() - 1) * static_cast<std::size_t>(V);
+    for (std::int64_t v = 0; v < V; ++v)
+      EXPECT_NEAR(got[v], r.logits[at + static_cast<std::size_t>(v)], 1e-4)
+          << "push " << i << ", token " << v;
+  }
+  EXPECT_EQ(gen.positions_run(), 10u + 6u);  // restarts at pushes 6 and 9 ran 3 kept tokens each
+}
+
 TEST(GptNet, PlansFollowTheCallersArrays) {
   const GptModel m = GptModel::parse("gpt:2-2-8-5", 7);
   const auto w1 = windows_for(m, 2, kSeed), w2 = windows_for(m, 2, kSeed + 1);

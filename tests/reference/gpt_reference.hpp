@@ -18,6 +18,7 @@ namespace cohort::reference {
 struct GptResult {
   double loss = 0;           // summed over the N x block positions
   std::vector<double> grad;  // layout().total(): the gradient of the summed loss
+  std::vector<double> logits;  // (N x block, vocab)
 };
 
 // The dropout streams' layer numbers, as GptNet draws them: the embeddings' 0, then per block i
@@ -208,6 +209,7 @@ inline GptResult gpt_forward_backward(const nn::GptModel& model, const std::vect
   const Vec logits = linear(xf, P + model.wte(), M, C, V);
 
   GptResult r;
+  r.logits = logits;
   Vec dlogits(logits.size());
   for (std::int64_t m = 0; m < M; ++m) {
     const double* z = &logits[sz(m * V)];

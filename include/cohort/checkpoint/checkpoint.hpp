@@ -35,6 +35,11 @@ struct Checkpoint {
   // One sample's shape (C, H, W) as the model's input; tabular data (1, 1, features). META field
   // `input` (optional: files written before it hold Fashion-MNIST's (1, 28, 28)).
   std::array<std::uint64_t, 3> input{1, 28, 28};
+  // A language model's vocabulary: its size (META field `vocab`; 0: not a language model) and,
+  // for text read from input.txt, its characters in token order (META field `characters`,
+  // decimal code points, sorted and distinct; empty for token arrays).
+  std::uint64_t vocab = 0;
+  std::vector<std::uint32_t> characters;
   std::string config_json;     // the effective configuration, for people and `cohort eval`
   std::vector<float> weights;  // the flat parameter array (layout().total() floats)
   // The optimizer's per-parameter arrays, each as large as `weights`: SGD momentum (one, or none

@@ -113,4 +113,27 @@ class GptNet {
   std::unique_ptr<Impl> impl_;
 };
 
+// Generation with a key/value cache, on f32 weights: each token pushed runs one position through
+// every layer (oneDNN inner products for the linear layers; LayerNorm, GELU and the attention
+// over the cached keys and values of the positions before it in plain loops, a few hundred
+// values each), so N tokens cost N one-position passes. Learned positions end at the block: when
+// a window is full, the cache restarts from its last block / 2 tokens (recomputed), which keeps
+// the cost O(N) where recomputing the last block tokens for every new one would be O(N x block).
+// Not thread-safe; the weights must outlive it.
+class GptGenerator {
+ public:
+  GptGenerator(const GptModel& model, const float* params);
+  ~GptGenerator();
+  GptGenerator(GptGenerator&&) noexcept;
+  // Appends `token` (in [0, vocab)) to the context; returns the logits of the token after it
+  // (vocab floats, valid until the next call).
+  const float* push(std::int32_t token);
+  // Positions run through the layers so far (pushes and the recomputed ones).
+  std::uint64_t positions_run() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace cohort::nn

@@ -1,0 +1,92 @@
+// A language model through the command line: `cohort train` on a folder with input.txt (the
+// first 4,000 characters of Tiny Shakespeare), its checkpoint's vocabulary, and `cohort sample`:
+// the same text for the same seed, another for another seed, the prompt first, greedy decoding
+// at temperature 0, and exit 2 for a prompt character outside the vocabulary or a checkpoint
+// that is not a language model's.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cohort/checkpoint/checkpoint.hpp"
+#include "testing.hpp"
+
+namespace cohort::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::cohort;
+using testing::Result;
+
+class Sample : public testing::TempDirTest {
+ protected:
+  void SetUp() override {
+    TempDirTest::SetUp();
+    std::ifstream in(std::string(COHORT_FIXTURE_DIR) + "/../tinyshakespeare/input.txt");
+    std::string text(4000, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    fs::create_directories(dir_ / "text");
+    std::ofstream(dir_ / "text" / "input.txt") << text;
+    ckpt_ = (dir_ / "gpt.ckpt").string();
+    Result r = cohort({"train", "--data", (dir_ / "text").string(), "--model", "gpt:1-2-16-8",
+                       "--batch", "8", "--steps", "20", "--optimizer", "adamw", "--lr", "0.01",
+                       "--quiet", "--save", ckpt_});
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  std::string ckpt_;
+};
+
+TEST_F(Sample, TheCheckpointRecordsTheVocabulary) {
+  const checkpoint::Checkpoint c = checkpoint::load_checkpoint(ckpt_);
+  EXPECT_EQ(c.model, "gpt:1-2-16-8");
+  ASSERT_GT(c.vocab, 20u);
+  ASSERT_EQ(c.characters.size(), c.vocab);
+  EXPECT_EQ(c.characters.front(), std::uint32_t{'\n'});
+  EXPECT_TRUE(std::is_sorted(c.characters.begin(), c.characters.end()));
+}
+
+TEST_F(Sample, TheSameSeedGivesTheSameText) {
+  auto sample = [&](const std::string& seed, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args{"sample", "--checkpoint", ckpt_, "--tokens",
+                                  "200",    "--seed",       seed,  "--quiet"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Result r = cohort(args);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.err, "");
+    return r.out;
+  };
+  const std::string a = sample("5");
+  EXPECT_EQ(sample("5"), a);
+  EXPECT_NE(sample("6"), a);
+  EXPECT_GE(a.size(), 201u);  // 200 characters (some several bytes) and a newline
+  const std::string prompted = sample("5", {"--prompt", "First Citizen:"});
+  EXPECT_EQ(prompted.rfind("First Citizen:", 0), 0u) << prompted;
+  // Temperature 0 takes the most likely token: the seed does not matter.
+  EXPECT_EQ(sample("1", {"--temperature", "0"}), sample("2", {"--temperature", "0"}));
+  Result rate = cohort({"sample", "--checkpoint", ckpt_, "--tokens", "50"});
+  EXPECT_NE(rate.err.find("tokens/s"), std::string::npos) << rate.err;
+}
+
+TEST_F(Sample, RefusesWhatItCannotSample) {
+  Result r = cohort({"sample", "--checkpoint", ckpt_, "--prompt", "First {Citizen}"});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find("--prompt: character 7 '{'"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+  const std::string mlp = (dir_ / "mlp.ckpt").string();
+  ASSERT_EQ(cohort({"train", "--data", COHORT_FIXTURE_DIR, "--model", "mlp:784-16-10", "--steps",
+                    "2", "--batch", "64", "--quiet", "--save", mlp})
+                .code,
+            0);
+  r = cohort({"sample", "--checkpoint", mlp});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find("expected a language model"), std::string::npos) << r.err;
+  // A language model needs text, and text a language model.
+  r = cohort({"train", "--data", (dir_ / "text").string(), "--steps", "2", "--quiet"});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find("gpt:"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace cohort::cli
