@@ -12,6 +12,7 @@
 #include "cohort/data/augment.hpp"
 #include "cohort/data/dataset.hpp"
 #include "cohort/export/export.hpp"
+#include "cohort/nn/gpt.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/report/plot.hpp"
 #include "cohort/train/trainer.hpp"
@@ -76,7 +77,14 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   check_output_path("--summary", o.summary_path);
   check_output_path("--logits", o.logits_path);
   const checkpoint::Checkpoint ck = checkpoint::load_checkpoint(o.checkpoint);
-  data::Splits data = data::load_data_folder(o.data_dir);
+  const std::size_t block =
+      nn::GptModel::is_gpt(ck.model)
+          ? static_cast<std::size_t>(nn::GptModel::parse(ck.model, 1).shape().block)
+          : 0;
+  if (block != 0 && !o.logits_path.empty())
+    throw InputError("--logits: expected a classifier's checkpoint, found a language model's ('" +
+                     ck.model + "': its logits are per position; `cohort sample` draws from them)");
+  data::Splits data = data::load_data_folder(o.data_dir, 10, block);
   train::TrainConfig config;
   config.model = ck.model;
   config.seed = ck.seed;

@@ -10,6 +10,7 @@
 #include "cohort/config/job_config.hpp"
 #include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/nn/gpt.hpp"
 #include "cohort/version.hpp"
 
 namespace cohort::exporting {
@@ -22,8 +23,10 @@ Format parse_format(const std::string& name) { return parse_name(kFormatNames, n
 const char* to_string(Format f) { return name_of(kFormatNames, f).data(); }
 
 Naming naming_for(const std::string& spec) {
-  return spec == "cnn" || spec == "resnet20" || spec.rfind("mlp:", 0) == 0 ? Naming::kPeer
-                                                                           : Naming::kSequential;
+  return spec == "cnn" || spec == "resnet20" || spec.rfind("mlp:", 0) == 0 ||
+                 nn::GptModel::is_gpt(spec)
+             ? Naming::kPeer
+             : Naming::kSequential;
 }
 
 const char* to_string(Naming n) { return n == Naming::kPeer ? "peer" : "sequential"; }
@@ -98,6 +101,15 @@ std::vector<Module> torch_modules(const nn::Model& model) {
 std::vector<Tensor> torch_tensors(const nn::Model& model) {
   using Source = Tensor::Source;
   std::vector<Tensor> out;
+  if (const nn::GptModel* gpt = model.gpt()) {
+    // nanoGPT's state_dict: its parameters under their names, then lm_head.weight, the token
+    // embedding again (tied: PyTorch lists a tied parameter under both names).
+    for (const ParamLayout::Entry& e : gpt->layout().entries())
+      out.push_back({e.name, e.shape.dims, Source::kParams, e.offset});
+    out.push_back({"lm_head.weight", gpt->layout().entries().front().shape.dims, Source::kParams,
+                   gpt->wte()});
+    return out;
+  }
   for (const auto& [layer, module] : torch_modules(model)) {
     const nn::LayerSpec& l = *layer;
     if (l.kind == Kind::kBatchNorm) {
@@ -164,7 +176,11 @@ void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path
   const nn::SampleShape input{static_cast<std::int64_t>(ck.input[0]),
                               static_cast<std::int64_t>(ck.input[1]),
                               static_cast<std::int64_t>(ck.input[2])};
-  const nn::Model model = nn::Model::parse(ck.model, input);
+  const nn::Model model = nn::Model::parse(ck.model, input, static_cast<std::int64_t>(ck.vocab));
+  if (model.gpt() && format == Format::kOnnx)
+    throw InputError(checkpoint.string() + ": --format: expected safetensors for a language " +
+                     "model ('" + ck.model + "'), found onnx (cohort's ONNX export covers the " +
+                     "layer lists)");
   if (ck.weights.size() != model.layout().total())
     throw InputError(
         checkpoint.string() + ": the model '" + ck.model + "' on samples " + input.str() + " has " +

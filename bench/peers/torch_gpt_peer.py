@@ -1,0 +1,258 @@
+#!/usr/bin/python3
+"""cohort's PyTorch peer for language models: nanoGPT's GPT (bias=False) and its character-level
+Tiny Shakespeare recipe in PyTorch 1.13, under nanoGPT's module and state_dict names, so that
+bench/gpt_compare.py can set it beside `cohort train --model gpt:...` and tests/export can load
+cohort's safetensors into it (strict).
+
+    /usr/bin/python3 bench/peers/torch_gpt_peer.py COMMAND --text datasets/tinyshakespeare/input.txt
+      [--layers 4 --heads 4 --embd 128 --block 64 --batch 12 --dropout 0] [--threads 2] [--bf16]
+
+Commands (each measurement one line `RESULT {json}` on stdout):
+    tput   training tokens/s: the median of --reps rounds of --steps steps after --warmup, and
+           the process's peak RSS
+    train  the recipe for --iters iterations (AdamW lr --lr, betas (0.9, 0.99), weight decay 0.1
+           on 2-D tensors, clipping at 1.0, --warmup-iters of linear warmup then cosine to
+           --min-lr); the validation loss over the whole validation split in non-overlapping
+           windows (cohort's measure) every --eval-every iterations, with the training seconds so
+           far (steps only)
+
+Data: the text's sorted distinct characters are the vocabulary; the first 90% trains, the rest
+validates. A batch is --batch windows at uniformly random offsets (torch's generator, --seed).
+Setup: `scripts/setup.sh test` (python3-torch with libopenblas0-openmp: without it torch's f32
+matmuls run on the reference BLAS, about 20x slower).
+"""
+import argparse
+import json
+import math
+import resource
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm(C) with a weight and no bias, eps 1e-5."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(c))
+
+    def forward(self, x):
+        return F.layer_norm(x, (x.shape[-1],), self.weight, None, 1e-5)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, c, heads, dropout):
+        super().__init__()
+        self.heads = heads
+        self.c_attn = nn.Linear(c, 3 * c, bias=False)
+        self.c_proj = nn.Linear(c, c, bias=False)
+        self.attn_dropout = nn.Dropout(dropout)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x, causal):
+        b, t, c = x.shape
+        hs = c // self.heads
+        q, k, v = (z.reshape(b, t, self.heads, hs).transpose(1, 2)
+                   for z in self.c_attn(x).split(c, dim=2))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
+        scores = scores.masked_fill(~causal[:t, :t], float("-inf"))
+        y = self.attn_dropout(scores.softmax(dim=-1)) @ v
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, t, c)))
+
+
+class MLP(nn.Module):
+    def __init__(self, c, dropout):
+        super().__init__()
+        self.c_fc = nn.Linear(c, 4 * c, bias=False)
+        self.c_proj = nn.Linear(4 * c, c, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, c, heads, dropout):
+        super().__init__()
+        self.ln_1 = LayerNorm(c)
+        self.attn = CausalSelfAttention(c, heads, dropout)
+        self.ln_2 = LayerNorm(c)
+        self.mlp = MLP(c, dropout)
+
+    def forward(self, x, causal):
+        x = x + self.attn(self.ln_1(x), causal)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """transformer.{wte, wpe, drop, h.N, ln_f} and lm_head, tied to wte (nanoGPT's tree)."""
+
+    def __init__(self, vocab, block, layers, heads, embd, dropout=0.0):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab, embd), wpe=nn.Embedding(block, embd),
+            drop=nn.Dropout(dropout),
+            h=nn.ModuleList([Block(embd, heads, dropout) for _ in range(layers)]),
+            ln_f=LayerNorm(embd)))
+        self.lm_head = nn.Linear(embd, vocab, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight
+        self.register_buffer("causal", torch.ones(block, block, dtype=torch.bool).tril(),
+                             persistent=False)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith("c_proj.weight") else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def logits(self, idx):
+        t = self.transformer
+        x = t.drop(t.wte(idx) + t.wpe(torch.arange(idx.shape[1])))
+        for b in t.h:
+            x = b(x, self.causal)
+        return self.lm_head(t.ln_f(x))
+
+    def forward(self, idx, targets):
+        z = self.logits(idx)
+        return F.cross_entropy(z.reshape(-1, z.shape[-1]), targets.reshape(-1))
+
+
+def load_text(path):
+    """(train tokens, validation tokens, characters): nanoGPT's 90/10 split."""
+    text = open(path, encoding="utf-8").read()
+    chars = sorted(set(text))
+    index = {ch: i for i, ch in enumerate(chars)}
+    data = torch.tensor([index[ch] for ch in text], dtype=torch.long)
+    n = int(0.9 * len(data))
+    return data[:n], data[n:], chars
+
+
+@torch.no_grad()
+def validation_loss(model, val, block, windows=256, bf16=False):
+    """The mean cross-entropy per token over the whole split in non-overlapping windows of
+    block + 1 tokens (targets: floor((n - 1) / block) x block positions), as cohort measures."""
+    was = model.training
+    model.eval()
+    count = (len(val) - 1) // block
+    total = 0.0
+    for first in range(0, count, windows):
+        offs = range(first, min(count, first + windows))
+        x = torch.stack([val[o * block:o * block + block] for o in offs])
+        y = torch.stack([val[o * block + 1:o * block + block + 1] for o in offs])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            z = model.logits(x)
+        total += F.cross_entropy(z.float().reshape(-1, z.shape[-1]), y.reshape(-1),
+                                 reduction="sum").item()
+    model.train(was)
+    return total / (count * block)
+
+
+def make(a, vocab):
+    torch.manual_seed(a.seed)
+    model = GPT(vocab, a.block, a.layers, a.heads, a.embd, a.dropout)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.99))
+    return model, opt
+
+
+def lr_at(it, a):
+    if it < a.warmup_iters:
+        return a.lr * (it + 1) / (a.warmup_iters + 1)
+    ratio = min(1.0, (it - a.warmup_iters) / max(1, a.iters - a.warmup_iters))
+    return a.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (a.lr - a.min_lr)
+
+
+def batch(data, a, gen):
+    offs = torch.randint(len(data) - a.block, (a.batch,), generator=gen).tolist()
+    return (torch.stack([data[o:o + a.block] for o in offs]),
+            torch.stack([data[o + 1:o + a.block + 1] for o in offs]))
+
+
+def step(model, opt, x, y, a):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+        loss = model(x, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item()
+
+
+def emit(d):
+    print("RESULT " + json.dumps(d), flush=True)
+
+
+def peak_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def cmd_tput(a):
+    train, _, chars = load_text(a.text)
+    model, opt = make(a, len(chars))
+    gen = torch.Generator().manual_seed(a.seed)
+    batches = [batch(train, a, gen) for _ in range(8)]
+    for i in range(a.warmup):
+        step(model, opt, *batches[i % 8], a)
+    rates = []
+    for _ in range(a.reps):
+        t0 = time.perf_counter()
+        for i in range(a.steps):
+            step(model, opt, *batches[i % 8], a)
+        rates.append(a.steps * a.batch * a.block / (time.perf_counter() - t0))
+    emit({"what": "tput", "bf16": a.bf16, "tokens_per_second": statistics.median(rates),
+          "rates": rates, "peak_rss_bytes": peak_rss_bytes(), "threads": torch.get_num_threads()})
+
+
+def cmd_train(a):
+    train, val, chars = load_text(a.text)
+    model, opt = make(a, len(chars))
+    gen = torch.Generator().manual_seed(a.seed)
+    curve, seconds = [], 0.0
+    for it in range(a.iters):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(it, a)
+        x, y = batch(train, a, gen)
+        t0 = time.perf_counter()
+        step(model, opt, x, y, a)
+        seconds += time.perf_counter() - t0
+        if (it + 1) % a.eval_every == 0 or it + 1 == a.iters:
+            curve.append({"step": it + 1, "elapsed_s": seconds,
+                          "val_loss": validation_loss(model, val, a.block, bf16=a.bf16)})
+            print(json.dumps(curve[-1]), flush=True)
+    emit({"what": "train", "bf16": a.bf16, "curve": curve, "val_loss": curve[-1]["val_loss"],
+          "train_seconds": seconds, "peak_rss_bytes": peak_rss_bytes()})
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("cmd", choices=["tput", "train"])
+    p.add_argument("--text", required=True)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--embd", type=int, default=128)
+    p.add_argument("--block", type=int, default=64)
+    p.add_argument("--batch", type=int, default=12)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--min-lr", type=float, default=1e-4)
+    p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--warmup-iters", type=int, default=100)
+    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--reps", type=int, default=3)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    {"tput": cmd_tput, "train": cmd_train}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()
