@@ -134,6 +134,50 @@ class MpiTest(MpiCase):
     def test_resume_2x1_to_3x1_adam(self):
         self.resume_case(["--optimizer", "adam", "--lr", "0.001"], (2, 1), (3, 1))
 
+    def test_language_model_same_weights_on_every_split(self):
+        """A language model (gpt:, with dropout, AdamW, clipping) on text: 2 and 3 ranks give the
+        single process's weights and validation loss, in f32 and bf16; a checkpoint of 2 ranks
+        resumes on 3 to the uninterrupted run's weights."""
+        folder = os.path.join(self.tmp, "text")
+        os.makedirs(folder)
+        with open(os.path.join(mpi_testing.DATA, "..", "tinyshakespeare", "input.txt"),
+                  encoding="utf-8") as f:
+            head = f.read(20000)
+        with open(os.path.join(folder, "input.txt"), "w", encoding="utf-8") as f:
+            f.write(head)
+        flags = ["--data", folder, "--model", "gpt:2-2-16-16-0.1", "--batch", "12",
+                 "--micro-batch", "2", "--steps", "6", "--optimizer", "adamw", "--lr", "0.003",
+                 "--clip-norm", "1", "--warmup-steps", "0", "--workers", "1", "--quiet",
+                 "--seed", str(SEED)]
+        precisions = ["f32"] + (["bf16"] if bf16_support() != "none" else [])
+        for precision in precisions:
+            extra = ["--precision", precision, "--allow-emulated-bf16"]
+            got = {}
+            for ranks in (1, 2, 3):
+                summary = os.path.join(self.tmp, f"{precision}_{ranks}.json")
+                rc, out, err, _ = run(launch(ranks, flags + extra + ["--summary", summary],
+                                             mpi=ranks > 1))
+                self.assertEqual(rc, 0, f"{ranks} ranks, {precision}:\n{err}")
+                with open(summary) as f:
+                    s = json.load(f)
+                got[ranks] = (s["weights_digest"], s["val_loss"])
+            with self.subTest(precision=precision, seed=SEED):
+                self.assertEqual(got[2], got[1])
+                self.assertEqual(got[3], got[1])
+            if precision == "f32":
+                got_f32 = got
+        # The step-3 checkpoint of a 2-rank run (kept as gpt.ckpt.1), resumed on 3 ranks.
+        ckpt = os.path.join(self.tmp, "gpt.ckpt")
+        rc, _, err, _ = run(launch(2, flags + ["--save", ckpt, "--save-every", "3", "--keep",
+                                               "2"]))
+        self.assertEqual(rc, 0, err)
+        summary = os.path.join(self.tmp, "resumed.json")
+        rc, _, err, _ = run(launch(3, flags + ["--resume", ckpt + ".1", "--summary", summary]))
+        self.assertEqual(rc, 0, err)
+        with open(summary) as f:
+            resumed = json.load(f)["weights_digest"]
+        self.assertEqual(resumed, got_f32[1][0])
+
     # h, i ---------------------------------------------------------------------------------------
     def test_trace(self):
         trace = os.path.join(self.tmp, "t.json")
