@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 
@@ -81,7 +82,6 @@ class GptPlanBuilder {
   struct BlockSaved {
     LnSaved ln1, ln2;
     memory h1, qkv, p, p_used, y, x_mid, h2, f, g;
-    float *p_mask = nullptr, *a_mask = nullptr, *m_mask = nullptr;
   };
 
   bool half() const { return act_ == Dt::bf16; }
@@ -93,6 +93,20 @@ class GptPlanBuilder {
   memory plain(Dims dims, Dt dt) {
     memory::desc md(dims, dt, dims.size() == 1 ? Tag::a : dims.size() == 2 ? Tag::ab : Tag::abcd);
     return memory(md, eng_, buffer(md.get_size()));
+  }
+  // A buffer that steps of different layers reuse: what one layer's steps write and read before
+  // the next layer's steps run (backward's gradients, forward's intermediate results that
+  // backward does not read, and everything in an inference plan). One per role, dims and type.
+  memory temp(const std::string& role, const Dims& dims, Dt dt) {
+    std::string key = role + ":" + std::to_string(static_cast<int>(dt));
+    for (const auto d : dims) key += "," + std::to_string(d);
+    auto [it, fresh] = temps_.try_emplace(key);
+    if (fresh) it->second = plain(dims, dt);
+    return it->second;
+  }
+  // A buffer backward reads (its own per layer), or in an inference plan a reused one.
+  memory kept(const std::string& role, const Dims& dims, Dt dt) {
+    return training_ ? plain(dims, dt) : temp(role, dims, dt);
   }
   // A strided view of `base`'s buffer, `offset` elements in.
   memory view(const memory& base, Dims dims, Dims strides, std::int64_t offset) {
@@ -131,14 +145,18 @@ class GptPlanBuilder {
         Phase::kOther);
   }
   // The plain f32 (M, C) memory `x` in the activations' type: itself in f32.
-  memory as_act(std::vector<Exec>& list, const memory& x, Dims dims) {
+  memory as_act(std::vector<Exec>& list, const memory& x, Dims dims, const std::string& role) {
     if (!half()) return x;
-    memory out = plain(dims, act_);
+    memory out = kept(role, dims, act_);
     convert(list, x, out);
     return out;
   }
+  // The dropout mask of `layer` (count values), drawn by a step appended to `list` into a buffer
+  // that the next mask of that size reuses: forward draws it where it applies it, backward draws
+  // it again where it needs it (the keyed stream gives the same values), so no mask is kept.
   float* mask(std::vector<Exec>& list, std::size_t count, std::size_t layer) {
-    float* m = buffer(count * sizeof(float));
+    float* m = static_cast<float*>(
+        temp("mask", {static_cast<std::int64_t>(count)}, Dt::f32).get_data_handle());
     const StreamKey* key = key_;
     const float p = s_.dropout;
     custom(list, [=] { dropout_mask(*key, layer, p, count, m); });
@@ -168,6 +186,7 @@ class GptPlanBuilder {
   std::string where_;
   std::optional<dnnl::layer_normalization_forward::primitive_desc> ln_fwd_;
   std::optional<dnnl::layer_normalization_backward::primitive_desc> ln_bwd_;
+  std::map<std::string, memory> temps_;
 };
 
 GptPlanBuilder::LnSaved GptPlanBuilder::ln_forward(const memory& x, std::size_t weight,
@@ -188,10 +207,10 @@ GptPlanBuilder::LnSaved GptPlanBuilder::ln_forward(const memory& x, std::size_t 
   LnSaved s;
   s.src = x;
   s.weight = weight;
-  s.mean = plain({M_}, Dt::f32);
-  s.var = plain({M_}, Dt::f32);
+  s.mean = kept("ln.mean", {M_}, Dt::f32);
+  s.var = kept("ln.var", {M_}, Dt::f32);
   if (half()) {  // the weight as f32, converted per call
-    s.scale = plain({C_}, Dt::f32);
+    s.scale = kept("ln.scale", {C_}, Dt::f32);
     const memory w = param({C_}, weight);
     convert(p_.forward, w, s.scale);
   } else {
@@ -265,11 +284,12 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   BlockSaved b;
   const std::int64_t T = T_, C = C_, H = H_, hs = hs_, N = N_;
   where_ = "h." + std::to_string(l) + ".ln_1";
-  memory h1_f32 = plain({M_, C}, Dt::f32);
+  // f32: the LayerNorm's output is the next layer's input, kept; bf16: converted, and kept so.
+  memory h1_f32 = half() ? temp("ln.out", {M_, C}, Dt::f32) : kept("h1", {M_, C}, Dt::f32);
   b.ln1 = ln_forward(x, o.ln_1, h1_f32);
-  b.h1 = as_act(p_.forward, h1_f32, {M_, C});
+  b.h1 = as_act(p_.forward, h1_f32, {M_, C}, "h1");
   where_ = "h." + std::to_string(l) + ".attn.c_attn";
-  b.qkv = plain({M_, 3 * C}, act_);
+  b.qkv = kept("qkv", {M_, 3 * C}, act_);
   linear(b.h1, o.c_attn, 3 * C, b.qkv);
 
   where_ = "h." + std::to_string(l) + ".attn";
@@ -277,7 +297,7 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   const memory q = view(b.qkv, heads, qkv_strides, 0);
   const memory kt = view(b.qkv, {N, H, hs, T}, {T * 3 * C, hs, 1, 3 * C}, C);
   const memory v = view(b.qkv, heads, qkv_strides, 2 * C);
-  memory scores = plain({N, H, T, T}, Dt::f32);
+  memory scores = temp("scores", {N, H, T, T}, Dt::f32);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   matmul::primitive_desc spd(matmul::desc(q.get_desc(), kt.get_desc(), scores.get_desc()),
                              attr(scale), eng_);
@@ -291,7 +311,7 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
       for (std::int64_t i = 0; i + 1 < T; ++i)
         std::fill(sc + (r * T + i) * T + i + 1, sc + (r * T + i + 1) * T, minus_inf);
   });
-  b.p = plain({N, H, T, T}, Dt::f32);
+  b.p = kept("p", {N, H, T, T}, Dt::f32);
   softmax_forward::primitive_desc smpd(
       softmax_forward::desc(prop_kind::forward_training, scores.get_desc(), 3), attr(), eng_);
   add(p_.forward, softmax_forward(smpd), smpd.scratchpad_desc(),
@@ -300,9 +320,8 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   b.p_used = b.p;
   const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
   if (drop_) {
-    b.p_mask = mask(p_.forward, pn, dropout_layer(l, 0));
-    b.p_used = plain({N, H, T, T}, act_);
-    const float* pm = b.p_mask;
+    const float* pm = mask(p_.forward, pn, dropout_layer(l, 0));
+    b.p_used = kept("p_used", {N, H, T, T}, act_);
     const float* pp = static_cast<const float*>(b.p.get_data_handle());
     void* out = b.p_used.get_data_handle();
     const bool half = this->half();
@@ -313,10 +332,10 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
         for (std::size_t i = 0; i < pn; ++i) static_cast<float*>(out)[i] = pp[i] * pm[i];
     });
   } else if (half()) {
-    b.p_used = plain({N, H, T, T}, act_);
+    b.p_used = kept("p_used", {N, H, T, T}, act_);
     convert(p_.forward, b.p, b.p_used);
   }
-  b.y = plain({M_, C}, act_);
+  b.y = kept("y", {M_, C}, act_);
   const memory yh = view(b.y, heads, {T * C, hs, C, 1}, 0);
   matmul::primitive_desc ypd(matmul::desc(b.p_used.get_desc(), v.get_desc(), yh.get_desc()), attr(),
                              eng_);
@@ -324,11 +343,11 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
       {{DNNL_ARG_SRC, b.p_used}, {DNNL_ARG_WEIGHTS, v}, {DNNL_ARG_DST, yh}}, Phase::kMatmul);
 
   // The residual branches: x += dropout(branch), in f32.
-  auto residual = [this, &x](const memory& branch, std::size_t layer, float*& kept) {
+  auto residual = [this, &x](const memory& branch, std::size_t layer) {
     float* xs = static_cast<float*>(x.get_data_handle());
     const float* br = static_cast<const float*>(branch.get_data_handle());
     const std::size_t n = static_cast<std::size_t>(M_ * C_);
-    float* mk = drop_ ? (kept = mask(p_.forward, n, layer)) : nullptr;
+    const float* mk = drop_ ? mask(p_.forward, n, layer) : nullptr;
     custom(p_.forward, [=] {
       if (mk)
         for (std::size_t i = 0; i < n; ++i) xs[i] += br[i] * mk[i];
@@ -337,9 +356,9 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
     });
   };
   where_ = "h." + std::to_string(l) + ".attn.c_proj";
-  memory a = plain({M_, C}, Dt::f32);
+  memory a = temp("branch", {M_, C}, Dt::f32);
   linear(b.y, o.attn_proj, C, a);
-  residual(a, dropout_layer(l, 1), b.a_mask);
+  residual(a, dropout_layer(l, 1));
   // Backward needs the stream as it was here (ln_2's input); the forward goes on in x.
   where_ = "h." + std::to_string(l) + ".ln_2";
   if (training_) {
@@ -348,14 +367,14 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   } else {
     b.x_mid = x;
   }
-  memory h2_f32 = plain({M_, C}, Dt::f32);
+  memory h2_f32 = half() ? temp("ln.out", {M_, C}, Dt::f32) : kept("h2", {M_, C}, Dt::f32);
   b.ln2 = ln_forward(b.x_mid, o.ln_2, h2_f32);
-  b.h2 = as_act(p_.forward, h2_f32, {M_, C});
+  b.h2 = as_act(p_.forward, h2_f32, {M_, C}, "h2");
   where_ = "h." + std::to_string(l) + ".mlp.c_fc";
-  b.f = plain({M_, 4 * C}, act_);
+  b.f = kept("f", {M_, 4 * C}, act_);
   linear(b.h2, o.c_fc, 4 * C, b.f);
   where_ = "h." + std::to_string(l) + ".mlp.gelu";
-  b.g = plain({M_, 4 * C}, act_);
+  b.g = kept("g", {M_, 4 * C}, act_);
   eltwise_forward::primitive_desc gpd(
       eltwise_forward::desc(prop_kind::forward_training, algorithm::eltwise_gelu_erf,
                             b.f.get_desc(), 0.0f, 0.0f),
@@ -363,9 +382,9 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   add(p_.forward, eltwise_forward(gpd), gpd.scratchpad_desc(),
       {{DNNL_ARG_SRC, b.f}, {DNNL_ARG_DST, b.g}}, Phase::kEltwise);
   where_ = "h." + std::to_string(l) + ".mlp.c_proj";
-  memory mo = plain({M_, C}, Dt::f32);
+  memory mo = temp("branch", {M_, C}, Dt::f32);
   linear(b.g, o.mlp_proj, C, mo);
-  residual(mo, dropout_layer(l, 2), b.m_mask);
+  residual(mo, dropout_layer(l, 2));
   return b;
 }
 
@@ -376,8 +395,9 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   const std::size_t n = static_cast<std::size_t>(M_ * C);
   float* dxs = static_cast<float*>(dx.get_data_handle());
   // A residual branch's gradient: dx through the branch's dropout, in the activations' type.
-  auto branch = [&](const float* kept) {
-    memory d = plain({M_, C}, act_);
+  auto branch = [&](std::size_t layer) {
+    const float* kept = drop_ ? mask(p_.backward, n, layer) : nullptr;
+    memory d = temp("d.branch", {M_, C}, act_);
     void* out = d.get_data_handle();
     const bool half = this->half();
     custom(p_.backward, [=] {
@@ -399,16 +419,16 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
     });
   };
   // The input gradient of a linear layer in front of a LayerNorm, as f32 for its backward.
-  memory dln = plain({M_, C}, Dt::f32);
-  memory dh_f32 = plain({M_, C}, Dt::f32);
-  memory dh = half() ? plain({M_, C}, act_) : dh_f32;
+  memory dln = temp("d.ln", {M_, C}, Dt::f32);
+  memory dh_f32 = temp("d.h.f32", {M_, C}, Dt::f32);
+  memory dh = half() ? temp("d.h", {M_, C}, act_) : dh_f32;
 
   where_ = "h." + std::to_string(l) + ".mlp.c_proj";
-  const memory dmo = branch(b.m_mask);
-  memory dg = plain({M_, 4 * C}, act_);
+  const memory dmo = branch(dropout_layer(l, 2));
+  memory dg = temp("d.g", {M_, 4 * C}, act_);
   linear_backward(b.g, o.mlp_proj, C, dmo, dg);
   where_ = "h." + std::to_string(l) + ".mlp.gelu";
-  memory df = plain({M_, 4 * C}, act_);
+  memory df = temp("d.f", {M_, 4 * C}, act_);
   eltwise_forward::primitive_desc ghint(
       eltwise_forward::desc(prop_kind::forward_training, algorithm::eltwise_gelu_erf,
                             b.f.get_desc(), 0.0f, 0.0f),
@@ -427,8 +447,8 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   accumulate(dln);
 
   where_ = "h." + std::to_string(l) + ".attn.c_proj";
-  const memory da = branch(b.a_mask);
-  memory dy = plain({M_, C}, act_);
+  const memory da = branch(dropout_layer(l, 1));
+  memory dy = temp("d.y", {M_, C}, act_);
   linear_backward(b.y, o.attn_proj, C, da, dy);
 
   where_ = "h." + std::to_string(l) + ".attn";
@@ -436,22 +456,22 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   const Dims y_strides{T * C, hs, C, 1}, transposed{H * T * T, T * T, 1, T};
   const memory dyh = view(dy, heads, y_strides, 0);
   // dP = dY V^T, through the attention dropout.
-  memory dp = plain({N, H, T, T}, Dt::f32);
+  memory dp = temp("d.p", {N, H, T, T}, Dt::f32);
   const memory vt = view(b.qkv, {N, H, hs, T}, {T * 3 * C, hs, 1, 3 * C}, 2 * C);
   matmul::primitive_desc dppd(matmul::desc(dyh.get_desc(), vt.get_desc(), dp.get_desc()), attr(),
                               eng_);
   add(p_.backward, matmul(dppd), dppd.scratchpad_desc(),
       {{DNNL_ARG_SRC, dyh}, {DNNL_ARG_WEIGHTS, vt}, {DNNL_ARG_DST, dp}}, Phase::kMatmul);
   const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
-  if (b.p_mask) {
+  if (drop_) {
     float* d = static_cast<float*>(dp.get_data_handle());
-    const float* mk = b.p_mask;
+    const float* mk = mask(p_.backward, pn, dropout_layer(l, 0));
     custom(p_.backward, [=] {
       for (std::size_t i = 0; i < pn; ++i) d[i] *= mk[i];
     });
   }
   // dV = P^T dY (P as the forward used it).
-  memory dqkv = plain({M_, 3 * C}, act_);
+  memory dqkv = temp("d.qkv", {M_, 3 * C}, act_);
   const memory pt = view(b.p_used, {N, H, T, T}, transposed, 0);
   const memory dv = view(dqkv, heads, qkv_strides, 2 * C);
   matmul::primitive_desc dvpd(matmul::desc(pt.get_desc(), dyh.get_desc(), dv.get_desc()), attr(),
@@ -459,7 +479,7 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   add(p_.backward, matmul(dvpd), dvpd.scratchpad_desc(),
       {{DNNL_ARG_SRC, pt}, {DNNL_ARG_WEIGHTS, dyh}, {DNNL_ARG_DST, dv}}, Phase::kMatmul);
   // dS = softmax'(P) dP; the scores' scale goes into the two matmuls after it.
-  memory ds = plain({N, H, T, T}, Dt::f32);
+  memory ds = temp("d.s", {N, H, T, T}, Dt::f32);
   softmax_forward::primitive_desc shint(
       softmax_forward::desc(prop_kind::forward_training, ds.get_desc(), 3), attr(), eng_);
   softmax_backward::primitive_desc sbpd(softmax_backward::desc(ds.get_desc(), b.p.get_desc(), 3),
@@ -468,7 +488,7 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
       {{DNNL_ARG_DST, b.p}, {DNNL_ARG_DIFF_DST, dp}, {DNNL_ARG_DIFF_SRC, ds}}, Phase::kEltwise);
   memory ds_act = ds;
   if (half()) {
-    ds_act = plain({N, H, T, T}, act_);
+    ds_act = temp("d.s.act", {N, H, T, T}, act_);
     convert(p_.backward, ds, ds_act);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -520,9 +540,8 @@ void GptPlanBuilder::build_steps() {
         xs[m * C + c] = at(e + static_cast<std::size_t>(c)) + at(q + static_cast<std::size_t>(c));
     }
   });
-  float* emb_mask = nullptr;
   if (drop_) {
-    emb_mask = mask(p.forward, n, 0);
+    const float* emb_mask = mask(p.forward, n, 0);
     custom(p.forward, [=] {
       for (std::size_t i = 0; i < n; ++i) xs[i] *= emb_mask[i];
     });
@@ -543,9 +562,9 @@ void GptPlanBuilder::build_steps() {
     saved.push_back(std::move(b));
   }
   where_ = "transformer.ln_f";
-  memory xf_f32 = plain({M_, C}, Dt::f32);
+  memory xf_f32 = kept("xf", {M_, C}, Dt::f32);
   const LnSaved lnf = ln_forward(x, m_.ln_f(), xf_f32);
-  const memory xf = as_act(p.forward, xf_f32, {M_, C});
+  const memory xf = as_act(p.forward, xf_f32, {M_, C}, "xf.act");
   where_ = "lm_head";
   memory logits = plain({M_, V}, Dt::f32);
   linear(xf, wte, V, logits);
@@ -555,7 +574,7 @@ void GptPlanBuilder::build_steps() {
   // Backward from the loss's gradient (diff_logits, f32; written by the caller).
   memory dlogits = plain({M_, V}, Dt::f32);
   p.diff_logits = static_cast<float*>(dlogits.get_data_handle());
-  const memory dlogits_act = as_act(p.backward, dlogits, {M_, V});
+  const memory dlogits_act = as_act(p.backward, dlogits, {M_, V}, "d.logits.act");
   memory dx = plain({M_, C}, Dt::f32);
   memory dxf = plain({M_, C}, act_);
   linear_backward(xf, wte, V, dlogits_act, dxf);  // also wte's gradient, from the head
@@ -571,6 +590,7 @@ void GptPlanBuilder::build_steps() {
   // The embeddings' gradients: wpe's overwritten, wte's added to the head's.
   where_ = "transformer.wte";
   float* dxs = static_cast<float*>(dx.get_data_handle());
+  const float* emb_mask = drop_ ? mask(p.backward, n, 0) : nullptr;
   custom(p.backward, [&p, dxs, emb_mask, windows, wte, wpe, T, C, M = M_] {
     float* g = p.bound_grad;
     std::fill(g + wpe, g + wpe + static_cast<std::size_t>(T * C), 0.0f);

@@ -1,6 +1,8 @@
 // The step's roofline; see roofline.hpp.
 #include "roofline.hpp"
 
+#include <optional>
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -34,11 +36,15 @@ double best_of(F f) {
 // this thread alone: the run's own primitives at their own rate, without a second replica
 // competing for the core's caches or the memory bus. With batch weight gradients the linear
 // layers' weight gradients are left to the root (timed separately below), as in the run.
-double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c) {
+// A language model's leaf plan holds hundreds of megabytes of activations: it times `replica`
+// (replica 0's Net, the same primitives, its plan built by the run) instead of building another.
+double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c, nn::Net& replica) {
   const auto M = static_cast<std::int64_t>(c.micro_batch);
   const std::size_t features = static_cast<std::size_t>(model.input_features());
   const bool b16 = c.precision == nn::Precision::kBf16;
-  nn::Net net(model, c.blocked_layouts, c.precision);
+  std::optional<nn::Net> own;
+  if (!model.gpt()) own.emplace(model, c.blocked_layouts, c.precision);
+  nn::Net& net = own ? *own : replica;
   AlignedBuffer<float> params(model.layout().total()), grad(model.layout().total());
   model.init(params.data(), c.seed);
   AlignedBuffer<bf16> params16(b16 ? params.size() : 0);
@@ -181,7 +187,7 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
   r.step_seconds = step_seconds;
   double leaf = 0, root_gemms = 0;
   graph.for_each_replica(1, [&](std::size_t) {  // a replica's thread: OpenMP pinned to one
-    leaf = leaf_matmul_seconds(model, config);
+    leaf = leaf_matmul_seconds(model, config, graph.replica(0).net);
     root_gemms = batch_gemm_seconds(model, config);
   });
   const std::size_t leaves = config.batch / config.micro_batch;

@@ -64,6 +64,11 @@ TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
       // It depends on the machine (or the job's cores), never on --workers.
       const std::size_t n = c.job_cores != 0 ? c.job_cores : cores();
       c.micro_batch = (c.batch + n - 1) / n;
+      if (model.gpt())  // a leaf's activations grow with its tokens: at most kLeafTokens
+        c.micro_batch =
+            std::min(c.micro_batch,
+                     std::max<std::size_t>(
+                         1, kLeafTokens / static_cast<std::size_t>(model.input_features() - 1)));
       if (model.has_conv())
         c.micro_batch =
             std::min(c.micro_batch,

@@ -142,9 +142,13 @@ std::size_t l2_cache_bytes();
 // PyTorch's BatchNorm defaults: the running statistics' momentum and the normalization's eps.
 inline constexpr float kBatchNormMomentum = 0.1f;
 inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
-// A language model's evaluation runs windows of at most this many tokens at a time (its
-// activations per token are a few kilobytes per layer).
-inline constexpr std::size_t kEvalTokens = 8192;
+// The largest default leaf of a language model, in tokens (windows x block): its activations
+// are ~140 KB a token for nanoGPT's full recipe in bf16 (6 layers, 384 wide, 6 heads x 256
+// positions of attention), so a 2048-token leaf keeps ~280 MB per replica.
+inline constexpr std::size_t kLeafTokens = 2048;
+// A language model's evaluation runs windows of at most this many tokens at a time: its
+// attention scores alone take heads x block x 10 bytes a token (nanoGPT's full recipe: 15 KB).
+inline constexpr std::size_t kEvalTokens = 2048;
 
 // Throws InputError (naming the flag, expected and found value) for a config that cannot run on
 // `data`, before any work starts: nothing is sized from a config this has not accepted.
