@@ -1,0 +1,174 @@
+#!/usr/bin/python3
+"""cohort's language models against the project's PyTorch GPT (bench/peers/torch_gpt_peer.py),
+side by side on one machine, Tiny Shakespeare.
+
+  bench/gpt_compare.py tput [--cases cpu,medium,full] [--reps 3]
+      Training tokens/s of nanoGPT's CPU recipe (gpt:4-4-128-64, batch 12), a medium model
+      (gpt:4-4-256-128, batch 32) and the full recipe (gpt:6-6-384-256-0.2, batch 64): cohort f32
+      and bf16 (2 workers) and the peer f32 and bf16 autocast (2 threads), alternating round by
+      round; per run its peak RSS (the child's, from wait4). cohort's rate is the steady one: the
+      tokens of its steps after the first --skip over their time (the metrics' elapsed_s, steps
+      only), as the peer's excludes its warm-up steps. Prints medians and the ratio of cohort's
+      best to PyTorch's best, and cohort's roofline fraction.
+  bench/gpt_compare.py curve [--seeds 1,2,3] [--peer]
+      nanoGPT's CPU recipe for 2000 iterations (examples/gpt_char_cpu.toml) in f32 and bf16 per
+      seed: the validation loss (whole split) every 250 iterations against training seconds, the
+      seconds to first reach --target (1.90); with --peer the PyTorch recipe too. --out writes
+      every curve as JSON for docs.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import peer_compare  # bench/: its process-group runner and TIMEOUT
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEER = os.path.join(ROOT, "bench", "peers", "torch_gpt_peer.py")
+TEXT = os.path.join(ROOT, "datasets", "tinyshakespeare")
+CASES = {  # name: (layers, heads, embd, block, batch, dropout, cohort steps, peer steps, peer reps)
+    "cpu": (4, 4, 128, 64, 12, 0.0, 300, 40, 3),
+    "medium": (4, 4, 256, 128, 32, 0.0, 60, 10, 3),
+    "full": (6, 6, 384, 256, 64, 0.2, 8, 2, 1),
+}
+RECIPE = ["--optimizer", "adamw", "--lr", "1e-3", "--beta2", "0.99", "--weight-decay", "0.1",
+          "--no-decay-norm-bias", "--clip-norm", "1", "--warmup-steps", "100", "--min-lr", "1e-4"]
+
+
+def timed_child(cmd):
+    """Runs cmd; returns (stdout, peak RSS bytes of that child)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode:
+        raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}")
+    return out, usage.ru_maxrss * 1024
+
+
+def cohort_tput(a, case, precision, tmp, skip):
+    L, H, C, T, B, p, steps, _, _ = CASES[case]
+    spec = f"gpt:{L}-{H}-{C}-{T}" + (f"-{p}" if p else "")
+    metrics, summary = os.path.join(tmp, "m.jsonl"), os.path.join(tmp, "s.json")
+    cmd = [a.cohort, "train", "--data", TEXT, "--model", spec, "--batch", str(B), "--steps",
+           str(steps), "--precision", precision, "--workers", "2", "--quiet", "--log-every", "1",
+           "--metrics", metrics, "--summary", summary] + RECIPE
+    _, rss = timed_child(cmd)
+    with open(metrics) as f:
+        lines = [json.loads(l) for l in f if '"kind":"step"' in l]
+    first, last = lines[skip - 1], lines[-1]
+    rate = (last["step"] - first["step"]) * B * T / (last["elapsed_s"] - first["elapsed_s"])
+    with open(summary) as f:
+        s = json.load(f)
+    return rate, rss, s["roofline"]["fraction"]
+
+
+def peer_tput(a, case, bf16):
+    L, H, C, T, B, p, _, steps, reps = CASES[case]
+    cmd = ["/usr/bin/python3", PEER, "tput", "--text", os.path.join(TEXT, "input.txt"),
+           "--layers", str(L), "--heads", str(H), "--embd", str(C), "--block", str(T), "--batch",
+           str(B), "--dropout", str(p), "--threads", "2", "--steps", str(steps), "--reps",
+           str(reps), "--warmup", "2"] + (["--bf16"] if bf16 else [])
+    out, rss = timed_child(cmd)
+    result = json.loads([l for l in out.splitlines() if l.startswith("RESULT ")][-1][7:])
+    return result["tokens_per_second"], rss
+
+
+def cmd_tput(a):
+    tmp = os.path.join(ROOT, "runs", "gpt_compare")
+    os.makedirs(tmp, exist_ok=True)
+    for case in a.cases.split(","):
+        runs = {k: [] for k in ("cohort f32", "cohort bf16", "PyTorch f32", "PyTorch bf16")}
+        rss, fractions = {k: [] for k in runs}, {"f32": [], "bf16": []}
+        skip = 2 if case != "full" else 1
+        for _ in range(a.reps):
+            for precision in ("f32", "bf16"):
+                r, m, f = cohort_tput(a, case, precision, tmp, skip)
+                runs["cohort " + precision].append(r)
+                rss["cohort " + precision].append(m)
+                fractions[precision].append(f)
+            for bf16 in (False, True):
+                r, m = peer_tput(a, case, bf16)
+                key = "PyTorch " + ("bf16" if bf16 else "f32")
+                runs[key].append(r)
+                rss[key].append(m)
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        print(f"\n{case}: tokens/s (median of {a.reps}), peak RSS (MB)")
+        for k in runs:
+            print(f"  {k:13} {med[k]:10.0f}   {statistics.median(rss[k]) / 1e6:8.0f} MB   "
+                  f"runs {[round(x) for x in runs[k]]}")
+        best_c = max(med["cohort f32"], med["cohort bf16"])
+        best_p = max(med["PyTorch f32"], med["PyTorch bf16"])
+        print(f"  cohort's best / PyTorch's best: {best_c / best_p:.2f}x; roofline fraction "
+              f"f32 {statistics.median(fractions['f32']):.3f}, bf16 "
+              f"{statistics.median(fractions['bf16']):.3f}", flush=True)
+
+
+def cohort_curve(a, seed, precision, tmp):
+    metrics, summary = os.path.join(tmp, "m.jsonl"), os.path.join(tmp, "s.json")
+    peer_compare.run([a.cohort, "train", "--config", os.path.join(ROOT, "examples",
+                                                                  "gpt_char_cpu.toml"),
+                      "--seed", str(seed), "--precision", precision, "--quiet", "--metrics",
+                      metrics, "--summary", summary, "--save", os.path.join(tmp, "c.ckpt")])
+    curve = []
+    with open(metrics) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("kind") in ("eval", "epoch"):
+                curve.append({"step": r["step"], "elapsed_s": r["elapsed_s"],
+                              "val_loss": r["test_loss"]})
+    return curve
+
+
+def first_reach(curve, target):
+    return next((c["elapsed_s"] for c in curve if c["val_loss"] <= target), None)
+
+
+def cmd_curve(a):
+    tmp = os.path.join(ROOT, "runs", "gpt_compare")
+    os.makedirs(tmp, exist_ok=True)
+    results = []
+    for seed in [int(s) for s in a.seeds.split(",")]:
+        for precision in ("f32", "bf16"):
+            curve = cohort_curve(a, seed, precision, tmp)
+            results.append({"who": "cohort", "seed": seed, "precision": precision,
+                            "curve": curve})
+            print(f"cohort {precision} seed {seed}: val loss {curve[-1]['val_loss']:.4f} after "
+                  f"{curve[-1]['elapsed_s']:.1f} s; {a.target} first at "
+                  f"{first_reach(curve, a.target)} s", flush=True)
+        if a.peer:
+            for bf16 in (False, True):
+                cmd = ["/usr/bin/python3", PEER, "train", "--text", os.path.join(TEXT, "input.txt"),
+                       "--seed", str(seed), "--threads", "2"] + (["--bf16"] if bf16 else [])
+                out = peer_compare.run(cmd, capture=True, timeout=3600)
+                r = json.loads([l for l in out.splitlines() if l.startswith("RESULT ")][-1][7:])
+                results.append({"who": "PyTorch", "seed": seed,
+                                "precision": "bf16" if bf16 else "f32", "curve": r["curve"]})
+                print(f"PyTorch {'bf16' if bf16 else 'f32'} seed {seed}: val loss "
+                      f"{r['val_loss']:.4f} after {r['train_seconds']:.1f} s; {a.target} first at "
+                      f"{first_reach(r['curve'], a.target)} s", flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("cmd", choices=["tput", "curve"])
+    p.add_argument("--cohort", default=os.path.join(ROOT, "build", "release", "cohort"))
+    p.add_argument("--cases", default="cpu,medium,full")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--peer", action="store_true")
+    p.add_argument("--target", type=float, default=1.90)
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    {"tput": cmd_tput, "curve": cmd_curve}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()
