@@ -14,7 +14,7 @@ side by side on one machine, Tiny Shakespeare.
       nanoGPT's CPU recipe for 2000 iterations (examples/gpt_char_cpu.toml) in f32 and bf16 per
       seed: the validation loss (whole split) every 250 iterations against training seconds, the
       seconds to first reach --target (1.90); with --peer the PyTorch recipe too. --out writes
-      every curve as JSON for docs.
+      every curve as JSON, --svg draws them (docs/gpt_char_cpu_curves.svg).
 """
 import argparse
 import json
@@ -153,6 +153,53 @@ def cmd_curve(a):
     if a.out:
         with open(a.out, "w") as f:
             json.dump(results, f, indent=1)
+    if a.svg:
+        write_svg(results, a.svg, a.title)
+
+
+def write_svg(results, path, title):
+    """The curves (validation loss against training seconds) as one SVG, by hand: no plotting
+    library is needed."""
+    W, H, L, R, T, B = 760, 420, 60, 170, 40, 50
+    pts = [(c["elapsed_s"], c["val_loss"]) for r in results for c in r["curve"]]
+    x_max = max(x for x, _ in pts) * 1.05
+    y_min, y_max = min(y for _, y in pts) - 0.05, max(y for _, y in pts) + 0.05
+    sx = lambda x: L + (W - L - R) * x / x_max  # noqa: E731
+    sy = lambda y: T + (H - T - B) * (y_max - y) / (y_max - y_min)  # noqa: E731
+    colors = {("cohort", "f32"): "#1f77b4", ("cohort", "bf16"): "#17becf",
+              ("PyTorch", "f32"): "#d62728", ("PyTorch", "bf16"): "#ff7f0e"}
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+           f'font-family="sans-serif" font-size="12">',
+           f'<rect width="{W}" height="{H}" fill="white"/>',
+           f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">{title}</text>',
+           f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="black"/>',
+           f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="black"/>',
+           f'<text x="{(L + W - R) / 2}" y="{H - 12}" text-anchor="middle">training seconds '
+           '(steps only)</text>',
+           f'<text x="15" y="{(T + H - B) / 2}" transform="rotate(-90 15 {(T + H - B) / 2})" '
+           'text-anchor="middle">validation loss (whole split, nats/char)</text>']
+    for i in range(6):
+        x = x_max * i / 5
+        out.append(f'<text x="{sx(x)}" y="{H - B + 16}" text-anchor="middle">{x:.0f}</text>')
+        y = y_min + (y_max - y_min) * i / 5
+        out.append(f'<text x="{L - 6}" y="{sy(y) + 4}" text-anchor="end">{y:.2f}</text>')
+        out.append(f'<line x1="{L}" y1="{sy(y)}" x2="{W - R}" y2="{sy(y)}" stroke="#ddd"/>')
+    seen = []
+    for r in results:
+        key = (r["who"], r["precision"])
+        color = colors.get(key, "gray")
+        path_d = " ".join(f'{"M" if i == 0 else "L"}{sx(c["elapsed_s"]):.1f},'
+                          f'{sy(c["val_loss"]):.1f}' for i, c in enumerate(r["curve"]))
+        out.append(f'<path d="{path_d}" fill="none" stroke="{color}" stroke-width="2"/>')
+        if key not in seen:
+            seen.append(key)
+            y = T + 20 * len(seen)
+            out.append(f'<line x1="{W - R + 10}" y1="{y}" x2="{W - R + 35}" y2="{y}" '
+                       f'stroke="{color}" stroke-width="2"/>')
+            out.append(f'<text x="{W - R + 40}" y="{y + 4}">{key[0]} {key[1]}</text>')
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
 
 
 def main():
@@ -166,6 +213,8 @@ def main():
     p.add_argument("--peer", action="store_true")
     p.add_argument("--target", type=float, default=1.90)
     p.add_argument("--out", default="")
+    p.add_argument("--svg", default="", help="curve: also draw the curves into this SVG")
+    p.add_argument("--title", default="nanoGPT's CPU recipe on Tiny Shakespeare")
     a = p.parse_args()
     {"tput": cmd_tput, "curve": cmd_curve}[a.cmd](a)
 

@@ -5,7 +5,7 @@
 # dependency-free core (the reducers) and runs its tests, then runs every test again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, and fuzzes the IDX, NumPy, CSV, image, text, checkpoint
 # and job-config readers and the `cohort train` command line (as a dry run) for a bounded time
-# (COHORT_FUZZ_SECONDS each, default 40) after replaying their corpora.
+# (COHORT_FUZZ_SECONDS each, default 30) after replaying their corpora.
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +43,7 @@ echo "== libFuzzer: replay the corpora, then fuzz each target for a bounded time
 cmake --preset fuzz
 cmake --build --preset fuzz -j "$jobs" --target fuzz_idx fuzz_npy fuzz_csv fuzz_image fuzz_text fuzz_checkpoint fuzz_config fuzz_cli
 ctest --preset fuzz
-seconds=${COHORT_FUZZ_SECONDS:-40}
+seconds=${COHORT_FUZZ_SECONDS:-30}
 for target in idx npy csv image text checkpoint config cli; do
   work=$(mktemp -d)
   cp tests/fuzz/corpus/$target/* "$work"/

@@ -46,6 +46,14 @@ struct Net::Impl {
     if (m.gpt()) gpt.emplace(*m.gpt(), prec);
   }
 
+  // The entries of a layer list's Net (a language model's are forward_backward on token rows
+  // and evaluate_windows).
+  void require_layers(const char* what) const {
+    if (gpt)
+      throw InternalError(std::string("nn::Net: ") + what + " called on the language model " +
+                          model->spec() + " (its entries take token rows)");
+  }
+
   // A language model's N windows, (N, block + 1) token ids as floats, as ids.
   const std::int32_t* tokens(const float* x, std::int64_t N) {
     windows.resize(static_cast<std::size_t>(N * model->input_features()));
@@ -194,18 +202,21 @@ double Net::forward_backward(const bf16* params, const bf16* x, const std::int32
                              std::int64_t N, float* grad, const StreamKey& key,
                              std::span<const LinearRows> linear_rows, float* batch_stats) {
   impl_->require(Precision::kBf16, "forward_backward(const bf16* ...)");
+  impl_->require_layers("forward_backward(const bf16* params, const bf16* x, ...)");
   return impl_->forward_backward(params, x, labels, N, grad, key, linear_rows, batch_stats);
 }
 
 const float* Net::forward(const float* params, const float* x, std::int64_t N,
                           const float* running_stats) {
   impl_->require(Precision::kF32, "forward(const float* ...)");
+  impl_->require_layers("forward");
   return impl_->forward(params, x, N, running_stats);
 }
 
 const float* Net::forward(const bf16* params, const bf16* x, std::int64_t N,
                           const float* running_stats) {
   impl_->require(Precision::kBf16, "forward(const bf16* ...)");
+  impl_->require_layers("forward");
   return impl_->forward(params, x, N, running_stats);
 }
 
