@@ -94,6 +94,15 @@ class GptPlanBuilder {
     memory::desc md(dims, dt, dims.size() == 1 ? Tag::a : dims.size() == 2 ? Tag::ab : Tag::abcd);
     return memory(md, eng_, buffer(md.get_size()));
   }
+  memory plain_layout(const memory::desc& md) { return memory(md, eng_, buffer(md.get_size())); }
+  // temp() for a buffer of a layout oneDNN chose.
+  memory temp(const std::string& role, const Dims& dims, Dt dt, const memory::desc& md) {
+    std::string key = role + ":layout:" + std::to_string(static_cast<int>(dt));
+    for (const auto d : dims) key += "," + std::to_string(d);
+    auto [it, fresh] = temps_.try_emplace(key + ":" + std::to_string(md.get_size()));
+    if (fresh) it->second = plain_layout(md);
+    return it->second;
+  }
   // A buffer that steps of different layers reuse: what one layer's steps write and read before
   // the next layer's steps run (backward's gradients, forward's intermediate results that
   // backward does not read, and everything in an inference plan). One per role, dims and type.
@@ -165,6 +174,8 @@ class GptPlanBuilder {
 
   LnSaved ln_forward(const memory& x, std::size_t weight, const memory& dst);
   void ln_backward(const LnSaved& s, const memory& diff_dst, const memory& diff_src);
+  dnnl::inner_product_forward::primitive_desc linear_pd(const memory::desc& src, std::int64_t O,
+                                                        const memory::desc& dst);
   // dst (M, O) = src (M, I) W^T with W at `weight` in the parameters.
   void linear(const memory& src, std::size_t weight, std::int64_t O, const memory& dst);
   // diff_src from diff_dst; the weight's gradient (overwritten) from src and diff_dst.
@@ -187,6 +198,7 @@ class GptPlanBuilder {
   std::optional<dnnl::layer_normalization_forward::primitive_desc> ln_fwd_;
   std::optional<dnnl::layer_normalization_backward::primitive_desc> ln_bwd_;
   std::map<std::string, memory> temps_;
+  std::map<std::size_t, memory> blocked_weights_;  // by offset: forward's copy in its layout
 };
 
 GptPlanBuilder::LnSaved GptPlanBuilder::ln_forward(const memory& x, std::size_t weight,
@@ -238,15 +250,33 @@ void GptPlanBuilder::ln_backward(const LnSaved& s, const memory& diff_dst, const
       Phase::kOther);
 }
 
+// The inner products take their weights in the layout oneDNN chooses (format_tag::any: blocked
+// for its jit kernels, where plain (out, in) weights get its slower gemm-based one): the flat
+// array's plain weights are reordered into it once per step, in forward, and backward-data reads
+// the same copy; backward-weights writes its layout and is reordered into the plain gradient.
+dnnl::inner_product_forward::primitive_desc GptPlanBuilder::linear_pd(const memory::desc& src,
+                                                                      std::int64_t O,
+                                                                      const memory::desc& dst) {
+  using namespace dnnl;
+  const std::int64_t I = src.dims()[1];
+  return inner_product_forward::primitive_desc(
+      inner_product_forward::desc(prop_kind::forward_training, src,
+                                  memory::desc({O, I}, act_, Tag::any), dst),
+      attr(), eng_);
+}
+
 void GptPlanBuilder::linear(const memory& src, std::size_t weight, std::int64_t O,
                             const memory& dst) {
   using namespace dnnl;
   const std::int64_t I = src.get_desc().dims()[1];
-  const memory w = param({O, I}, weight);
-  inner_product_forward::primitive_desc pd(
-      inner_product_forward::desc(prop_kind::forward_training, src.get_desc(), w.get_desc(),
-                                  dst.get_desc()),
-      attr(), eng_);
+  const inner_product_forward::primitive_desc pd = linear_pd(src.get_desc(), O, dst.get_desc());
+  memory w = param({O, I}, weight);
+  if (pd.weights_desc() != w.get_desc()) {
+    memory blocked = plain_layout(pd.weights_desc());
+    convert(p_.forward, w, blocked);
+    w = blocked;
+  }
+  blocked_weights_[weight] = w;
   add(p_.forward, inner_product_forward(pd), pd.scratchpad_desc(),
       {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, dst}}, Phase::kMatmul);
 }
@@ -255,27 +285,34 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
                                      const memory& diff_dst, const memory& diff_src) {
   using namespace dnnl;
   const std::int64_t I = src.get_desc().dims()[1];
-  const memory w = param({O, I}, weight);
   const memory dw = grad({O, I}, weight);
   const memory::desc dst_md({M_, O}, act_, Tag::ab);
-  inner_product_forward::primitive_desc hint(
-      inner_product_forward::desc(prop_kind::forward_training, src.get_desc(), w.get_desc(),
-                                  dst_md),
-      attr(), eng_);
+  const inner_product_forward::primitive_desc hint = linear_pd(src.get_desc(), O, dst_md);
   if (diff_src) {
     inner_product_backward_data::primitive_desc dpd(
-        inner_product_backward_data::desc(diff_src.get_desc(), w.get_desc(), diff_dst.get_desc()),
+        inner_product_backward_data::desc(diff_src.get_desc(), memory::desc({O, I}, act_, Tag::any),
+                                          diff_dst.get_desc()),
         attr(), eng_, hint);
+    memory w = blocked_weights_.at(weight);  // forward's copy, this step's weights
+    if (dpd.weights_desc() != w.get_desc()) {
+      memory other = plain_layout(dpd.weights_desc());
+      convert(p_.backward, w, other);
+      w = other;
+    }
     add(p_.backward, inner_product_backward_data(dpd), dpd.scratchpad_desc(),
         {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, diff_src}},
         Phase::kMatmul);
   }
   inner_product_backward_weights::primitive_desc wpd(
-      inner_product_backward_weights::desc(src.get_desc(), dw.get_desc(), diff_dst.get_desc()),
+      inner_product_backward_weights::desc(src.get_desc(), memory::desc({O, I}, Dt::f32, Tag::any),
+                                           diff_dst.get_desc()),
       attr(), eng_, hint);
+  const bool plain_dw = wpd.diff_weights_desc() == dw.get_desc();
+  const memory out = plain_dw ? dw : temp("d.weights", {O, I}, Dt::f32, wpd.diff_weights_desc());
   add(p_.backward, inner_product_backward_weights(wpd), wpd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, dw}},
+      {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, out}},
       Phase::kMatmul);
+  if (!plain_dw) convert(p_.backward, out, dw);
 }
 
 GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const memory& x) {
