@@ -269,6 +269,8 @@ std::uint64_t digest_of(const data::Dataset& set) {
   d.add(set.images);
   d.add(set.float_features);
   d.add(set.labels);
+  d.add(set.tokens);  // text: its windows' tokens and stride
+  d.add(std::uint64_t{set.window_stride});
   return d.value();
 }
 
@@ -285,6 +287,8 @@ std::uint64_t digest_of(const checkpoint::Checkpoint& c) {
   d.add(c.state.size());
   for (const auto& s : c.state) d.add(s);
   d.add(c.running_stats);
+  d.add(c.vocab);
+  d.add(c.characters);
   return d.value();
 }
 

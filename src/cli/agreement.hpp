@@ -62,7 +62,7 @@ std::string current_problem();
 
 // 64-bit digests (XXH3) of what facts compare.
 std::uint64_t digest_of(std::string_view bytes);
-std::uint64_t digest_of(const data::Dataset& set);         // shape, classes, every sample and label
+std::uint64_t digest_of(const data::Dataset& set);  // shape, classes, every sample, label, token
 std::uint64_t digest_of(const checkpoint::Checkpoint& c);  // every field
 
 }  // namespace cohort::cli
