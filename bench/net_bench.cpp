@@ -119,7 +119,8 @@ void gpt_forward_backward(benchmark::State& state, const char* spec, std::int64_
   cohort::to_bf16(params.data(), params16.data(), params.size());
   const std::int64_t T = m.shape().block;
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(windows * (T + 1)));
-  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(i * 37 % 65);
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<std::int32_t>(i * 37 % 65);
   auto step = [&] {
     if (precision == Precision::kBf16)
       net.forward_backward(params16.data(), tokens.data(), windows, grad.data());

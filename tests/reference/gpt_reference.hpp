@@ -16,8 +16,8 @@
 namespace cohort::reference {
 
 struct GptResult {
-  double loss = 0;           // summed over the N x block positions
-  std::vector<double> grad;  // layout().total(): the gradient of the summed loss
+  double loss = 0;             // summed over the N x block positions
+  std::vector<double> grad;    // layout().total(): the gradient of the summed loss
   std::vector<double> logits;  // (N x block, vocab)
 };
 
