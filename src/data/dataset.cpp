@@ -218,14 +218,17 @@ template <class T>
 void assemble(const Dataset& set, std::span<const std::uint32_t> ids, T* x, std::int32_t* y) {
   const std::size_t f = set.features();
   if (set.text()) {
-    COHORT_CHECK((std::is_same_v<T, float>), "text windows are assembled as floats");
-    for (std::size_t r = 0; r < ids.size(); ++r) {
-      COHORT_CHECK(ids[r] < set.count, "window id out of range");
-      const std::uint32_t* w = set.tokens.data() + std::size_t{ids[r]} * set.window_stride;
-      for (std::size_t j = 0; j < f; ++j) x[r * f + j] = static_cast<T>(static_cast<float>(w[j]));
-      y[r] = 0;
+    if constexpr (std::is_same_v<T, float>) {
+      for (std::size_t r = 0; r < ids.size(); ++r) {
+        COHORT_CHECK(ids[r] < set.count, "window id out of range");
+        const std::uint32_t* w = set.tokens.data() + std::size_t{ids[r]} * set.window_stride;
+        for (std::size_t j = 0; j < f; ++j) x[r * f + j] = static_cast<float>(w[j]);
+        y[r] = 0;
+      }
+      return;
+    } else {
+      COHORT_CHECK(false, "text windows are assembled as floats (token ids do not survive bf16)");
     }
-    return;
   }
   for (std::size_t r = 0; r < ids.size(); ++r) {
     COHORT_CHECK(ids[r] < set.count, "sample id out of range");
