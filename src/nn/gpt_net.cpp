@@ -45,38 +45,11 @@ struct GptNet::Impl {
   }
 
   void bind(Plan& p, const void* params, float* grad) {
-    const std::size_t elem = precision == Precision::kBf16 ? sizeof(bf16) : sizeof(float);
-    if (p.bound_params != params) {
-      auto* base = static_cast<char*>(const_cast<void*>(params));
-      for (auto& e : p.params) e.mem.set_data_handle(base + e.offset * elem);
-      p.bound_params = params;
-    }
-    if (grad && p.bound_grad != grad) {
-      for (auto& e : p.grads) e.mem.set_data_handle(grad + e.offset);
-      p.bound_grad = grad;
-    }
+    detail::bind_arrays(p, params, precision == Precision::kBf16 ? sizeof(bf16) : sizeof(float),
+                        grad);
   }
 
-  void run(std::vector<Exec>& execs) {
-    for (Exec& e : execs) {
-      const auto t0 = Clock::now();
-      if (e.custom) {
-        e.custom();
-      } else {
-        try {
-          e.prim.execute(stream, e.args);
-        } catch (const dnnl::error& err) {
-          throw InternalError("oneDNN: running " + model->spec() + ", " + e.where + ": " +
-                              err.what());
-        }
-      }
-      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-      (e.phase == Phase::kMatmul    ? times.matmul
-       : e.phase == Phase::kEltwise ? times.eltwise
-                                    : times.other) += dt;
-    }
-    stream.wait();
-  }
+  void run(std::vector<Exec>& execs) { detail::run_steps(execs, stream, times, model->spec()); }
 
   // The targets of N windows, and the summed cross-entropy of the plan's logits against them
   // (with its gradient into diff_logits when training).

@@ -108,44 +108,16 @@ struct Net::Impl {
 
   // params and x hold elements of the Net's precision (float or bf16); stats are floats.
   void bind(Plan& p, const void* params, const void* x, float* grad, const float* stats) {
-    const std::size_t elem = precision == Precision::kBf16 ? sizeof(bf16) : sizeof(float);
     p.x.set_data_handle(const_cast<void*>(x));
-    if (p.bound_params != params) {
-      auto* base = static_cast<char*>(const_cast<void*>(params));
-      for (auto& e : p.params) e.mem.set_data_handle(base + e.offset * elem);
-      p.bound_params = params;
-    }
-    if (grad && p.bound_grad != grad) {
-      for (auto& e : p.grads) e.mem.set_data_handle(grad + e.offset);
-      p.bound_grad = grad;
-    }
+    detail::bind_arrays(p, params, precision == Precision::kBf16 ? sizeof(bf16) : sizeof(float),
+                        grad);
     if (stats && p.bound_stats != stats) {
       for (auto& e : p.stats) e.mem.set_data_handle(const_cast<float*>(stats) + e.offset);
       p.bound_stats = stats;
     }
   }
 
-  void run(std::vector<Exec>& execs) {
-    for (auto& e : execs) {
-      auto t0 = Clock::now();
-      if (e.custom) {
-        e.custom();
-      } else {
-        try {
-          e.prim.execute(stream, e.args);
-        } catch (const dnnl::error& err) {
-          throw InternalError("oneDNN: running " + model->spec() + ", layer " + e.where + ": " +
-                              err.what() + " (status " +
-                              std::to_string(static_cast<int>(err.status)) + ")");
-        }
-      }
-      double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-      (e.phase == Phase::kMatmul    ? times.matmul
-       : e.phase == Phase::kEltwise ? times.eltwise
-                                    : times.other) += dt;
-    }
-    stream.wait();
-  }
+  void run(std::vector<Exec>& execs) { detail::run_steps(execs, stream, times, model->spec()); }
 
   double forward_backward(const void* params, const void* x, const std::int32_t* labels,
                           std::int64_t N, float* grad, const StreamKey& k,

@@ -57,6 +57,16 @@ struct Plan {
   float* diff_logits = nullptr;  // (N, C)
 };
 
+// Points the plan's parameter and gradient views at the caller's arrays, where they moved:
+// `params` holds elements of `param_bytes` each (a float, or a bf16 for a bf16 net); `grad` may
+// be null (inference). Shared by Net and GptNet.
+void bind_arrays(Plan& p, const void* params, std::size_t param_bytes, float* grad);
+
+// Runs `steps` in order on `stream` and waits for it, adding each step's seconds to its phase of
+// `times`; a oneDNN error becomes an InternalError naming `what` (the model) and the step.
+void run_steps(std::vector<Exec>& steps, dnnl::stream& stream, PhaseTimes& times,
+               const std::string& what);
+
 // What a plan is built for. `key` and `linear_rows` are read when the plan runs: the current
 // step's dropout streams, and where linear layers' rows go (batch_linear: instead of their
 // weight gradients).

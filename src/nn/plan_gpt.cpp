@@ -176,6 +176,14 @@ class GptPlanBuilder {
   void ln_backward(const LnSaved& s, const memory& diff_dst, const memory& diff_src);
   dnnl::inner_product_forward::primitive_desc linear_pd(const memory::desc& src, std::int64_t O,
                                                         const memory::desc& dst);
+  // dst = scale x src weights, a batched matmul on (strided) views, appended to `list`.
+  void add_matmul(std::vector<Exec>& list, const memory& src, const memory& weights,
+                  const memory& dst, float scale = 1.0f) {
+    const dnnl::matmul::primitive_desc pd(
+        dnnl::matmul::desc(src.get_desc(), weights.get_desc(), dst.get_desc()), attr(scale), eng_);
+    add(list, dnnl::matmul(pd), pd.scratchpad_desc(),
+        {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}}, Phase::kMatmul);
+  }
   // dst (M, O) = src (M, I) W^T with W at `weight` in the parameters.
   void linear(const memory& src, std::size_t weight, std::int64_t O, const memory& dst);
   // diff_src from diff_dst; the weight's gradient (overwritten) from src and diff_dst.
@@ -336,10 +344,7 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   const memory v = view(b.qkv, heads, qkv_strides, 2 * C);
   memory scores = temp("scores", {N, H, T, T}, Dt::f32);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  matmul::primitive_desc spd(matmul::desc(q.get_desc(), kt.get_desc(), scores.get_desc()),
-                             attr(scale), eng_);
-  add(p_.forward, matmul(spd), spd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, q}, {DNNL_ARG_WEIGHTS, kt}, {DNNL_ARG_DST, scores}}, Phase::kMatmul);
+  add_matmul(p_.forward, q, kt, scores, scale);
   // The causal mask: a query sees the keys at and before its position.
   float* sc = static_cast<float*>(scores.get_data_handle());
   custom(p_.forward, [sc, N, H, T] {
@@ -374,10 +379,7 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   }
   b.y = kept("y", {M_, C}, act_);
   const memory yh = view(b.y, heads, {T * C, hs, C, 1}, 0);
-  matmul::primitive_desc ypd(matmul::desc(b.p_used.get_desc(), v.get_desc(), yh.get_desc()), attr(),
-                             eng_);
-  add(p_.forward, matmul(ypd), ypd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, b.p_used}, {DNNL_ARG_WEIGHTS, v}, {DNNL_ARG_DST, yh}}, Phase::kMatmul);
+  add_matmul(p_.forward, b.p_used, v, yh);
 
   // The residual branches: x += dropout(branch), in f32.
   auto residual = [this, &x](const memory& branch, std::size_t layer) {
@@ -495,10 +497,7 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   // dP = dY V^T, through the attention dropout.
   memory dp = temp("d.p", {N, H, T, T}, Dt::f32);
   const memory vt = view(b.qkv, {N, H, hs, T}, {T * 3 * C, hs, 1, 3 * C}, 2 * C);
-  matmul::primitive_desc dppd(matmul::desc(dyh.get_desc(), vt.get_desc(), dp.get_desc()), attr(),
-                              eng_);
-  add(p_.backward, matmul(dppd), dppd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, dyh}, {DNNL_ARG_WEIGHTS, vt}, {DNNL_ARG_DST, dp}}, Phase::kMatmul);
+  add_matmul(p_.backward, dyh, vt, dp);
   const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
   if (drop_) {
     float* d = static_cast<float*>(dp.get_data_handle());
@@ -511,10 +510,7 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   memory dqkv = temp("d.qkv", {M_, 3 * C}, act_);
   const memory pt = view(b.p_used, {N, H, T, T}, transposed, 0);
   const memory dv = view(dqkv, heads, qkv_strides, 2 * C);
-  matmul::primitive_desc dvpd(matmul::desc(pt.get_desc(), dyh.get_desc(), dv.get_desc()), attr(),
-                              eng_);
-  add(p_.backward, matmul(dvpd), dvpd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, pt}, {DNNL_ARG_WEIGHTS, dyh}, {DNNL_ARG_DST, dv}}, Phase::kMatmul);
+  add_matmul(p_.backward, pt, dyh, dv);
   // dS = softmax'(P) dP; the scores' scale goes into the two matmuls after it.
   memory ds = temp("d.s", {N, H, T, T}, Dt::f32);
   softmax_forward::primitive_desc shint(
@@ -534,15 +530,9 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   const memory q = view(b.qkv, heads, qkv_strides, 0);
   const memory dq = view(dqkv, heads, qkv_strides, 0);
   const memory dk = view(dqkv, heads, qkv_strides, C);
-  matmul::primitive_desc dqpd(matmul::desc(ds_act.get_desc(), k.get_desc(), dq.get_desc()),
-                              attr(scale), eng_);
-  add(p_.backward, matmul(dqpd), dqpd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, ds_act}, {DNNL_ARG_WEIGHTS, k}, {DNNL_ARG_DST, dq}}, Phase::kMatmul);
+  add_matmul(p_.backward, ds_act, k, dq, scale);
   const memory dst_t = view(ds_act, {N, H, T, T}, transposed, 0);
-  matmul::primitive_desc dkpd(matmul::desc(dst_t.get_desc(), q.get_desc(), dk.get_desc()),
-                              attr(scale), eng_);
-  add(p_.backward, matmul(dkpd), dkpd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, dst_t}, {DNNL_ARG_WEIGHTS, q}, {DNNL_ARG_DST, dk}}, Phase::kMatmul);
+  add_matmul(p_.backward, dst_t, q, dk, scale);
 
   where_ = "h." + std::to_string(l) + ".attn.c_attn";
   linear_backward(b.h1, o.c_attn, 3 * C, dqkv, dh);

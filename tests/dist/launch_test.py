@@ -21,8 +21,8 @@ import subprocess
 import sys
 import time
 
-from mpi_testing import (ENV, MPIRUN, SEED, MpiCase, kill_group, main, rank_pids, read_losses,
-                         run)
+from mpi_testing import (ENV, MPIRUN, SEED, MpiCase, children, kill_group, main, rank_pids,
+                         read_losses, run)
 import mpi_testing
 
 STEPS = 240
@@ -30,22 +30,6 @@ SAVE_EVERY = 10
 # batch 64 in 8 leaves: every split below computes the same leaves.
 TRAIN = ["--batch", "64", "--micro-batch", "8", "--workers", "1", "--steps", str(STEPS),
          "--warmup-steps", "0", "--log-every", "1", "--quiet"]
-
-
-def children(pid):
-    """The pids whose parent is pid."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
-            found.append(int(entry))
-    return found
 
 
 def last_step(metrics):

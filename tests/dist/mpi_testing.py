@@ -151,24 +151,34 @@ class Runs:
         return cls.cache[key]
 
 
+def children(pid):
+    """{child pid: its command name} of the processes whose parent is pid."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            found[int(entry)] = stat[stat.index("(") + 1:stat.rindex(")")]
+    return found
+
+
 def rank_pids(mpirun_pid, want, timeout=30):
     """The pids of the cohort ranks started by mpirun (its children named cohort), by rank."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         pids = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
+        for child, comm in children(mpirun_pid).items():
+            if comm != "cohort":
                 continue
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    stat = f.read()
-                comm = stat[stat.index("(") + 1:stat.rindex(")")]
-                ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-                if ppid != mpirun_pid or comm != "cohort":
-                    continue
-                with open(f"/proc/{entry}/environ", "rb") as f:
+                with open(f"/proc/{child}/environ", "rb") as f:
                     env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-                pids[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(entry)
+                pids[int(env[b"OMPI_COMM_WORLD_RANK"])] = child
             except (OSError, ValueError, KeyError):
                 continue
         if len(pids) == want:
