@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -43,18 +44,29 @@ std::string tag_text(std::uint32_t t) {
 }
 constexpr std::uint64_t kMaxFloats = std::uint64_t{1} << 32;  // 16 GiB of parameters
 
-void put_bytes(std::vector<std::uint8_t>& out, const void* p, std::size_t n) {
-  if (n == 0) return;
-  const std::size_t at = out.size();
-  out.resize(at + n);
-  std::memcpy(out.data() + at, p, n);
-}
-template <typename T>
-void put(std::vector<std::uint8_t>& out, T v) {
-  std::uint8_t b[sizeof(T)];
-  for (std::size_t i = 0; i < sizeof(T); ++i) b[i] = std::uint8_t(std::uint64_t(v) >> (8 * i));
-  put_bytes(out, b, sizeof b);
-}
+// The file as pieces: the small headers and checksums it owns, and the arrays' bytes where
+// they are (a checkpoint is written without a second copy of its arrays in memory).
+class Pieces {
+ public:
+  void bytes(const void* p, std::size_t n) {
+    if (n != 0) pieces_.emplace_back(static_cast<const char*>(p), n);
+  }
+  // A string that lives as long as the pieces (not itself one of them).
+  std::string_view keep(std::string s) { return owned_.emplace_back(std::move(s)); }
+  template <typename T>
+  void put(T v) {
+    std::string b(sizeof(T), '\0');
+    for (std::size_t i = 0; i < sizeof(T); ++i)
+      b[i] = static_cast<char>(std::uint8_t(std::uint64_t(v) >> (8 * i)));
+    const std::string_view kept = keep(std::move(b));
+    bytes(kept.data(), kept.size());
+  }
+  std::span<const std::string_view> all() const { return pieces_; }
+
+ private:
+  std::deque<std::string> owned_;  // stable addresses
+  std::vector<std::string_view> pieces_;
+};
 std::uint32_t crc(const std::uint8_t* p, std::uint64_t n) {
   uLong c = crc32(0L, Z_NULL, 0);
   while (n > 0) {
@@ -66,11 +78,11 @@ std::uint32_t crc(const std::uint8_t* p, std::uint64_t n) {
   return static_cast<std::uint32_t>(c);
 }
 
-void add_section(std::vector<std::uint8_t>& out, std::uint32_t t, const void* p, std::size_t n) {
-  put<std::uint32_t>(out, t);
-  put<std::uint64_t>(out, n);
-  put_bytes(out, p, n);
-  put<std::uint32_t>(out, crc(static_cast<const std::uint8_t*>(p), n));
+void add_section(Pieces& out, std::uint32_t t, const void* p, std::size_t n) {
+  out.put<std::uint32_t>(t);
+  out.put<std::uint64_t>(n);
+  out.bytes(p, n);
+  out.put<std::uint32_t>(crc(static_cast<const std::uint8_t*>(p), n));
 }
 
 std::string meta_text(const Checkpoint& c) {
@@ -162,19 +174,31 @@ std::array<std::uint64_t, 3> parse_shape(const std::string& name, const std::str
 
 }  // namespace
 
-std::vector<std::uint8_t> encode_checkpoint(const Checkpoint& c) {
-  std::vector<std::uint8_t> out;
-  put_bytes(out, kMagic, sizeof kMagic);
+namespace {
+Pieces encode_pieces(const Checkpoint& c) {
+  Pieces out;
+  out.bytes(kMagic, sizeof kMagic);
   const bool stats = !c.running_stats.empty();
-  put<std::uint32_t>(out, stats ? kCheckpointVersion : 2);
-  put<std::uint32_t>(out, static_cast<std::uint32_t>(2 + c.state.size() + (stats ? 1 : 0)));
-  const std::string meta = meta_text(c);
+  out.put<std::uint32_t>(stats ? kCheckpointVersion : 2);
+  out.put<std::uint32_t>(static_cast<std::uint32_t>(2 + c.state.size() + (stats ? 1 : 0)));
+  const std::string_view meta = out.keep(meta_text(c));
   add_section(out, kMeta, meta.data(), meta.size());
   add_section(out, kParams, c.weights.data(), c.weights.size() * sizeof(float));
   for (std::size_t i = 0; i < c.state.size(); ++i)
     add_section(out, state_tag(i), c.state[i].data(), c.state[i].size() * sizeof(float));
   if (stats)
     add_section(out, kRunningStats, c.running_stats.data(), c.running_stats.size() * sizeof(float));
+  return out;
+}
+}  // namespace
+
+std::vector<std::uint8_t> encode_checkpoint(const Checkpoint& c) {
+  const Pieces pieces = encode_pieces(c);
+  std::size_t size = 0;
+  for (const std::string_view p : pieces.all()) size += p.size();
+  std::vector<std::uint8_t> out;
+  out.reserve(size);
+  for (const std::string_view p : pieces.all()) out.insert(out.end(), p.begin(), p.end());
   return out;
 }
 
@@ -307,7 +331,7 @@ Checkpoint decode_checkpoint(const std::vector<std::uint8_t>& bytes, const std::
 
 void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, std::size_t keep) {
   namespace fs = std::filesystem;
-  const std::vector<std::uint8_t> bytes = encode_checkpoint(c);
+  const Pieces pieces = encode_pieces(c);
   // Once the new file is whole and on disk, rotate older checkpoints beside the file written
   // (a link's target): target.(keep-2) -> target.(keep-1), ..., and target -> target.1 as a hard
   // link (a copy where the filesystem has none), then renamed into place, so the target itself
@@ -343,7 +367,7 @@ void save_checkpoint(const std::filesystem::path& path, const Checkpoint& c, std
       }
     }
   };
-  write_file_atomically(path, {reinterpret_cast<const char*>(bytes.data()), bytes.size()},
+  write_file_atomically(path, pieces.all(),
                         keep > 1 ? std::function<void(const fs::path&)>(rotate) : nullptr);
 }
 

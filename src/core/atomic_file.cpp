@@ -69,6 +69,11 @@ fs::path output_target(const fs::path& path) {
 
 void write_file_atomically(const fs::path& path, std::string_view bytes,
                            const std::function<void(const fs::path& target)>& before_rename) {
+  write_file_atomically(path, std::span<const std::string_view>(&bytes, 1), before_rename);
+}
+
+void write_file_atomically(const fs::path& path, std::span<const std::string_view> pieces,
+                           const std::function<void(const fs::path& target)>& before_rename) {
   const fs::path target = output_target(path);
   const std::string name =
       target == path ? path.string() : path.string() + " (a link to " + target.string() + ")";
@@ -94,17 +99,19 @@ void write_file_atomically(const fs::path& path, std::string_view bytes,
     const int error = errno;
     fail("cannot create " + tmp.path.string(), error);
   }
-  const char* p = bytes.data();
-  std::size_t left = bytes.size();
-  while (left > 0) {
-    const ssize_t n = sys.write(tmp.fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error = n < 0 ? errno : ENOSPC;  // no progress: a full disk that says nothing
-      fail("cannot write " + tmp.path.string(), error);
+  for (const std::string_view bytes : pieces) {
+    const char* p = bytes.data();
+    std::size_t left = bytes.size();
+    while (left > 0) {
+      const ssize_t n = sys.write(tmp.fd, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int error = n < 0 ? errno : ENOSPC;  // no progress: a full disk that says nothing
+        fail("cannot write " + tmp.path.string(), error);
+      }
+      p += n;
+      left -= static_cast<std::size_t>(n);
     }
-    p += n;
-    left -= static_cast<std::size_t>(n);
   }
   // The bytes are on disk before the name points at them.
   if (sys.fsync(tmp.fd) != 0) {

@@ -127,5 +127,8 @@ GptNet::Evaluation GptNet::evaluate(const bf16* params, const std::int32_t* wind
 
 const PhaseTimes& GptNet::times() const { return impl_->times; }
 void GptNet::reset_times() { impl_->times = {}; }
+void GptNet::release_inference_plans() {
+  std::erase_if(impl_->plans, [](const auto& p) { return !p.first.second; });
+}
 
 }  // namespace cohort::nn

@@ -216,5 +216,8 @@ void Net::reset_times() {
   impl_->times = {};
   if (impl_->gpt) impl_->gpt->reset_times();
 }
+void Net::release_inference_plans() {
+  if (impl_->gpt) impl_->gpt->release_inference_plans();
+}
 
 }  // namespace cohort::nn

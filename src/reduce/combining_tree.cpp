@@ -126,6 +126,8 @@ class CombiningTree final : public Reducer {
     }
   }
 
+  bool fused_sink_uses_result() const override { return false; }
+
   std::unique_ptr<Node[]> nodes_;
   std::vector<AlignedBuffer<float>> buffers_;  // one per non-root internal node
 };

@@ -47,7 +47,9 @@ Reducer::~Reducer() = default;
 
 void Reducer::begin_step(Sink sink) {
   COHORT_CHECK(step_done(), "begin_step: the previous step is not complete (call reset())");
-  if (sink.result == nullptr) {
+  if (sink.result == nullptr && sink.sources && !fused_sink_uses_result()) {
+    out_ = nullptr;
+  } else if (sink.result == nullptr) {
     if (own_result_.size() != config_.n) own_result_ = AlignedBuffer<float>(config_.n);
     out_ = own_result_.data();
   } else {

@@ -45,8 +45,10 @@ void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const ReplicaWe
           static_cast<double>(nn::count_correct(logits, r.eval_y.data(), N, classes));
     }
   });
-  for (std::size_t w = 0; w < graph.workers(); ++w)
+  for (std::size_t w = 0; w < graph.workers(); ++w) {
     graph.replica(w).net.reset_times();  // inference is not training time
+    graph.replica(w).net.release_inference_plans();
+  }
 }
 
 std::pair<double, double> eval_totals(const EvalParts& parts, std::size_t count) {

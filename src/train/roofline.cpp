@@ -38,17 +38,23 @@ double best_of(F f) {
 // layers' weight gradients are left to the root (timed separately below), as in the run.
 // A language model's leaf plan holds hundreds of megabytes of activations: it times `replica`
 // (replica 0's Net, the same primitives, its plan built by the run) instead of building another.
-double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c, nn::Net& replica) {
+// Its weights and gradient live in two `scratch` arrays where there are two.
+double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c, nn::Net& replica,
+                           std::span<float* const> scratch) {
   const auto M = static_cast<std::int64_t>(c.micro_batch);
   const std::size_t features = static_cast<std::size_t>(model.input_features());
   const bool b16 = c.precision == nn::Precision::kBf16;
   std::optional<nn::Net> own;
   if (!model.gpt()) own.emplace(model, c.blocked_layouts, c.precision);
   nn::Net& net = own ? *own : replica;
-  AlignedBuffer<float> params(model.layout().total()), grad(model.layout().total());
-  model.init(params.data(), c.seed);
-  AlignedBuffer<bf16> params16(b16 ? params.size() : 0);
-  to_bf16(params.data(), params16.data(), params16.size());
+  const std::size_t n = model.layout().total();
+  const bool spare = scratch.size() >= 2;
+  AlignedBuffer<float> own_params(spare ? 0 : n), own_grad(spare ? 0 : n);
+  float* const params = spare ? scratch[0] : own_params.data();
+  float* const grad = spare ? scratch[1] : own_grad.data();
+  model.init(params, c.seed);
+  AlignedBuffer<bf16> params16(b16 ? n : 0);
+  to_bf16(params, params16.data(), params16.size());
   AlignedBuffer<float> x(c.micro_batch * features);
   for (std::size_t i = 0; i < x.size(); ++i)  // a language model's: token ids
     x[i] = model.gpt() ? static_cast<float>(i % static_cast<std::size_t>(model.num_classes()))
@@ -76,13 +82,11 @@ double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c, nn::Net
   return best_of([&] {
     net.reset_times();
     if (b16 && model.gpt())
-      net.forward_backward(params16.data(), x.data(), M, grad.data());
+      net.forward_backward(params16.data(), x.data(), M, grad);
     else if (b16)
-      net.forward_backward(params16.data(), x16.data(), y.data(), M, grad.data(), {}, rows,
-                           batch_stats);
+      net.forward_backward(params16.data(), x16.data(), y.data(), M, grad, {}, rows, batch_stats);
     else
-      net.forward_backward(params.data(), x.data(), y.data(), M, grad.data(), {}, rows,
-                           batch_stats);
+      net.forward_backward(params, x.data(), y.data(), M, grad, {}, rows, batch_stats);
     return net.times().matmul;
   });
 }
@@ -116,11 +120,12 @@ double batch_gemm_seconds(const nn::Model& model, const TrainConfig& c) {
 // Bytes the root moves per full-batch step: the weights and each state array read and written,
 // the bf16 copy written, the leaves' gradients read where they are summed, and the rows read
 // where batch weight gradients are computed.
-double root_bytes(const nn::Model& model, const TrainConfig& c, std::size_t state_arrays) {
+double root_bytes(const nn::Model& model, const TrainConfig& c, std::size_t state_arrays,
+                  std::size_t root_sources) {
   const double n = static_cast<double>(model.layout().total());
   const bool b16 = c.precision == nn::Precision::kBf16;
   double bytes = n * 4 * 2 * static_cast<double>(1 + state_arrays) + (b16 ? n * 2 : 0);
-  const double leaves = static_cast<double>(c.batch / c.micro_batch);
+  const auto leaves = static_cast<double>(root_sources);
   const double B = static_cast<double>(c.batch), value = b16 ? 2 : 4;
   double from_rows = 0;
   for (const nn::LayerSpec& l : model.layers()) {
@@ -155,14 +160,20 @@ void sweep_chunk(const float* __restrict src, std::size_t src_begin, std::size_t
 }
 
 // The best of ten sweeps that read `read` and read-modify-write `rw` bytes, chunk-parallel on
-// the executor (the root's threads), in the root's 64 KiB chunks.
+// the executor (the root's threads), in the root's 64 KiB chunks. Arrays of n floats come from
+// `scratch` while it lasts (the source too, if it fits in one).
 double sweep_seconds(double read_bytes, std::size_t rw_arrays, std::size_t n,
-                     reduce::Executor& executor) {
+                     reduce::Executor& executor, std::span<float* const> scratch) {
   const std::size_t read_floats = static_cast<std::size_t>(read_bytes / 4);
-  AlignedBuffer<float> src(std::max<std::size_t>(read_floats, 1));
-  std::vector<AlignedBuffer<float>> rw;
+  std::vector<AlignedBuffer<float>> own;
+  std::size_t spare = 0;
+  auto array = [&](std::size_t floats) {
+    if (floats <= n && spare < scratch.size()) return scratch[spare++];
+    return own.emplace_back(std::max<std::size_t>(floats, 1)).data();
+  };
+  const float* src = array(read_floats);
   std::vector<float*> rw_data;
-  for (std::size_t i = 0; i < rw_arrays; ++i) rw_data.push_back(rw.emplace_back(n).data());
+  for (std::size_t i = 0; i < rw_arrays; ++i) rw_data.push_back(array(n));
   constexpr std::size_t kChunk = 16384;
   const std::size_t chunks = (std::max(read_floats, n) + kChunk - 1) / kChunk;
   double best = std::numeric_limits<double>::infinity();
@@ -170,7 +181,7 @@ double sweep_seconds(double read_bytes, std::size_t rw_arrays, std::size_t n,
     const auto t0 = Clock::now();
     executor.parallel_for(chunks, [&](std::size_t c) {
       const std::size_t first = c * kChunk;
-      sweep_chunk(src.data(), std::min(read_floats, first), std::min(read_floats, first + kChunk),
+      sweep_chunk(src, std::min(read_floats, first), std::min(read_floats, first + kChunk),
                   rw_data.data(), rw_data.size(), std::min(n, first), std::min(n, first + kChunk));
     });
     if (rep > 0) best = std::min(best, seconds_since(t0));  // the first warms the pages
@@ -182,26 +193,27 @@ double sweep_seconds(double read_bytes, std::size_t rw_arrays, std::size_t n,
 
 Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, StepGraph& graph,
                           std::size_t state_arrays, double step_seconds, std::size_t job_replicas,
-                          std::size_t ranks) {
+                          std::size_t ranks, std::size_t root_sources,
+                          std::span<float* const> scratch) {
   Roofline r;
   r.step_seconds = step_seconds;
   double leaf = 0, root_gemms = 0;
   graph.for_each_replica(1, [&](std::size_t) {  // a replica's thread: OpenMP pinned to one
-    leaf = leaf_matmul_seconds(model, config, graph.replica(0).net);
+    leaf = leaf_matmul_seconds(model, config, graph.replica(0).net, scratch);
     root_gemms = batch_gemm_seconds(model, config);
   });
   const std::size_t leaves = config.batch / config.micro_batch;
   const auto replicas =
       static_cast<double>(std::max<std::size_t>(1, std::min(job_replicas, leaves)));
   r.gemm_seconds = (static_cast<double>(leaves) * leaf + root_gemms) / replicas;
-  r.root_bytes = root_bytes(model, config, state_arrays);
+  r.root_bytes = root_bytes(model, config, state_arrays, root_sources);
   const std::size_t n = model.layout().total();
   const double rw_bytes = static_cast<double>(n) * 8 * static_cast<double>(1 + state_arrays);
   // Several ranks: each root sweeps its share of the chunks (the exchange is not in the floor).
   const auto share = static_cast<double>(std::max<std::size_t>(1, ranks));
-  r.root_seconds =
-      sweep_seconds(std::max(0.0, r.root_bytes - rw_bytes) / share, 1 + state_arrays,
-                    static_cast<std::size_t>(static_cast<double>(n) / share), graph.executor());
+  r.root_seconds = sweep_seconds(std::max(0.0, r.root_bytes - rw_bytes) / share, 1 + state_arrays,
+                                 static_cast<std::size_t>(static_cast<double>(n) / share),
+                                 graph.executor(), scratch);
   r.floor_seconds = r.gemm_seconds + r.root_seconds;
   r.fraction = step_seconds > 0 ? r.floor_seconds / step_seconds : 0;
   return r;

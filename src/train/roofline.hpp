@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 #include "cohort/nn/model.hpp"
 #include "cohort/train/trainer.hpp"
@@ -18,8 +19,12 @@ namespace cohort::train {
 // `job_replicas`: the replicas of every rank, which share the batch's leaves; `ranks`: the
 // processes whose roots each sweep a share of the root's bytes. Several ranks: the caller runs
 // this on one rank while the others wait, so that no rank's work slows another's floor.
+// `root_sources`: the gradients the root reads per step (the leaves, or 1 where a LeafChain sums
+// them first). `scratch`: arrays of the model's parameter count the sweep may overwrite instead
+// of allocating its own (the run's leaf buffers, idle between steps).
 Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, StepGraph& graph,
                           std::size_t state_arrays, double step_seconds, std::size_t job_replicas,
-                          std::size_t ranks);
+                          std::size_t ranks, std::size_t root_sources,
+                          std::span<float* const> scratch);
 
 }  // namespace cohort::train

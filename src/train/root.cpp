@@ -49,7 +49,10 @@ Root::Root(const optim::Optimizer& optimizer, float* weights, bf16* weights16, f
       tracer_(tracer),
       stats_((n + chunk - 1) / chunk) {
   COHORT_CHECK(chunk > 0 && chunk % kBlock == 0, "root chunk: a multiple of the block");
-  if (mode_ == Mode::kTwoPhase) grad_sum_ = AlignedBuffer<float>(n);
+  // Written chunk by chunk before it is read, and only where the root sums several sources
+  // (one source, e.g. a LeafChain's sum, is read where it is).
+  if (mode_ == Mode::kTwoPhase)
+    grad_sum_ = AlignedBuffer<float>(n, AlignedBuffer<float>::Uninitialized{});
 }
 
 namespace {

@@ -49,15 +49,28 @@ void Trainer::Impl::run_replica(std::size_t w) {
   tracer.enter_replica(track);
   try {
     for (;;) {
+      // A chain's buffer is taken before the claim (leaf_chain.hpp: why that cannot deadlock).
+      float* chained = nullptr;
+      if (chain) {
+        const auto t0 = Clock::now();
+        chained = chain->acquire();
+        r.clock.reduce += seconds_since(t0);
+        if (!chained) break;  // another replica failed: the step is aborted
+      }
       // relaxed: the counter only hands out distinct indices; the plan was published to this
       // node by the graph's start message.
       const std::size_t leaf =
           plan.first_leaf + plan.next_leaf.fetch_add(1, std::memory_order_relaxed);
-      if (leaf >= plan.end_leaf) break;
-      compute_leaf(r, track, leaf);
+      if (leaf >= plan.end_leaf) {
+        if (chained) chain->release(chained);
+        break;
+      }
+      compute_leaf(r, track, leaf, chained ? chained : leaf_grads[leaf].data());
       if (!plan.reducer) continue;  // several ranks: the sharded root takes the leaves
       const auto t0 = Clock::now();
-      {
+      if (chained) {
+        chain_leaf(leaf, chained);
+      } else {
         ReducerCall call;
         plan.contributing.fetch_add(1, std::memory_order_relaxed);
         plan.reducer->contribute(w, leaf, leaf_grads[leaf].data());
@@ -67,6 +80,7 @@ void Trainer::Impl::run_replica(std::size_t w) {
     }
     if (!plan.reducer) return;
     stage_ahead(r, track);
+    if (chain) return;  // the chain's reducer has one worker, and the tree's finish does nothing
     const auto t0 = Clock::now();
     {
       ReducerCall call;
@@ -75,8 +89,15 @@ void Trainer::Impl::run_replica(std::size_t w) {
     r.clock.reduce += seconds_since(t0);
   } catch (...) {
     if (plan.reducer) plan.reducer->abort_step();
+    if (chain) chain->abort();
     throw;
   }
+}
+
+void Trainer::Impl::chain_leaf(std::size_t leaf, float* grad) {
+  ReducerCall call;
+  plan.contributing.fetch_add(1, std::memory_order_relaxed);
+  if (const float* sum = chain->complete(leaf, grad)) plan.reducer->contribute(0, 0, sum);
 }
 
 // Nothing left to claim, and the root waits for a leaf another replica is computing: rather
@@ -94,7 +115,7 @@ void Trainer::Impl::stage_ahead(Replica& r, std::uint32_t track) {
 // One leaf: its rows assembled into the staged batch (unless staged ahead), forward and
 // backward into its gradient buffer (and, with batch weight gradients, its linear rows into the
 // batch arrays).
-void Trainer::Impl::compute_leaf(Replica& r, std::uint32_t track, std::size_t leaf) {
+void Trainer::Impl::compute_leaf(Replica& r, std::uint32_t track, std::size_t leaf, float* grad) {
   const std::size_t first = leaf * config.micro_batch;
   const std::size_t n = std::min(config.micro_batch, plan.ids.size() - first);
   const auto t0 = Clock::now();
@@ -104,7 +125,6 @@ void Trainer::Impl::compute_leaf(Replica& r, std::uint32_t track, std::size_t le
   if (tracer.on() && assembled) tracer.record("data", track, "leaf", leaf, t0, t1);
   if (config.leaf_hook) config.leaf_hook(plan.number, leaf);
   if (batch_grads) batch_grads->leaf_rows(first, r.linear_rows);
-  float* grad = leaf_grads[leaf].data();
   const nn::StreamKey key{config.seed, plan.number, leaf};  // dropout: never keyed by worker
   const auto rows = batch_grads ? std::span<const nn::LinearRows>(r.linear_rows)
                                 : std::span<const nn::LinearRows>();
@@ -147,7 +167,9 @@ StepOutcome Trainer::Impl::step(const Staging::Step& current, const Staging::Ste
     plan.first_leaf = mine.begin;
     plan.end_leaf = mine.end;
   } else {
-    plan.reducer = &reducer_for(plan.leaves);
+    // A chain hands the reducer one leaf: its sum of the step's leaves.
+    plan.reducer = &reducer_for(chain ? 1 : plan.leaves);
+    if (chain) chain->begin_step(plan.leaves);
   }
   plan.workers = std::min(config.workers, plan.end_leaf - plan.first_leaf);
   plan.next_leaf.store(0, std::memory_order_relaxed);  // ordered before the nodes by try_put

@@ -60,13 +60,34 @@ Trainer::Impl::Impl(TrainConfig c, const data::Splits& d, dist::Comm& world)
   if (config.no_decay_norm_bias && config.optimizer.weight_decay > 0)
     root.set_no_decay(model.norm_and_bias_ranges());
   const std::size_t max_leaves = leaves_for(config.batch);
-  for (std::size_t i = 0; i < max_leaves; ++i) leaf_grads.emplace_back(model.layout().total());
+  if (chains_leaves())
+    chain = std::make_unique<LeafChain>(model.layout().total(),
+                                        std::min(max_leaves, config.workers + 1));
+  else
+    for (std::size_t i = 0; i < max_leaves; ++i) leaf_grads.emplace_back(model.layout().total());
   leaf_loss.resize(max_leaves);
   if (comm.size() > 1)
     sharded = std::make_unique<ShardedStep>(
         comm, root, model.layout().total(), leaf_grads, leaf_loss, weights.data(),
         bf16_run() ? weights16.data() : nullptr, batch_grads.get(), config.micro_batch,
         config.trace ? &tracer : nullptr);
+}
+
+std::vector<float*> Trainer::Impl::idle_leaf_buffers() {
+  std::vector<float*> out;
+  if (chain)
+    for (std::size_t i = 0; i < chain->buffers(); ++i) out.push_back(chain->buffer(i));
+  for (auto& g : leaf_grads) out.push_back(g.data());
+  return out;
+}
+
+bool Trainer::Impl::chains_leaves() const {
+  const std::size_t leaves = leaves_for(config.batch);
+  const double bytes =
+      static_cast<double>(leaves) * static_cast<double>(model.layout().total()) * sizeof(float);
+  return comm.size() == 1 && config.reducer == reduce::Strategy::kTree &&
+         leaves <= reduce::kMaxArity && leaves > config.workers + 1 &&
+         bytes > static_cast<double>(config.leaf_chain_bytes);
 }
 
 // Several ranks: each evaluates a contiguous run of the chunks; the parts are all-gathered
@@ -235,7 +256,8 @@ Summary Trainer::Impl::run(Observer& observer) {
           model, config, graph, optimizer.state_buffers(),
           steady ? (s.time.step - first_step_seconds) / static_cast<double>(steps - 1)
                  : s.time.step,
-          static_cast<std::size_t>(job_replicas), static_cast<std::size_t>(comm.size()));
+          static_cast<std::size_t>(job_replicas), static_cast<std::size_t>(comm.size()),
+          chain ? 1 : leaves_for(config.batch), idle_leaf_buffers());
       s.roofline.first_step_seconds = steady ? first_step_seconds : 0;
     }
     comm.sum(0);

@@ -24,6 +24,7 @@
 #include "cohort/train/root.hpp"
 #include "cohort/train/trainer.hpp"
 #include "evaluate.hpp"
+#include "leaf_chain.hpp"
 #include "roofline.hpp"
 #include "running_stats.hpp"
 #include "sharded.hpp"
@@ -67,12 +68,13 @@ struct Trainer::Impl {
   AlignedBuffer<float> weights;
   AlignedBuffer<bf16> weights16;  // bf16: the copy replicas read, written by the root
   AlignedBuffer<float> state[2];  // the optimizer's per-parameter arrays (momentum, moments)
-  std::vector<AlignedBuffer<float>> leaf_grads;  // one per leaf of a full batch
-  std::vector<double> leaf_loss;                 // summed loss of each leaf
-  RunningStats bn_stats;                         // bn: per leaf, and the running statistics
-  std::unique_ptr<BatchGrads> batch_grads;       // --weight-grads batch
-  std::optional<data::Augmenter> augmenter;      // --augment (training set statistics)
-  Staging staging;                               // the step's batch, and the next one's leaves
+  std::vector<AlignedBuffer<float>> leaf_grads;  // one per leaf of a full batch (or none: chain)
+  std::unique_ptr<LeafChain> chain;  // leaf gradients summed in leaf order (leaf_chain_bytes)
+  std::vector<double> leaf_loss;     // summed loss of each leaf
+  RunningStats bn_stats;             // bn: per leaf, and the running statistics
+  std::unique_ptr<BatchGrads> batch_grads;   // --weight-grads batch
+  std::optional<data::Augmenter> augmenter;  // --augment (training set statistics)
+  Staging staging;                           // the step's batch, and the next one's leaves
   Tracer tracer;
   Root root;
   StepGraph graph;
@@ -108,6 +110,10 @@ struct Trainer::Impl {
   std::size_t leaves_for(std::size_t rows) const {
     return (rows + config.micro_batch - 1) / config.micro_batch;
   }
+  // Whether the steps sum their leaves in a LeafChain (TrainConfig::leaf_chain_bytes).
+  bool chains_leaves() const;
+  // The leaves' gradient buffers, whose contents are dead between steps (the roofline's scratch).
+  std::vector<float*> idle_leaf_buffers();
 
   // One reducer per leaf count (a partial last batch has its own decomposition). Arity: one flat
   // root over all leaves, up to 64 (docs/reduce_results.md measured binary trees at 0.31 of it
@@ -129,7 +135,10 @@ struct Trainer::Impl {
   // One leaf: its rows assembled into the staged batch (unless staged ahead), forward and
   // backward into its gradient buffer (and, with batch weight gradients, its linear rows into the
   // batch arrays).
-  void compute_leaf(Replica& r, std::uint32_t track, std::size_t leaf);
+  void compute_leaf(Replica& r, std::uint32_t track, std::size_t leaf, float* grad);
+  // The leaf (computed into `grad`, a chain buffer) joins the chain; the call that completes the
+  // chain contributes its sum as the one leaf of the step's reducer, which runs the root.
+  void chain_leaf(std::size_t leaf, float* grad);
 
   // One training step on `current`'s ids: replicas compute the leaves, the reducer sums them, the
   // root applies the optimizer (fused, or after the whole gradient is checked and measured).

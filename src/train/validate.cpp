@@ -44,6 +44,14 @@ std::size_t conv_micro_batch(const nn::Model& model, nn::Precision precision,
   return bytes > l2_bytes ? kConvMicroBatch / 2 : kConvMicroBatch;
 }
 
+std::size_t gpt_leaf_windows(const nn::GptShape& s, nn::Precision precision) {
+  const auto per_window =
+      static_cast<std::size_t>(s.block * s.layers * (s.embd + s.heads * s.block));
+  const std::size_t values =
+      precision == nn::Precision::kBf16 ? kLeafActivationValues : kLeafActivationValues / 2;
+  return std::max<std::size_t>(1, values / per_window);
+}
+
 TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
   if (c.workers == 0) c.workers = cores();
   // A language model has no layer list for the root's batch GEMMs: its leaves compute every
@@ -64,11 +72,9 @@ TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
       // It depends on the machine (or the job's cores), never on --workers.
       const std::size_t n = c.job_cores != 0 ? c.job_cores : cores();
       c.micro_batch = (c.batch + n - 1) / n;
-      if (model.gpt())  // a leaf's activations grow with its tokens: at most kLeafTokens
+      if (model.gpt())  // a leaf's activations grow with its tokens: kLeafActivationValues
         c.micro_batch =
-            std::min(c.micro_batch,
-                     std::max<std::size_t>(
-                         1, kLeafTokens / static_cast<std::size_t>(model.input_features() - 1)));
+            std::min(c.micro_batch, gpt_leaf_windows(model.gpt()->shape(), c.precision));
       if (model.has_conv())
         c.micro_batch =
             std::min(c.micro_batch,

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <functional>
+#include <span>
 #include <string_view>
 
 namespace cohort {
@@ -36,6 +37,11 @@ std::filesystem::path output_target(const std::filesystem::path& path);
 // sync at all (fsync gives EINVAL) is not a failure: nothing more durable is possible there.
 void write_file_atomically(
     const std::filesystem::path& path, std::string_view bytes,
+    const std::function<void(const std::filesystem::path& target)>& before_rename = {});
+// The same for a file that is `pieces` one after another (large arrays written from where they
+// are, without a copy of the whole file in memory).
+void write_file_atomically(
+    const std::filesystem::path& path, std::span<const std::string_view> pieces,
     const std::function<void(const std::filesystem::path& target)>& before_rename = {});
 
 // The system calls the writer makes, one member each, so that a test can make one of them fail

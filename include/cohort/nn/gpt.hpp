@@ -107,6 +107,8 @@ class GptNet {
 
   const PhaseTimes& times() const;
   void reset_times();
+  // Frees the plans evaluate built (Net::release_inference_plans).
+  void release_inference_plans();
 
  private:
   struct Impl;

@@ -113,6 +113,10 @@ class Net {
   // When the last forward_backward finished the loss and began backward (for traces).
   std::chrono::steady_clock::time_point backward_begin() const;
   void reset_times();
+  // Frees what evaluation built (a language model's inference plans: their activations and
+  // blocked weights, tens of megabytes), so that it does not stay beside the training plans; the
+  // next evaluation builds it again. Other nets keep theirs (a few megabytes at most).
+  void release_inference_plans();
 
  private:
   struct Impl;

@@ -160,11 +160,14 @@ class Reducer {
   virtual void reset();
 
   // The array the last step's result was written to (sink.result, or the reducer's own buffer).
-  // Not written by the combining tree for a fused sink (its callback consumes the root's sources).
+  // Null for the combining tree with a fused sink (its callback consumes the root's sources).
   const float* sum() const { return out_; }
 
  protected:
   virtual void on_begin_step() {}
+  // Whether the strategy writes a result array for a fused sink (then the reducer allocates one
+  // where the sink has none); the combining tree hands the root's sources on instead.
+  virtual bool fused_sink_uses_result() const { return true; }
   // Publishes the step's completion; call last, after all result writes.
   void complete_step();
   // Hands [begin, end) of the finished result array to the callback, if any (a fused sink gets

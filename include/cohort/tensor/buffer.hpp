@@ -1,6 +1,7 @@
-// A 64-byte-aligned, zero-initialised, fixed-size array of floats (or any trivial type).
-// The one allocation behind the master weights, every gradient buffer and every activation.
-// Not a tensor library: no shape, no views, no growth. Not thread-safe beyond what std::vector is.
+// A 64-byte-aligned, zero-initialised (unless asked not to be), fixed-size array of floats (or any
+// trivial type). The one allocation behind the master weights, every gradient buffer and every
+// activation. Not a tensor library: no shape, no views, no growth. Not thread-safe beyond what
+// std::vector is.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +26,10 @@ class AlignedBuffer {
   explicit AlignedBuffer(std::size_t n) : data_(allocate(n)), size_(n) {
     if (n != 0) std::memset(data_.get(), 0, n * sizeof(T));
   }
+  // Not zeroed, so a large array's pages take memory only once written: for an array whose
+  // every element is written before it is read, and which may never be written at all.
+  struct Uninitialized {};
+  AlignedBuffer(std::size_t n, Uninitialized) : data_(allocate(n)), size_(n) {}
   AlignedBuffer(AlignedBuffer&&) noexcept = default;
   AlignedBuffer& operator=(AlignedBuffer&&) noexcept = default;
 

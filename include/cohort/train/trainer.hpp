@@ -20,6 +20,7 @@
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/data/dataset.hpp"
 #include "cohort/dist/comm.hpp"
+#include "cohort/nn/gpt.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/nn/version.hpp"
@@ -80,6 +81,13 @@ struct TrainConfig {
   static constexpr Named<WeightGrads> kWeightGradsNames[] = {{WeightGrads::kBatch, "batch"},
                                                              {WeightGrads::kLeaf, "leaf"}};
   WeightGrads weight_grads = WeightGrads::kBatch;
+  // A step whose leaf gradients take more than this many bytes in all (leaves x parameters x 4)
+  // sums them in leaf order as they are computed, in workers + 1 buffers, instead of keeping one
+  // per leaf until the tree's root reads them all (src/train/leaf_chain.hpp): the same weights,
+  // bit for bit, in bounded memory. Only in one process, with the tree reducer and at most
+  // reduce::kMaxArity leaves (one flat root, whose order the chain's is); otherwise every leaf
+  // keeps its buffer.
+  std::size_t leaf_chain_bytes = std::size_t{256} << 20;
   // The replicas' arithmetic (nn::Precision). bf16: forward and backward-data in bf16 on a bf16
   // copy of the weights that the root writes as it updates the f32 master weights; weight
   // gradients, loss, reduction, checks and the optimizer stay f32 (docs/architecture.md).
@@ -142,10 +150,17 @@ std::size_t l2_cache_bytes();
 // PyTorch's BatchNorm defaults: the running statistics' momentum and the normalization's eps.
 inline constexpr float kBatchNormMomentum = 0.1f;
 inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
-// The largest default leaf of a language model, in tokens (windows x block): its activations
-// are ~140 KB a token for nanoGPT's full recipe in bf16 (6 layers, 384 wide, 6 heads x 256
-// positions of attention), so a 2048-token leaf keeps ~280 MB per replica.
-inline constexpr std::size_t kLeafTokens = 2048;
+// The largest default leaf of a language model in bf16, in activation values: tokens x layers x
+// (embd + heads x block), the two terms a layer's kept activations and buffers grow with (its
+// rows, and its attention weights). A replica's leaf plan takes about 20 bytes per such value in
+// bf16 (nanoGPT's full recipe, 6-6-384-256: 240 MB at 4 windows), so this cap keeps it near
+// 250 MB: 4 windows of the full recipe, while the CPU recipe's and 4-4-256-128's leaves are
+// limited by batch / cores first. In f32, whose activations take about 1.5 times the bytes, half
+// as many values (2 windows of the full recipe).
+inline constexpr std::size_t kLeafActivationValues = std::size_t{12} << 20;
+// Windows in a language model's default leaf: as many as kLeafActivationValues allow in
+// `precision`, at least 1.
+std::size_t gpt_leaf_windows(const nn::GptShape& shape, nn::Precision precision);
 // A language model's evaluation runs windows of at most this many tokens at a time: its
 // attention scores alone take heads x block x 10 bytes a token (nanoGPT's full recipe: 15 KB).
 inline constexpr std::size_t kEvalTokens = 2048;
