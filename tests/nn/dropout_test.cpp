@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/core/rng.hpp"
 #include "cohort/nn/net.hpp"
 #include "nn_test_util.hpp"
 
@@ -271,5 +272,23 @@ TEST(Dropout, EachLayerAndEachRowDrawsItsOwnMask) {
     EXPECT_NE(zeros[0][r], zeros[1][r]) << "row " << r << ": both layers drew one mask";
 }
 
+}  // namespace
+}  // namespace cohort::nn
+
+namespace cohort::nn {
+namespace {
+// The mask is the keyed stream's draws in order (Rng::next_unit, one per element), however the
+// loop computes them: a mask of an odd length, against the stream drawn one by one.
+TEST(DropoutMask, IsTheKeyedStreamsDrawsInOrder) {
+  const StreamKey key{kSeed, 7, 3};
+  for (const float p : {0.1f, 0.5f}) {
+    std::vector<float> mask(100003);
+    dropout_mask(key, 11, p, mask.size(), mask.data());
+    Rng rng({key.seed, 0xd809ull, key.step, key.leaf, 11});
+    const float keep = 1.0f / (1.0f - p);
+    for (std::size_t i = 0; i < mask.size(); ++i)
+      ASSERT_EQ(mask[i], rng.next_unit() < p ? 0.0f : keep) << "p " << p << " element " << i;
+  }
+}
 }  // namespace
 }  // namespace cohort::nn

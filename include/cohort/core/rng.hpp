@@ -18,12 +18,17 @@ class Rng {
     state_ = h;
   }
 
+  // The stream's increment: draw i (from 1) is mix(state() + i * kGamma).
+  static constexpr std::uint64_t kGamma = 0x9e3779b97f4a7c15ull;
+  std::uint64_t state() const { return state_; }
+
   std::uint64_t next_u64() {
-    state_ += 0x9e3779b97f4a7c15ull;
+    state_ += kGamma;
     return mix(state_);
   }
   // Uniform in [0, 1) with 24 random bits: every value is exactly representable.
-  float next_unit() { return static_cast<float>(next_u64() >> 40) * 0x1.0p-24f; }
+  float next_unit() { return unit_of(next_u64()); }
+  static float unit_of(std::uint64_t draw) { return static_cast<float>(draw >> 40) * 0x1.0p-24f; }
   // Uniform in [lo, hi).
   float uniform(float lo, float hi) { return lo + (hi - lo) * next_unit(); }
   // Uniform integer in [0, n), n >= 1 (Lemire's multiply-shift; bias < n / 2^64).
@@ -32,12 +37,13 @@ class Rng {
     return static_cast<std::uint64_t>((static_cast<u128>(next_u64()) * n) >> 64);
   }
 
- private:
   static std::uint64_t mix(std::uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   }
+
+ private:
   std::uint64_t state_;
 };
 
