@@ -182,6 +182,14 @@ Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_cl
 
 std::vector<std::uint32_t> Sampler::epoch_order(std::uint64_t epoch) const {
   std::vector<std::uint32_t> order(count_);
+  if (draw_batch_ != 0) {
+    for (std::size_t j = 0; j < count_; ++j) {
+      Rng rng(
+          {seed_, 0x77696e64ull /* purpose: windows */, epoch, j / draw_batch_, j % draw_batch_});
+      order[j] = static_cast<std::uint32_t>(rng.below(count_));
+    }
+    return order;
+  }
   std::iota(order.begin(), order.end(), 0u);
   if (!shuffle_) return order;
   Rng rng({seed_, 0x5a3b1e5ull /* purpose: shuffle */, epoch});

@@ -128,7 +128,11 @@ void Trainer::Impl::gather_owned(float* array) {
 Summary Trainer::Impl::run(Observer& observer) {
   run_observer = &observer;
   const std::uint64_t bytes_at_start = comm.bytes_sent();
-  data::Sampler sampler(data.train.count, config.seed);
+  // Text: each row of each batch a keyed draw of a window (nanoGPT's sampling); otherwise a
+  // shuffle per epoch.
+  const data::Sampler sampler =
+      data.train.text() ? data::Sampler::draws(data.train.count, config.seed, config.batch)
+                        : data::Sampler(data.train.count, config.seed);
   const std::size_t B = config.batch;
   const std::size_t steps_per_epoch =
       config.drop_last ? data.train.count / B : (data.train.count + B - 1) / B;

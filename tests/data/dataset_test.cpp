@@ -29,6 +29,32 @@ TEST(Sampler, EachEpochIsAPermutationKeyedBySeedAndEpoch) {
   EXPECT_EQ(Sampler(1000, 7, /*shuffle=*/false).epoch_order(3), iota);
 }
 
+// Text windows: row r of batch b of epoch e is its own keyed draw, whatever else is drawn, and
+// the draws cover the range about uniformly (windows repeat, as nanoGPT's do).
+TEST(Sampler, DrawsAreKeyedByEpochBatchAndRow) {
+  constexpr std::size_t kCount = 50, kBatch = 12;
+  const Sampler s = Sampler::draws(kCount, /*seed=*/9, kBatch);
+  const auto e0 = s.epoch_order(0), e1 = s.epoch_order(1);
+  ASSERT_EQ(e0.size(), kCount);
+  EXPECT_EQ(e0, Sampler::draws(kCount, 9, kBatch).epoch_order(0));
+  EXPECT_NE(e0, e1);
+  EXPECT_NE(e0, Sampler::draws(kCount, 10, kBatch).epoch_order(0));
+  // Row 3 of batch 2 is the same draw in a batch of 12 and in one of 16 rows where it moves.
+  const auto wide = Sampler::draws(kCount, 9, 16).epoch_order(0);
+  EXPECT_EQ(e0[2 * kBatch + 3], wide[2 * 16 + 3]);
+  EXPECT_NE(std::vector<std::uint32_t>(e0.begin(), e0.begin() + 12),
+            std::vector<std::uint32_t>(e0.begin() + 12, e0.begin() + 24));  // batches differ
+  std::vector<int> seen(kCount);
+  const Sampler big = Sampler::draws(kCount, 9, 64);
+  for (std::uint64_t e = 0; e < 400; ++e)
+    for (const std::uint32_t id : big.epoch_order(e)) {
+      ASSERT_LT(id, kCount);
+      ++seen[id];
+    }
+  for (std::size_t i = 0; i < kCount; ++i)  // 400 draws each expected; sd 20
+    EXPECT_NEAR(seen[i], 400, 100) << "window " << i;
+}
+
 TEST(Sampler, ShuffleIsRoughlyUniform) {
   // Position of sample 0 over 4000 epochs of a 4-element set: each slot ~1000 times.
   Sampler s(4, 11);

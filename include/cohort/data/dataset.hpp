@@ -84,11 +84,20 @@ std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& path,
 inline const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnist";
 
 // Orders the samples of each epoch: a Fisher-Yates shuffle keyed by (seed, epoch), so epoch e's
-// order is a pure function of the seed, whoever asks and however often.
+// order is a pure function of the seed, whoever asks and however often. Or, for text windows
+// (draws()), nanoGPT's sampling: each row of each batch an independent draw of a window, keyed by
+// (seed, epoch, batch, row) — never by worker, leaf or rank — so windows repeat within an epoch
+// as nanoGPT's do.
 class Sampler {
  public:
   Sampler(std::size_t count, std::uint64_t seed, bool shuffle = true)
       : count_(count), seed_(seed), shuffle_(shuffle) {}
+  // Epoch orders whose element b * batch + r is batch b's row r, drawn uniformly from [0, count).
+  static Sampler draws(std::size_t count, std::uint64_t seed, std::size_t batch) {
+    Sampler s(count, seed);
+    s.draw_batch_ = batch;
+    return s;
+  }
   std::vector<std::uint32_t> epoch_order(std::uint64_t epoch) const;
   std::size_t count() const { return count_; }
 
@@ -96,6 +105,7 @@ class Sampler {
   std::size_t count_;
   std::uint64_t seed_;
   bool shuffle_;
+  std::size_t draw_batch_ = 0;  // draws(): the batch; 0: a shuffle
 };
 
 // Copies the samples `ids` into a batch: x (n, features) as float, pixel / 255 for `images`,
