@@ -260,8 +260,9 @@ void GptPlanBuilder::ln_backward(const LnSaved& s, const memory& diff_dst, const
 
 // The inner products take their weights in the layout oneDNN chooses (format_tag::any: blocked
 // for its jit kernels, where plain (out, in) weights get its slower gemm-based one): the flat
-// array's plain weights are reordered into it once per step, in forward, and backward-data reads
-// the same copy; backward-weights writes its layout and is reordered into the plain gradient.
+// array's plain weights are reordered into it in each leaf's forward, and backward-data reads
+// that copy (reordered again where it wants another layout); backward-weights writes its layout,
+// which is reordered into the plain gradient.
 dnnl::inner_product_forward::primitive_desc GptPlanBuilder::linear_pd(const memory::desc& src,
                                                                       std::int64_t O,
                                                                       const memory::desc& dst) {

@@ -118,14 +118,14 @@ double batch_gemm_seconds(const nn::Model& model, const TrainConfig& c) {
 }
 
 // Bytes the root moves per full-batch step: the weights and each state array read and written,
-// the bf16 copy written, the leaves' gradients read where they are summed, and the rows read
-// where batch weight gradients are computed.
+// the bf16 copy written, the root's sources read where they are summed (the leaves' gradients, or
+// a LeafChain's one sum), and the rows read where batch weight gradients are computed.
 double root_bytes(const nn::Model& model, const TrainConfig& c, std::size_t state_arrays,
                   std::size_t root_sources) {
   const double n = static_cast<double>(model.layout().total());
   const bool b16 = c.precision == nn::Precision::kBf16;
   double bytes = n * 4 * 2 * static_cast<double>(1 + state_arrays) + (b16 ? n * 2 : 0);
-  const auto leaves = static_cast<double>(root_sources);
+  const auto sources = static_cast<double>(root_sources);
   const double B = static_cast<double>(c.batch), value = b16 ? 2 : 4;
   double from_rows = 0;
   for (const nn::LayerSpec& l : model.layers()) {
@@ -136,7 +136,7 @@ double root_bytes(const nn::Model& model, const TrainConfig& c, std::size_t stat
     from_rows += in * out + out;
     bytes += B * (in + out) * value;
   }
-  return bytes + (n - from_rows) * 4 * leaves;
+  return bytes + (n - from_rows) * 4 * sources;
 }
 
 // One chunk of the sweep: read src[begin, end) (16 independent sums: a vector add per 16
