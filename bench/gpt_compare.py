@@ -77,15 +77,22 @@ def peer_tput(a, case, bf16):
     return result["tokens_per_second"], rss
 
 
+def cohort_precisions():
+    """f32 and bf16, or f32 alone where oneDNN has no bf16 kernels on this CPU (no AVX-512)."""
+    return ("f32",) if peer_compare.bf16_none() else ("f32", "bf16")
+
+
 def cmd_tput(a):
     tmp = os.path.join(ROOT, "runs", "gpt_compare")
     os.makedirs(tmp, exist_ok=True)
+    precisions = cohort_precisions()
     for case in a.cases.split(","):
-        runs = {k: [] for k in ("cohort f32", "cohort bf16", "PyTorch f32", "PyTorch bf16")}
-        rss, fractions = {k: [] for k in runs}, {"f32": [], "bf16": []}
+        runs = {k: [] for k in ["cohort " + p for p in precisions] + ["PyTorch f32",
+                                                                      "PyTorch bf16"]}
+        rss, fractions = {k: [] for k in runs}, {p: [] for p in precisions}
         skip = 2 if case != "full" else 1
         for _ in range(a.reps):
-            for precision in ("f32", "bf16"):
+            for precision in precisions:
                 r, m, f = cohort_tput(a, case, precision, tmp, skip)
                 runs["cohort " + precision].append(r)
                 rss["cohort " + precision].append(m)
@@ -100,11 +107,11 @@ def cmd_tput(a):
         for k in runs:
             print(f"  {k:13} {med[k]:10.0f}   {statistics.median(rss[k]) / 1e6:8.0f} MB   "
                   f"runs {[round(x) for x in runs[k]]}")
-        best_c = max(med["cohort f32"], med["cohort bf16"])
+        best_c = max(med["cohort " + p] for p in precisions)
         best_p = max(med["PyTorch f32"], med["PyTorch bf16"])
+        roofline = ", ".join(f"{p} {statistics.median(fractions[p]):.3f}" for p in precisions)
         print(f"  cohort's best / PyTorch's best: {best_c / best_p:.2f}x; roofline fraction "
-              f"f32 {statistics.median(fractions['f32']):.3f}, bf16 "
-              f"{statistics.median(fractions['bf16']):.3f}", flush=True)
+              f"{roofline}", flush=True)
 
 
 def cohort_curve(a, seed, precision, tmp):
@@ -132,7 +139,7 @@ def cmd_curve(a):
     os.makedirs(tmp, exist_ok=True)
     results = []
     for seed in [int(s) for s in a.seeds.split(",")]:
-        for precision in ("f32", "bf16"):
+        for precision in cohort_precisions():
             curve = cohort_curve(a, seed, precision, tmp)
             results.append({"who": "cohort", "seed": seed, "precision": precision,
                             "curve": curve})

@@ -1,8 +1,9 @@
 // Building a GptNet's plan for N windows: oneDNN 2.6 primitives (inner products for the linear
 // layers and the tied head, batched matmuls over strided views for attention, layer
-// normalization, softmax, the erf GELU) and cohort's loops where oneDNN 2.6 has no primitive
-// (the embedding gather and its scatter-add, the causal mask, dropout, residual adds, the
-// conversions between f32 and bf16), as the two step lists of a detail::Plan.
+// normalization, softmax forward, the erf GELU) and cohort's loops where oneDNN 2.6 has no
+// primitive (the embedding gather and its scatter-add, the causal mask, dropout, residual adds,
+// the conversions between f32 and bf16) or only a reference one on AVX2 (the causal softmax's
+// backward, nn/attention.hpp), as the two step lists of a detail::Plan.
 //
 // Rows: the M = N x block positions, (N, T, C) row-major. The residual stream x is f32 in both
 // precisions (as PyTorch's autocast keeps it); LayerNorm runs in f32 (oneDNN 2.6 gives it one
@@ -25,6 +26,7 @@
 #include <optional>
 
 #include "cohort/core/error.hpp"
+#include "cohort/nn/attention.hpp"
 #include "cohort/nn/gpt.hpp"
 #include "gpt_plan.hpp"
 
@@ -262,16 +264,28 @@ void GptPlanBuilder::ln_backward(const LnSaved& s, const memory& diff_dst, const
 // for its jit kernels, where plain (out, in) weights get its slower gemm-based one): the flat
 // array's plain weights are reordered into it in each leaf's forward, and backward-data reads
 // that copy (reordered again where it wants another layout); backward-weights writes its layout,
-// which is reordered into the plain gradient.
+// which is reordered into the plain gradient. Where oneDNN's choice is its gemm-based kernel
+// anyway (f32 on AVX2 CPUs: it picks transposed weights), which packs its operands itself, the
+// primitives take the plain layout instead, and none of the three reorders runs.
+// Whether oneDNN picked its gemm-based inner product ("x64:gemm:jit", "gemm:jit"; not "brgemm:").
+bool gemm_based(const dnnl::primitive_desc_base& pd) {
+  const std::string impl = pd.impl_info_str();
+  return impl.starts_with("x64:gemm") || impl.starts_with("gemm");
+}
+
 dnnl::inner_product_forward::primitive_desc GptPlanBuilder::linear_pd(const memory::desc& src,
                                                                       std::int64_t O,
                                                                       const memory::desc& dst) {
   using namespace dnnl;
   const std::int64_t I = src.dims()[1];
-  return inner_product_forward::primitive_desc(
-      inner_product_forward::desc(prop_kind::forward_training, src,
-                                  memory::desc({O, I}, act_, Tag::any), dst),
-      attr(), eng_);
+  auto make = [&](Tag tag) {
+    return inner_product_forward::primitive_desc(
+        inner_product_forward::desc(prop_kind::forward_training, src,
+                                    memory::desc({O, I}, act_, tag), dst),
+        attr(), eng_);
+  };
+  inner_product_forward::primitive_desc pd = make(Tag::any);
+  return gemm_based(pd) ? make(Tag::ab) : pd;
 }
 
 void GptPlanBuilder::linear(const memory& src, std::size_t weight, std::int64_t O,
@@ -298,10 +312,14 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
   const memory::desc dst_md({M_, O}, act_, Tag::ab);
   const inner_product_forward::primitive_desc hint = linear_pd(src.get_desc(), O, dst_md);
   if (diff_src) {
-    inner_product_backward_data::primitive_desc dpd(
-        inner_product_backward_data::desc(diff_src.get_desc(), memory::desc({O, I}, act_, Tag::any),
-                                          diff_dst.get_desc()),
-        attr(), eng_, hint);
+    auto make = [&](Tag tag) {
+      return inner_product_backward_data::primitive_desc(
+          inner_product_backward_data::desc(diff_src.get_desc(), memory::desc({O, I}, act_, tag),
+                                            diff_dst.get_desc()),
+          attr(), eng_, hint);
+    };
+    inner_product_backward_data::primitive_desc dpd = make(Tag::any);
+    if (gemm_based(dpd)) dpd = make(Tag::ab);
     memory w = blocked_weights_.at(weight);  // forward's copy, this step's weights
     if (dpd.weights_desc() != w.get_desc()) {
       memory other = plain_layout(dpd.weights_desc());
@@ -312,10 +330,14 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
         {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, diff_src}},
         Phase::kMatmul);
   }
-  inner_product_backward_weights::primitive_desc wpd(
-      inner_product_backward_weights::desc(src.get_desc(), memory::desc({O, I}, Dt::f32, Tag::any),
-                                           diff_dst.get_desc()),
-      attr(), eng_, hint);
+  auto make = [&](Tag tag) {
+    return inner_product_backward_weights::primitive_desc(
+        inner_product_backward_weights::desc(src.get_desc(), memory::desc({O, I}, Dt::f32, tag),
+                                             diff_dst.get_desc()),
+        attr(), eng_, hint);
+  };
+  inner_product_backward_weights::primitive_desc wpd = make(Tag::any);
+  if (gemm_based(wpd)) wpd = make(Tag::ab);
   const bool plain_dw = wpd.diff_weights_desc() == dw.get_desc();
   const memory out = plain_dw ? dw : temp("d.weights", {O, I}, Dt::f32, wpd.diff_weights_desc());
   add(p_.backward, inner_product_backward_weights(wpd), wpd.scratchpad_desc(),
@@ -512,18 +534,20 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   const memory pt = view(b.p_used, {N, H, T, T}, transposed, 0);
   const memory dv = view(dqkv, heads, qkv_strides, 2 * C);
   add_matmul(p_.backward, pt, dyh, dv);
-  // dS = softmax'(P) dP; the scores' scale goes into the two matmuls after it.
-  memory ds = temp("d.s", {N, H, T, T}, Dt::f32);
-  softmax_forward::primitive_desc shint(
-      softmax_forward::desc(prop_kind::forward_training, ds.get_desc(), 3), attr(), eng_);
-  softmax_backward::primitive_desc sbpd(softmax_backward::desc(ds.get_desc(), b.p.get_desc(), 3),
-                                        attr(), eng_, shint);
-  add(p_.backward, softmax_backward(sbpd), sbpd.scratchpad_desc(),
-      {{DNNL_ARG_DST, b.p}, {DNNL_ARG_DIFF_DST, dp}, {DNNL_ARG_DIFF_SRC, ds}}, Phase::kEltwise);
-  memory ds_act = ds;
-  if (half()) {
-    ds_act = temp("d.s.act", {N, H, T, T}, act_);
-    convert(p_.backward, ds, ds_act);
+  // dS = softmax'(P) dP in the activations' type (causal_softmax_backward: oneDNN 2.6's is a
+  // reference loop on AVX2); the scores' scale goes into the two matmuls after it.
+  const memory ds_act = temp("d.s", {N, H, T, T}, act_);
+  {
+    const float* pp = static_cast<const float*>(b.p.get_data_handle());
+    const float* dps = static_cast<const float*>(dp.get_data_handle());
+    void* out = ds_act.get_data_handle();
+    const bool half = this->half();
+    custom(p_.backward, [=] {
+      if (half)
+        causal_softmax_backward(pp, dps, static_cast<bf16*>(out), N * H, T);
+      else
+        causal_softmax_backward(pp, dps, static_cast<float*>(out), N * H, T);
+    });
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   // dQ = scale dS K, dK = scale dS^T Q.
