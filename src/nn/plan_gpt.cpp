@@ -3,7 +3,7 @@
 // normalization, softmax forward, the erf GELU) and cohort's loops where oneDNN 2.6 has no
 // primitive (the embedding gather and its scatter-add, the causal mask, dropout, residual adds,
 // the conversions between f32 and bf16) or only a reference one on AVX2 (the causal softmax's
-// backward, nn/attention.hpp), as the two step lists of a detail::Plan.
+// backward, nn/gpt_kernels.hpp), as the two step lists of a detail::Plan.
 //
 // Rows: the M = N x block positions, (N, T, C) row-major. The residual stream x is f32 in both
 // precisions (as PyTorch's autocast keeps it); LayerNorm runs in f32 (oneDNN 2.6 gives it one
@@ -26,7 +26,7 @@
 #include <optional>
 
 #include "cohort/core/error.hpp"
-#include "cohort/nn/attention.hpp"
+#include "cohort/nn/gpt_kernels.hpp"
 #include "cohort/nn/gpt.hpp"
 #include "gpt_plan.hpp"
 

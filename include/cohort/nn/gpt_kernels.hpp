@@ -1,7 +1,8 @@
-// Causal self-attention's softmax gradient as one loop of cohort's own. oneDNN 2.6.3's
-// softmax_backward has a jit kernel on AVX-512 only; on AVX2 CPUs it runs its reference one
-// (ref:any), which the benchmarks page measures at a tenth of a language model's leaf. This loop
-// also skips each row's masked entries and writes bf16 directly where the next matmul reads bf16.
+// A language model's loop that is cohort's own rather than oneDNN 2.6.3's: the causal softmax's
+// backward. oneDNN's softmax_backward has a jit kernel on AVX-512 only and runs its reference one
+// (ref:any) on AVX2 CPUs; this loop also skips each row's masked entries and writes bf16 directly
+// where the next matmul reads bf16. docs/benchmarks.md ("Language models on AVX2") has what it
+// changes.
 #pragma once
 
 #include <cstdint>

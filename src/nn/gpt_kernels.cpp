@@ -1,5 +1,5 @@
-// Causal softmax backward (see the header for why it is cohort's own loop).
-#include "cohort/nn/attention.hpp"
+// The causal softmax's backward (see the header for why it is cohort's own).
+#include "cohort/nn/gpt_kernels.hpp"
 
 #include "cohort/core/cpu.hpp"
 

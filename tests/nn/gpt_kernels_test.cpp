@@ -1,7 +1,7 @@
 // causal_softmax_backward against a float64 reference: causal softmax rows of random scores and a
 // random output gradient, window lengths below, at and above the eight-wide partial sums and not
 // a multiple of eight; the masked entries exactly 0; the bf16 form the f32 result rounded.
-#include "cohort/nn/attention.hpp"
+#include "cohort/nn/gpt_kernels.hpp"
 
 #include <gtest/gtest.h>
 
