@@ -2,11 +2,11 @@
 """cohort's language models against the project's PyTorch GPT (bench/peers/torch_gpt_peer.py),
 side by side on one machine, Tiny Shakespeare.
 
-  bench/gpt_compare.py tput [--cases cpu,medium,full] [--reps 3]
+  bench/gpt_compare.py tput [--cases cpu,medium,full] [--reps 3] [--peer-precisions f32,bf16]
       Training tokens/s of nanoGPT's CPU recipe (gpt:4-4-128-64, batch 12), a medium model
       (gpt:4-4-256-128, batch 32) and the full recipe (gpt:6-6-384-256-0.2, batch 64): cohort f32
-      and bf16 (2 workers) and the peer f32 and bf16 autocast (2 threads), alternating round by
-      round; per run its peak RSS (the child's, from wait4). cohort's rate is the steady one: the
+      and bf16 (2 workers; bf16 where oneDNN has bf16 kernels on this CPU) and the peer f32 and
+      bf16 autocast (2 threads; --peer-precisions), alternating round by round; per run its peak RSS (the child's, from wait4). cohort's rate is the steady one: the
       tokens of its steps after the first --skip over their time (the metrics' elapsed_s, steps
       only), as the peer's excludes its warm-up steps. Prints medians and the ratio of cohort's
       best to PyTorch's best, and cohort's roofline fraction.
@@ -87,8 +87,8 @@ def cmd_tput(a):
     os.makedirs(tmp, exist_ok=True)
     precisions = cohort_precisions()
     for case in a.cases.split(","):
-        runs = {k: [] for k in ["cohort " + p for p in precisions] + ["PyTorch f32",
-                                                                      "PyTorch bf16"]}
+        peer = [p for p in a.peer_precisions.split(",")]
+        runs = {k: [] for k in ["cohort " + p for p in precisions] + ["PyTorch " + p for p in peer]}
         rss, fractions = {k: [] for k in runs}, {p: [] for p in precisions}
         skip = 2 if case != "full" else 1
         for _ in range(a.reps):
@@ -97,7 +97,7 @@ def cmd_tput(a):
                 runs["cohort " + precision].append(r)
                 rss["cohort " + precision].append(m)
                 fractions[precision].append(f)
-            for bf16 in (False, True):
+            for bf16 in [p == "bf16" for p in peer]:
                 r, m = peer_tput(a, case, bf16)
                 key = "PyTorch " + ("bf16" if bf16 else "f32")
                 runs[key].append(r)
@@ -108,7 +108,7 @@ def cmd_tput(a):
             print(f"  {k:13} {med[k]:10.0f}   {statistics.median(rss[k]) / 1e6:8.0f} MB   "
                   f"runs {[round(x) for x in runs[k]]}")
         best_c = max(med["cohort " + p] for p in precisions)
-        best_p = max(med["PyTorch f32"], med["PyTorch bf16"])
+        best_p = max(med["PyTorch " + p] for p in peer)
         roofline = ", ".join(f"{p} {statistics.median(fractions[p]):.3f}" for p in precisions)
         print(f"  cohort's best / PyTorch's best: {best_c / best_p:.2f}x; roofline fraction "
               f"{roofline}", flush=True)
@@ -217,6 +217,9 @@ def main():
     p.add_argument("--cases", default="cpu,medium,full")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--peer-precisions", default="f32,bf16",
+                   help="tput: the peer's runs (f32 alone where its bf16 autocast is emulated, "
+                        "as on CPUs without AVX512_BF16, and slower than its f32)")
     p.add_argument("--peer", action="store_true")
     p.add_argument("--target", type=float, default=1.90)
     p.add_argument("--out", default="")
