@@ -10,7 +10,7 @@ side by side on one machine, Tiny Shakespeare.
       tokens of its steps after the first --skip over their time (the metrics' elapsed_s, steps
       only), as the peer's excludes its warm-up steps. Prints medians and the ratio of cohort's
       best to PyTorch's best, and cohort's roofline fraction.
-  bench/gpt_compare.py curve [--seeds 1,2,3] [--peer]
+  bench/gpt_compare.py curve [--seeds 1,2,3] [--peer [--peer-precisions f32,bf16]]
       nanoGPT's CPU recipe for 2000 iterations (examples/gpt_char_cpu.toml) in f32 and bf16 per
       seed: the validation loss (whole split) every 250 iterations against training seconds, the
       seconds to first reach --target (1.90); with --peer the PyTorch recipe too. --out writes
@@ -147,7 +147,7 @@ def cmd_curve(a):
                   f"{curve[-1]['elapsed_s']:.1f} s; {a.target} first at "
                   f"{first_reach(curve, a.target)} s", flush=True)
         if a.peer:
-            for bf16 in (False, True):
+            for bf16 in [p == "bf16" for p in a.peer_precisions.split(",")]:
                 cmd = ["/usr/bin/python3", PEER, "train", "--text", os.path.join(TEXT, "input.txt"),
                        "--seed", str(seed), "--threads", "2"] + (["--bf16"] if bf16 else [])
                 out = peer_compare.run(cmd, capture=True, timeout=3600)
@@ -218,7 +218,7 @@ def main():
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--peer-precisions", default="f32,bf16",
-                   help="tput: the peer's runs (f32 alone where its bf16 autocast is emulated, "
+                   help="the peer's runs (f32 alone where its bf16 autocast is emulated, "
                         "as on CPUs without AVX512_BF16, and slower than its f32)")
     p.add_argument("--peer", action="store_true")
     p.add_argument("--target", type=float, default=1.90)
