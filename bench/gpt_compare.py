@@ -3,13 +3,17 @@
 side by side on one machine, Tiny Shakespeare.
 
   bench/gpt_compare.py tput [--cases cpu,medium,full] [--reps 3] [--peer-precisions f32,bf16]
+                            [--baseline OTHER_COHORT]
       Training tokens/s of nanoGPT's CPU recipe (gpt:4-4-128-64, batch 12), a medium model
       (gpt:4-4-256-128, batch 32) and the full recipe (gpt:6-6-384-256-0.2, batch 64): cohort f32
       and bf16 (2 workers; bf16 where oneDNN has bf16 kernels on this CPU) and the peer f32 and
-      bf16 autocast (2 threads; --peer-precisions), alternating round by round; per run its peak RSS (the child's, from wait4). cohort's rate is the steady one: the
-      tokens of its steps after the first --skip over their time (the metrics' elapsed_s, steps
-      only), as the peer's excludes its warm-up steps. Prints medians and the ratio of cohort's
-      best to PyTorch's best, and cohort's roofline fraction.
+      bf16 autocast (2 threads; --peer-precisions), alternating round by round; per run its peak
+      RSS (the child's, from wait4). cohort's rate is the steady one: the tokens of its steps
+      after the first --skip over their time (the metrics' elapsed_s, steps only), as the peer's
+      excludes its warm-up steps. Prints medians and the ratio of cohort's
+      best to PyTorch's best, and cohort's roofline fraction. --baseline BIN runs another cohort
+      build first in each round and prints the per-round ratios; --peer-precisions none leaves
+      the peer out.
   bench/gpt_compare.py curve [--seeds 1,2,3] [--peer [--peer-precisions f32,bf16]]
       nanoGPT's CPU recipe for 2000 iterations (examples/gpt_char_cpu.toml) in f32 and bf16 per
       seed: the validation loss (whole split) every 250 iterations against training seconds, the
@@ -49,11 +53,11 @@ def timed_child(cmd):
     return out, usage.ru_maxrss * 1024
 
 
-def cohort_tput(a, case, precision, tmp, skip):
+def cohort_tput(binary, case, precision, tmp, skip):
     L, H, C, T, B, p, steps, _, _ = CASES[case]
     spec = f"gpt:{L}-{H}-{C}-{T}" + (f"-{p}" if p else "")
     metrics, summary = os.path.join(tmp, "m.jsonl"), os.path.join(tmp, "s.json")
-    cmd = [a.cohort, "train", "--data", TEXT, "--model", spec, "--batch", str(B), "--steps",
+    cmd = [binary, "train", "--data", TEXT, "--model", spec, "--batch", str(B), "--steps",
            str(steps), "--precision", precision, "--workers", "2", "--quiet", "--log-every", "1",
            "--metrics", metrics, "--summary", summary] + RECIPE
     _, rss = timed_child(cmd)
@@ -86,32 +90,41 @@ def cmd_tput(a):
     tmp = os.path.join(ROOT, "runs", "gpt_compare")
     os.makedirs(tmp, exist_ok=True)
     precisions = cohort_precisions()
+    peer = [p for p in a.peer_precisions.split(",") if p and p != "none"]
+    builds = ([("baseline", a.baseline)] if a.baseline else []) + [("cohort", a.cohort)]
     for case in a.cases.split(","):
-        peer = [p for p in a.peer_precisions.split(",")]
-        runs = {k: [] for k in ["cohort " + p for p in precisions] + ["PyTorch " + p for p in peer]}
-        rss, fractions = {k: [] for k in runs}, {p: [] for p in precisions}
+        runs = {k: [] for k in [f"{b} {p}" for b, _ in builds for p in precisions] +
+                ["PyTorch " + p for p in peer]}
+        rss, fractions = {k: [] for k in runs}, {k: [] for k in runs}
         skip = 2 if case != "full" else 1
         for _ in range(a.reps):
-            for precision in precisions:
-                r, m, f = cohort_tput(a, case, precision, tmp, skip)
-                runs["cohort " + precision].append(r)
-                rss["cohort " + precision].append(m)
-                fractions[precision].append(f)
+            for who, binary in builds:
+                for precision in precisions:
+                    r, m, f = cohort_tput(binary, case, precision, tmp, skip)
+                    runs[f"{who} {precision}"].append(r)
+                    rss[f"{who} {precision}"].append(m)
+                    fractions[f"{who} {precision}"].append(f)
             for bf16 in [p == "bf16" for p in peer]:
                 r, m = peer_tput(a, case, bf16)
                 key = "PyTorch " + ("bf16" if bf16 else "f32")
                 runs[key].append(r)
                 rss[key].append(m)
         med = {k: statistics.median(v) for k, v in runs.items()}
-        print(f"\n{case}: tokens/s (median of {a.reps}), peak RSS (MB)")
+        print(f"\n{case}: tokens/s (median of {a.reps}), peak RSS (MB), roofline fraction")
         for k in runs:
-            print(f"  {k:13} {med[k]:10.0f}   {statistics.median(rss[k]) / 1e6:8.0f} MB   "
+            frac = f"{statistics.median(fractions[k]):6.3f}" if fractions[k] else "      "
+            print(f"  {k:14} {med[k]:10.0f}   {statistics.median(rss[k]) / 1e6:8.0f} MB  {frac}   "
                   f"runs {[round(x) for x in runs[k]]}")
         best_c = max(med["cohort " + p] for p in precisions)
-        best_p = max(med["PyTorch " + p] for p in peer)
-        roofline = ", ".join(f"{p} {statistics.median(fractions[p]):.3f}" for p in precisions)
-        print(f"  cohort's best / PyTorch's best: {best_c / best_p:.2f}x; roofline fraction "
-              f"{roofline}", flush=True)
+        if peer:
+            best_p = max(med["PyTorch " + p] for p in peer)
+            print(f"  cohort's best / PyTorch's best: {best_c / best_p:.2f}x", flush=True)
+        if a.baseline:
+            for p in precisions:
+                ratios = [x / y for x, y in zip(runs["cohort " + p], runs["baseline " + p])]
+                print(f"  cohort {p} / baseline {p}, per round: "
+                      f"{[round(x, 3) for x in ratios]}, median {statistics.median(ratios):.3f}x",
+                      flush=True)
 
 
 def cohort_curve(a, seed, precision, tmp):
@@ -217,6 +230,9 @@ def main():
     p.add_argument("--cases", default="cpu,medium,full")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--baseline", default="",
+                   help="tput: another cohort binary, run before this one in each round "
+                        "(prints the per-round ratios)")
     p.add_argument("--peer-precisions", default="f32,bf16",
                    help="the peer's runs (f32 alone where its bf16 autocast is emulated, "
                         "as on CPUs without AVX512_BF16, and slower than its f32)")
