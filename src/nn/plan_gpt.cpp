@@ -26,8 +26,8 @@
 #include <optional>
 
 #include "cohort/core/error.hpp"
-#include "cohort/nn/gpt_kernels.hpp"
 #include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt_kernels.hpp"
 #include "gpt_plan.hpp"
 
 namespace cohort::nn::detail {
