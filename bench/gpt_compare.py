@@ -10,10 +10,9 @@ side by side on one machine, Tiny Shakespeare.
       bf16 autocast (2 threads; --peer-precisions), alternating round by round; per run its peak
       RSS (the child's, from wait4). cohort's rate is the steady one: the tokens of its steps
       after the first --skip over their time (the metrics' elapsed_s, steps only), as the peer's
-      excludes its warm-up steps. Prints medians and the ratio of cohort's
-      best to PyTorch's best, and cohort's roofline fraction. --baseline BIN runs another cohort
-      build first in each round and prints the per-round ratios; --peer-precisions none leaves
-      the peer out.
+      excludes its warm-up steps. Prints medians, cohort's roofline fractions and the ratio of
+      cohort's best to PyTorch's best. --baseline BIN runs another cohort build first in each
+      round and prints the per-round ratios; --peer-precisions none leaves the peer out.
   bench/gpt_compare.py curve [--seeds 1,2,3] [--peer [--peer-precisions f32,bf16]]
       nanoGPT's CPU recipe for 2000 iterations (examples/gpt_char_cpu.toml) in f32 and bf16 per
       seed: the validation loss (whole split) every 250 iterations against training seconds, the
@@ -86,11 +85,16 @@ def cohort_precisions():
     return ("f32",) if peer_compare.bf16_none() else ("f32", "bf16")
 
 
+def peer_precisions(a):
+    """--peer-precisions as a list ("none": the peer left out)."""
+    return [p for p in a.peer_precisions.split(",") if p and p != "none"]
+
+
 def cmd_tput(a):
     tmp = os.path.join(ROOT, "runs", "gpt_compare")
     os.makedirs(tmp, exist_ok=True)
     precisions = cohort_precisions()
-    peer = [p for p in a.peer_precisions.split(",") if p and p != "none"]
+    peer = peer_precisions(a)
     builds = ([("baseline", a.baseline)] if a.baseline else []) + [("cohort", a.cohort)]
     for case in a.cases.split(","):
         runs = {k: [] for k in [f"{b} {p}" for b, _ in builds for p in precisions] +
@@ -160,7 +164,7 @@ def cmd_curve(a):
                   f"{curve[-1]['elapsed_s']:.1f} s; {a.target} first at "
                   f"{first_reach(curve, a.target)} s", flush=True)
         if a.peer:
-            for bf16 in [p == "bf16" for p in a.peer_precisions.split(",")]:
+            for bf16 in [p == "bf16" for p in peer_precisions(a)]:
                 cmd = ["/usr/bin/python3", PEER, "train", "--text", os.path.join(TEXT, "input.txt"),
                        "--seed", str(seed), "--threads", "2"] + (["--bf16"] if bf16 else [])
                 out = peer_compare.run(cmd, capture=True, timeout=3600)

@@ -272,20 +272,25 @@ bool gemm_based(const dnnl::primitive_desc_base& pd) {
   const std::string impl = pd.impl_info_str();
   return impl.starts_with("x64:gemm") || impl.starts_with("gemm");
 }
+// make(tag) builds an inner product's primitive descriptor with its weights (or their gradient)
+// in `tag`: oneDNN's choice (any), or the plain (out, in) layout where that choice is gemm-based.
+template <class Make>
+auto weights_layout_pd(Make make) {
+  auto pd = make(Tag::any);
+  return gemm_based(pd) ? make(Tag::ab) : pd;
+}
 
 dnnl::inner_product_forward::primitive_desc GptPlanBuilder::linear_pd(const memory::desc& src,
                                                                       std::int64_t O,
                                                                       const memory::desc& dst) {
   using namespace dnnl;
   const std::int64_t I = src.dims()[1];
-  auto make = [&](Tag tag) {
+  return weights_layout_pd([&](Tag tag) {
     return inner_product_forward::primitive_desc(
         inner_product_forward::desc(prop_kind::forward_training, src,
                                     memory::desc({O, I}, act_, tag), dst),
         attr(), eng_);
-  };
-  inner_product_forward::primitive_desc pd = make(Tag::any);
-  return gemm_based(pd) ? make(Tag::ab) : pd;
+  });
 }
 
 void GptPlanBuilder::linear(const memory& src, std::size_t weight, std::int64_t O,
@@ -312,14 +317,12 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
   const memory::desc dst_md({M_, O}, act_, Tag::ab);
   const inner_product_forward::primitive_desc hint = linear_pd(src.get_desc(), O, dst_md);
   if (diff_src) {
-    auto make = [&](Tag tag) {
+    const auto dpd = weights_layout_pd([&](Tag tag) {
       return inner_product_backward_data::primitive_desc(
           inner_product_backward_data::desc(diff_src.get_desc(), memory::desc({O, I}, act_, tag),
                                             diff_dst.get_desc()),
           attr(), eng_, hint);
-    };
-    inner_product_backward_data::primitive_desc dpd = make(Tag::any);
-    if (gemm_based(dpd)) dpd = make(Tag::ab);
+    });
     memory w = blocked_weights_.at(weight);  // forward's copy, this step's weights
     if (dpd.weights_desc() != w.get_desc()) {
       memory other = plain_layout(dpd.weights_desc());
@@ -330,14 +333,12 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
         {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, diff_src}},
         Phase::kMatmul);
   }
-  auto make = [&](Tag tag) {
+  const auto wpd = weights_layout_pd([&](Tag tag) {
     return inner_product_backward_weights::primitive_desc(
         inner_product_backward_weights::desc(src.get_desc(), memory::desc({O, I}, Dt::f32, tag),
                                              diff_dst.get_desc()),
         attr(), eng_, hint);
-  };
-  inner_product_backward_weights::primitive_desc wpd = make(Tag::any);
-  if (gemm_based(wpd)) wpd = make(Tag::ab);
+  });
   const bool plain_dw = wpd.diff_weights_desc() == dw.get_desc();
   const memory out = plain_dw ? dw : temp("d.weights", {O, I}, Dt::f32, wpd.diff_weights_desc());
   add(p_.backward, inner_product_backward_weights(wpd), wpd.scratchpad_desc(),
