@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian 12 machine: installs what is missing, builds the
-# release preset and runs every test, installs it and builds and runs examples/embed against the
-# installed package, builds the ThreadSanitizer preset (clang) of the
+# release preset (a unity build, below) and runs every test, installs it and builds and runs
+# examples/embed against the installed package, builds the ThreadSanitizer preset (clang) of the
 # dependency-free core (the reducers) and runs its tests, then runs every test again under
-# AddressSanitizer + UndefinedBehaviorSanitizer, and fuzzes the IDX, NumPy, CSV, image, text, checkpoint
-# and job-config readers and the `cohort train` command line (as a dry run) for a bounded time
-# (COHORT_FUZZ_SECONDS each, default 30) after replaying their corpora.
+# AddressSanitizer + UndefinedBehaviorSanitizer, and fuzzes the IDX, NumPy, CSV, image, text,
+# checkpoint and job-config readers and the `cohort train` command line (as a dry run) for a
+# bounded time (COHORT_FUZZ_SECONDS each, default 30; one fuzzer per core at a time) after
+# replaying their corpora.
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test
 jobs=$(nproc)
+# Unity builds: CMake compiles each target's sources a few files at a time, as one file, which
+# halves the compile time of these one-off builds (docs/decisions.md). The setting stays in the
+# build folders this script configures: -DCMAKE_UNITY_BUILD=OFF there for file-by-file rebuilds.
+unity=-DCMAKE_UNITY_BUILD=${COHORT_UNITY_BUILD:-ON}
 
 echo "== release build and tests"
-cmake --preset release
+cmake --preset release "$unity"
 cmake --build --preset release -j "$jobs"
 COHORT_REQUIRE_FRAMEWORKS=1 ctest --preset release -j "$jobs"  # the export checks may not skip
 
@@ -35,22 +40,38 @@ cmake --build --preset tsan -j "$jobs"
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --preset tsan -j "$jobs"
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
-cmake --preset asan
+cmake --preset asan "$unity"
 cmake --build --preset asan -j "$jobs"
 ASAN_OPTIONS="detect_leaks=1" ctest --preset asan -j "$jobs"
 
 echo "== libFuzzer: replay the corpora, then fuzz each target for a bounded time"
-cmake --preset fuzz
+cmake --preset fuzz "$unity"
 cmake --build --preset fuzz -j "$jobs" --target fuzz_idx fuzz_npy fuzz_csv fuzz_image fuzz_text fuzz_checkpoint fuzz_config fuzz_cli
 ctest --preset fuzz
 seconds=${COHORT_FUZZ_SECONDS:-30}
-for target in idx npy csv image text checkpoint config cli; do
+# One fuzzer per core at a time; each writes its log beside its build and prints its summary lines.
+fuzz() {
+  local target=$1 work
   work=$(mktemp -d)
   cp tests/fuzz/corpus/$target/* "$work"/
   build/fuzz/tests/fuzz/fuzz_$target -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-    -artifact_prefix=build/fuzz/crash-$target- -print_final_stats=1 "$work" 2>&1 |
-    grep -E "stat::number_of_executed_units|Done|ERROR|crash" || true
+    -artifact_prefix=build/fuzz/crash-$target- -print_final_stats=1 "$work" \
+    > build/fuzz/fuzz-$target.log 2>&1 || true
   rm -rf "$work"
+}
+running=0
+for target in idx npy csv image text checkpoint config cli; do
+  if ((running == jobs)); then
+    wait -n
+    running=$((running - 1))
+  fi
+  fuzz $target &
+  running=$((running + 1))
+done
+wait
+for target in idx npy csv image text checkpoint config cli; do
+  echo "fuzz_$target:"
+  grep -E "stat::number_of_executed_units|Done|ERROR|crash" build/fuzz/fuzz-$target.log || true
   if ls build/fuzz/crash-$target-* > /dev/null 2>&1; then
     echo "fuzz_$target found a crash: build/fuzz/crash-$target-* (add it to tests/fuzz/crashes/$target/)"
     exit 1

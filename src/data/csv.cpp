@@ -16,7 +16,7 @@ namespace cohort::data {
 
 namespace {
 
-std::string quote(std::string_view s) { return printable(s, 24); }
+std::string quote_cell(std::string_view s) { return printable(s, 24); }
 
 // Splits `line` at commas into `cells` (views into the line).
 void split_cells(std::string_view line, std::vector<std::string_view>& cells) {
@@ -90,7 +90,7 @@ Dataset read_csv_split(std::string_view text, const std::string& source, std::st
       columns = cells.size();
       if (columns < 2)
         fail(1, "columns", "a label and at least one feature, comma-separated",
-             std::to_string(columns) + " cell " + quote(cells[0]));
+             std::to_string(columns) + " cell " + quote_cell(cells[0]));
       if (columns - 1 > limits.max_features)
         fail(1, "columns", "at most " + std::to_string(limits.max_features) + " features",
              std::to_string(columns - 1));
@@ -114,13 +114,13 @@ Dataset read_csv_split(std::string_view text, const std::string& source, std::st
     auto [ptr, ec] = std::from_chars(cell.data(), cell.data() + cell.size(), label);
     if (!cell.empty() && cell[0] == '-')
       fail(line_no, "column 1 (label)", "a class in [0, " + std::to_string(kMaxClasses) + ")",
-           quote(cell) + " (negative)");
+           quote_cell(cell) + " (negative)");
     if (ec != std::errc() || ptr != cell.data() + cell.size() || label >= kMaxClasses)
       fail(line_no, "column 1 (label)",
            "an integer class in [0, " + std::to_string(kMaxClasses) + ")",
-           quote(cell) + (ec == std::errc() && ptr == cell.data() + cell.size()
-                              ? " (too large)"
-                              : " (not an integer)"));
+           quote_cell(cell) + (ec == std::errc() && ptr == cell.data() + cell.size()
+                                   ? " (too large)"
+                                   : " (not an integer)"));
     // Checked before growing: the total stays within max_values.
     if (set.count + 1 > limits.max_values / (columns - 1))
       fail(line_no, "size",
@@ -129,10 +129,11 @@ Dataset read_csv_split(std::string_view text, const std::string& source, std::st
       float v = 0;
       if (!parse_float(cells[c], v))
         fail(line_no, "column " + std::to_string(c + 1), "a number",
-             quote(cells[c]) + " (non-numeric)");
+             quote_cell(cells[c]) + " (non-numeric)");
       if (!std::isfinite(v))
         fail(line_no, "column " + std::to_string(c + 1), "a finite number",
-             quote(cells[c]) + (std::isnan(v) ? " (NaN)" : " (infinite or out of float range)"));
+             quote_cell(cells[c]) +
+                 (std::isnan(v) ? " (NaN)" : " (infinite or out of float range)"));
       set.float_features.push_back(v);
     }
     set.labels.push_back(static_cast<std::uint32_t>(label));

@@ -17,15 +17,15 @@ namespace cohort::data {
 
 namespace {
 
-[[noreturn]] void refuse(const std::string& name, const std::string& expected,
-                         const std::string& found) {
+[[noreturn]] void refuse_image(const std::string& name, const std::string& expected,
+                               const std::string& found) {
   throw InputError(name + ": image: expected " + expected + ", found " + found);
 }
 
 void check_pixels(const std::string& name, std::size_t width, std::size_t height) {
   if (width == 0 || height == 0 || width > kMaxImagePixels / height)
-    refuse(name, "at most " + std::to_string(kMaxImagePixels) + " pixels",
-           std::to_string(width) + "x" + std::to_string(height));
+    refuse_image(name, "at most " + std::to_string(kMaxImagePixels) + " pixels",
+                 std::to_string(width) + "x" + std::to_string(height));
 }
 
 // (H, W, C) interleaved rows to (C, H, W).
@@ -110,9 +110,9 @@ Image decode_jpeg(std::span<const std::uint8_t> bytes, const std::string& name) 
   int width = 0, height = 0, subsampling = 0, colorspace = 0;
   if (tjDecompressHeader3(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), &width,
                           &height, &subsampling, &colorspace) != 0)
-    refuse(name, "a JPEG image", std::string("corrupt data (") + tjGetErrorStr2(tj) + ")");
+    refuse_image(name, "a JPEG image", std::string("corrupt data (") + tjGetErrorStr2(tj) + ")");
   if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK)
-    refuse(name, "a grey or colour JPEG", "CMYK");
+    refuse_image(name, "a grey or colour JPEG", "CMYK");
   check_pixels(name, static_cast<std::size_t>(width), static_cast<std::size_t>(height));
   Image im;
   im.channels = colorspace == TJCS_GRAY ? 1 : 3;
@@ -123,7 +123,8 @@ Image decode_jpeg(std::span<const std::uint8_t> bytes, const std::string& name) 
   if (tjDecompress2(tj, bytes.data(), static_cast<unsigned long>(bytes.size()), hwc.data(), width,
                     0, height, im.channels == 1 ? TJPF_GRAY : TJPF_RGB,
                     TJFLAG_ACCURATEDCT | TJFLAG_STOPONWARNING) != 0)
-    refuse(name, "a complete JPEG image", std::string("corrupt data (") + tjGetErrorStr2(tj) + ")");
+    refuse_image(name, "a complete JPEG image",
+                 std::string("corrupt data (") + tjGetErrorStr2(tj) + ")");
   im.pixels = planar(hwc, im.channels, im.height * im.width);
   return im;
 }
@@ -195,11 +196,11 @@ Dataset load_split(const std::filesystem::path& split, const std::vector<std::st
       const std::size_t c = shape ? shape->channels : set.channels,
                         h = shape ? shape->height : set.rows, w = shape ? shape->width : set.cols;
       if (im.channels != c || im.height != h || im.width != w)
-        refuse(file.string(),
-               std::to_string(c) + "x" + std::to_string(h) + "x" + std::to_string(w) +
-                   " (channels x height x width, as the first training image)",
-               std::to_string(im.channels) + "x" + std::to_string(im.height) + "x" +
-                   std::to_string(im.width));
+        refuse_image(file.string(),
+                     std::to_string(c) + "x" + std::to_string(h) + "x" + std::to_string(w) +
+                         " (channels x height x width, as the first training image)",
+                     std::to_string(im.channels) + "x" + std::to_string(im.height) + "x" +
+                         std::to_string(im.width));
       set.images.insert(set.images.end(), im.pixels.begin(), im.pixels.end());
       set.labels.push_back(label);
       ++set.count;
@@ -224,7 +225,7 @@ Image decode_image(std::span<const std::uint8_t> bytes, const std::string& name)
     r.size = bytes.size();
     r.pixels = &hwc;
     if (!decode_png(r))
-      refuse(name, "a PNG image", std::string(r.error[0] ? r.error : "corrupt data"));
+      refuse_image(name, "a PNG image", std::string(r.error[0] ? r.error : "corrupt data"));
     Image im;
     im.channels = r.channels;
     im.height = r.height;
@@ -234,8 +235,8 @@ Image decode_image(std::span<const std::uint8_t> bytes, const std::string& name)
   }
   if (bytes.size() >= 3 && bytes[0] == 0xff && bytes[1] == 0xd8 && bytes[2] == 0xff)
     return decode_jpeg(bytes, name);
-  refuse(name, "a PNG or JPEG image",
-         "neither signature (" + std::to_string(bytes.size()) + " bytes)");
+  refuse_image(name, "a PNG or JPEG image",
+               "neither signature (" + std::to_string(bytes.size()) + " bytes)");
 }
 
 Splits load_class_folders(const std::filesystem::path& dir) {

@@ -22,7 +22,7 @@
 #include "../common/scratch_dir.hpp"
 
 namespace cohort::checkpoint {
-namespace {
+namespace checkpoint_test {
 
 namespace fs = std::filesystem;
 
@@ -373,5 +373,5 @@ TEST_F(Checkpoints, AFailedSaveLeavesThePreviousCheckpointAndNoTemporaryFile) {
   no_temporary();
 }
 
-}  // namespace
+}  // namespace checkpoint_test
 }  // namespace cohort::checkpoint

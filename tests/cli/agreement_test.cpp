@@ -19,7 +19,7 @@
 #include "commands.hpp"
 
 namespace cohort::cli {
-namespace {
+namespace agreement_test {
 
 using train::testing::ThreadComm;
 using train::testing::ThreadWorld;
@@ -163,5 +163,5 @@ TEST(Agreement, AProblemEveryRankHasIsPrintedWithoutRanks) {
   for (const Lines& lines : got) EXPECT_EQ(lines, Lines{"--batch: expected 1 .. 512, found 0"});
 }
 
-}  // namespace
+}  // namespace agreement_test
 }  // namespace cohort::cli

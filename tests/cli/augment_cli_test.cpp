@@ -15,7 +15,7 @@
 #include "testing.hpp"
 
 namespace cohort::cli {
-namespace {
+namespace augment_cli_test {
 
 using testing::cohort;
 using testing::Result;
@@ -132,5 +132,5 @@ TEST_F(AugmentCli, ABadSpecExitsTwoNamingTheFlag) {
   EXPECT_NE(ok.out.find("augment=crop:4,flip"), std::string::npos) << ok.out;
 }
 
-}  // namespace
+}  // namespace augment_cli_test
 }  // namespace cohort::cli

@@ -28,7 +28,7 @@
 #include <vector>
 
 namespace cohort::cli {
-namespace {
+namespace cli_process_test {
 
 namespace fs = std::filesystem;
 using testing::Cli;
@@ -179,5 +179,5 @@ TEST_F(Cli, MetricsStayJsonWhenStandardOutputIsClosed) {
   EXPECT_GE(json, 200);  // a step line a step
 }
 
-}  // namespace
+}  // namespace cli_process_test
 }  // namespace cohort::cli

@@ -19,7 +19,7 @@
 #include <sstream>
 
 namespace cohort::cli {
-namespace {
+namespace cli_test {
 
 namespace fs = std::filesystem;
 using testing::Cli;
@@ -465,5 +465,5 @@ TEST_F(Cli, EveryCommandTakesQuiet) {
   EXPECT_NE(cohort({"export", "--checkpoint", ckpt, "--format", "onnx", "-o", onnx}).out, "");
 }
 
-}  // namespace
+}  // namespace cli_test
 }  // namespace cohort::cli

@@ -16,7 +16,7 @@
 #include "testing.hpp"
 
 namespace cohort::cli {
-namespace {
+namespace launch_test {
 
 namespace fs = std::filesystem;
 using Args = std::vector<std::string>;
@@ -207,5 +207,5 @@ TEST_F(Launch, RefusesBeforeRunningAnything) {
   }
 }
 
-}  // namespace
+}  // namespace launch_test
 }  // namespace cohort::cli

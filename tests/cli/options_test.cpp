@@ -19,7 +19,7 @@ namespace cohort::cli {
 // gtest prints a row as its flag, not as bytes.
 void PrintTo(const TrainFlag& row, std::ostream* os) { *os << row.key.flag; }
 
-namespace {
+namespace options_test {
 
 namespace fs = std::filesystem;
 using config::Type;
@@ -280,5 +280,5 @@ TEST(CliReadme, SynopsisIsTrainHelp) {
   EXPECT_EQ(missing(synopsis, help), "") << "in README's synopsis, not in --help";
 }
 
-}  // namespace
+}  // namespace options_test
 }  // namespace cohort::cli

@@ -14,7 +14,7 @@
 #include "testing.hpp"
 
 namespace cohort::cli {
-namespace {
+namespace resume_auto_test {
 
 namespace fs = std::filesystem;
 using testing::cohort;
@@ -136,5 +136,5 @@ TEST_F(ResumeAuto, TheResumedRunContinuesItsMetrics) {
   }
 }
 
-}  // namespace
+}  // namespace resume_auto_test
 }  // namespace cohort::cli

@@ -14,7 +14,7 @@
 #include "testing.hpp"
 
 namespace cohort::cli {
-namespace {
+namespace sample_test {
 
 namespace fs = std::filesystem;
 using testing::cohort;
@@ -88,5 +88,5 @@ TEST_F(Sample, RefusesWhatItCannotSample) {
   EXPECT_NE(r.err.find("gpt:"), std::string::npos) << r.err;
 }
 
-}  // namespace
+}  // namespace sample_test
 }  // namespace cohort::cli

@@ -12,7 +12,7 @@
 #include "testing.hpp"
 
 namespace cohort::cli {
-namespace {
+namespace train_command_test {
 
 namespace fs = std::filesystem;
 using testing::cohort;
@@ -220,5 +220,5 @@ TEST_F(CliDryRun, CountsCsvSamplesByTheHeaderRule) {
       << r.out;
 }
 
-}  // namespace
+}  // namespace train_command_test
 }  // namespace cohort::cli

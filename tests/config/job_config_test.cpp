@@ -13,7 +13,7 @@
 #include "cohort/core/error.hpp"
 
 namespace cohort::config {
-namespace {
+namespace job_config_test {
 
 const Schema& schema() {
   static const Schema keys = {
@@ -86,5 +86,5 @@ TEST(JobConfig, CommandLineChecksAreTheReadersOwn) {
             "expected an existing file, found '/', which is not a file");
 }
 
-}  // namespace
+}  // namespace job_config_test
 }  // namespace cohort::config

@@ -21,7 +21,7 @@
 #include "../common/scratch_dir.hpp"
 
 namespace cohort {
-namespace {
+namespace atomic_file_test {
 
 namespace fs = std::filesystem;
 
@@ -208,5 +208,5 @@ TEST_F(AtomicFile, ALinkIsWrittenThroughToItsTarget) {
   }
 }
 
-}  // namespace
+}  // namespace atomic_file_test
 }  // namespace cohort

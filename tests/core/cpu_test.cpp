@@ -10,7 +10,7 @@
 #include <string>
 
 namespace cohort {
-namespace {
+namespace cpu_test {
 
 std::set<std::string> proc_cpuinfo_flags() {
   std::ifstream in("/proc/cpuinfo");
@@ -58,5 +58,5 @@ TEST(CpuFeatures, KernelsIsaFollowsTheFeatures) {
 #endif
 }
 
-}  // namespace
+}  // namespace cpu_test
 }  // namespace cohort

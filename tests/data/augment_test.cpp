@@ -17,7 +17,7 @@
 #include "cohort/core/error.hpp"
 
 namespace cohort::data {
-namespace {
+namespace augment_test {
 
 constexpr std::uint64_t kSeed = 20261201;  // of every test's data and draws (printed)
 
@@ -531,5 +531,5 @@ TEST(Augmenter, NormalizeRefusesAConstantChannel) {
   }
 }
 
-}  // namespace
+}  // namespace augment_test
 }  // namespace cohort::data

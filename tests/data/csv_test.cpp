@@ -12,7 +12,7 @@
 #include "cohort/core/error.hpp"
 
 namespace cohort::data {
-namespace {
+namespace csv_test {
 
 const std::string kUtf8Bom = "\xEF\xBB\xBF";
 
@@ -199,5 +199,5 @@ TEST(CsvFolder, ChecksBothFilesAndClassCountCoversBoth) {
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace
+}  // namespace csv_test
 }  // namespace cohort::data

@@ -12,7 +12,7 @@
 #include "cohort/core/rng.hpp"
 
 namespace cohort::data {
-namespace {
+namespace dataset_test {
 
 TEST(Sampler, EachEpochIsAPermutationKeyedBySeedAndEpoch) {
   Sampler s(1000, /*seed=*/7);
@@ -130,5 +130,5 @@ TEST(AssembleBatch, Bf16RowsAreTheF32RowsRounded) {
   }
 }
 
-}  // namespace
+}  // namespace dataset_test
 }  // namespace cohort::data

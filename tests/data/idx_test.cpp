@@ -21,7 +21,7 @@
 #include "cohort/data/dataset.hpp"
 
 namespace cohort::data {
-namespace {
+namespace idx_test {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::uint8_t>;
@@ -301,5 +301,5 @@ TEST_F(IdxFiles, TestImagesOfAnotherSize) {
   expect_refused([&] { load_image_folder(dir_); }, {"t10k-images", "image size", "found 3x3"});
 }
 
-}  // namespace
+}  // namespace idx_test
 }  // namespace cohort::data

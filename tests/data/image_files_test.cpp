@@ -17,7 +17,7 @@
 #include "cohort/core/error.hpp"
 
 namespace cohort::data {
-namespace {
+namespace image_files_test {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::uint8_t>;
@@ -214,5 +214,5 @@ TEST(ImageDecode, RefusesAHeaderClaimingMorePixelsThanAllowed) {
   }
 }
 
-}  // namespace
+}  // namespace image_files_test
 }  // namespace cohort::data

@@ -16,7 +16,7 @@
 #include "cohort/core/error.hpp"
 
 namespace cohort::data {
-namespace {
+namespace npy_test {
 
 using Bytes = std::vector<std::uint8_t>;
 
@@ -353,5 +353,5 @@ TEST(DataFolder, LoadsTheIdxFixture) {
   EXPECT_EQ(s.train.num_classes, 10u);
 }
 
-}  // namespace
+}  // namespace npy_test
 }  // namespace cohort::data

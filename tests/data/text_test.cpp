@@ -10,7 +10,7 @@
 #include "cohort/core/error.hpp"
 
 namespace cohort::data {
-namespace {
+namespace text_test {
 
 using Bytes = std::vector<std::uint8_t>;
 
@@ -150,5 +150,5 @@ TEST(Text, TinyShakespeareHasNanoGptsVocabularyAndSplit) {
   EXPECT_EQ(first, "First Citizen:");
 }
 
-}  // namespace
+}  // namespace text_test
 }  // namespace cohort::data

@@ -12,7 +12,7 @@
 #include "cohort/dist/comm.hpp"
 
 namespace cohort::dist {
-namespace {
+namespace gather_test {
 
 // Every rank's buffer after an in-place all-gather of parts `bytes` run as `pieces` (empty: one
 // all-gather), each rank r having filled its own part with bytes of value r + 1 and the rest
@@ -105,5 +105,5 @@ TEST(GatherPieces, PartsPastIntMaxGoInPiecesOfAtMostIntMax) {
   EXPECT_EQ(cut[1].bytes, 3 * gib - INT_MAX);
 }
 
-}  // namespace
+}  // namespace gather_test
 }  // namespace cohort::dist

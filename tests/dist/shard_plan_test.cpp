@@ -15,7 +15,7 @@
 #include "cohort/dist/watchdog.hpp"
 
 namespace cohort::dist {
-namespace {
+namespace shard_plan_test {
 
 // Counts of items (leaves or chunks): empty, one, small, uneven, and a few hundred.
 const std::vector<std::size_t> kCounts = {0,  1,  2,  3,  5,   7,   8,   13,  16,  31,  32, 33,
@@ -307,5 +307,5 @@ TEST(WatchdogTest, ThreadFiresWithoutBeatsAndStopsWhenDestroyed) {
   EXPECT_EQ(fired.load(), 1);
 }
 
-}  // namespace
+}  // namespace shard_plan_test
 }  // namespace cohort::dist

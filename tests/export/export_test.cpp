@@ -17,7 +17,7 @@
 #include "testing.hpp"
 
 namespace cohort::exporting {
-namespace {
+namespace export_test {
 
 using cli::testing::cohort;
 using nlohmann::json;
@@ -189,5 +189,5 @@ TEST_F(ExportCommand, WeightsOfAnotherModelAreRefused) {
   EXPECT_NE(r.err.find(path), std::string::npos) << r.err;
 }
 
-}  // namespace
+}  // namespace export_test
 }  // namespace cohort::exporting

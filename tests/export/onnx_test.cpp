@@ -13,7 +13,7 @@
 #include "export_test_util.hpp"
 
 namespace cohort::exporting {
-namespace {
+namespace onnx_test {
 
 using testing::canonical_weights;
 using testing::Exported;
@@ -188,5 +188,5 @@ TEST(Onnx, LayerListWithBnGapAndResidualBlocks) {
             (std::vector<std::string>{"relu2", "11.weight", "11.bias"}));
 }
 
-}  // namespace
+}  // namespace onnx_test
 }  // namespace cohort::exporting

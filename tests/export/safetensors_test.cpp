@@ -15,7 +15,7 @@
 #include "export_test_util.hpp"
 
 namespace cohort::exporting {
-namespace {
+namespace safetensors_test {
 
 using nlohmann::json;
 using testing::canonical_weights;
@@ -271,5 +271,5 @@ TEST(BatchesTracked, OnePerLeafOfEveryAppliedStep) {
   EXPECT_EQ(batches_tracked(bare), 5);
 }
 
-}  // namespace
+}  // namespace safetensors_test
 }  // namespace cohort::exporting

@@ -19,7 +19,7 @@
 #include "nn_test_util.hpp"
 
 namespace cohort::nn {
-namespace {
+namespace dropout_test {
 
 using testing::Inputs;
 using testing::make_inputs;
@@ -272,11 +272,11 @@ TEST(Dropout, EachLayerAndEachRowDrawsItsOwnMask) {
     EXPECT_NE(zeros[0][r], zeros[1][r]) << "row " << r << ": both layers drew one mask";
 }
 
-}  // namespace
+}  // namespace dropout_test
 }  // namespace cohort::nn
 
 namespace cohort::nn {
-namespace {
+namespace dropout_test {
 // The mask is the keyed stream's draws in order (Rng::next_unit, one per element), however the
 // loop computes them: a mask of an odd length, against the stream drawn one by one.
 TEST(DropoutMask, IsTheKeyedStreamsDrawsInOrder) {
@@ -290,5 +290,5 @@ TEST(DropoutMask, IsTheKeyedStreamsDrawsInOrder) {
       ASSERT_EQ(mask[i], rng.next_unit() < p ? 0.0f : keep) << "p " << p << " element " << i;
   }
 }
-}  // namespace
+}  // namespace dropout_test
 }  // namespace cohort::nn

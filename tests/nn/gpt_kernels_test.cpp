@@ -13,7 +13,7 @@
 #include "cohort/core/rng.hpp"
 
 namespace cohort::nn {
-namespace {
+namespace gpt_kernels_test {
 
 constexpr std::uint64_t kSeed = 20261203;
 
@@ -82,5 +82,5 @@ INSTANTIATE_TEST_SUITE_P(Windows, CausalSoftmaxBackward, ::testing::Values(1, 7,
                            return "T" + std::to_string(w.param);
                          });
 
-}  // namespace
+}  // namespace gpt_kernels_test
 }  // namespace cohort::nn

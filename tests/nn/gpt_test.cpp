@@ -20,7 +20,7 @@
 #include "gpt_reference.hpp"
 
 namespace cohort::nn {
-namespace {
+namespace gpt_test {
 
 constexpr std::uint64_t kSeed = 20261203;
 
@@ -279,5 +279,5 @@ TEST(GptNet, PlansFollowTheCallersArrays) {
   EXPECT_EQ(std::memcmp(g2.data(), g3.data(), g2.size() * sizeof(float)), 0);
 }
 
-}  // namespace
+}  // namespace gpt_test
 }  // namespace cohort::nn

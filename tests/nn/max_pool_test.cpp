@@ -19,7 +19,7 @@
 #include "cohort/tensor/bf16.hpp"
 
 namespace cohort::nn {
-namespace {
+namespace max_pool_test {
 
 constexpr std::uint64_t kSeed = 20261202;
 
@@ -224,5 +224,5 @@ TEST(MaxPool, SupportsOnlyWholeLaneGroupsAndByteIndices) {
   EXPECT_FALSE(max_pool_supported({2, 32, 3, 8, 4, nhwc, nhwc}));           // no whole window
 }
 
-}  // namespace
+}  // namespace max_pool_test
 }  // namespace cohort::nn

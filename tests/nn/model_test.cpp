@@ -13,7 +13,7 @@
 #include "cohort/nn/loss.hpp"
 
 namespace cohort::nn {
-namespace {
+namespace model_test {
 
 TEST(Model, DefaultMlpHasPyTorchsParameterCount) {
   Model m = Model::parse("mlp:784-512-256-10");
@@ -386,5 +386,5 @@ TEST(Loss, MatchesFloat64AndIsStableForLargeLogits) {
   EXPECT_EQ(count_correct(z.data(), y.data(), N, C), 2);
 }
 
-}  // namespace
+}  // namespace model_test
 }  // namespace cohort::nn

@@ -27,7 +27,7 @@
 #include "nn_test_util.hpp"
 
 namespace cohort::nn {
-namespace {
+namespace net_bf16_test {
 
 using testing::expect_within;
 using testing::Inputs;
@@ -347,5 +347,5 @@ TEST(Version, ReportsTheDispatchedIsaAndBf16Support) {
   }
 }
 
-}  // namespace
+}  // namespace net_bf16_test
 }  // namespace cohort::nn

@@ -22,7 +22,7 @@
 #include "nn_test_util.hpp"
 
 namespace cohort::nn {
-namespace {
+namespace net_resnet_test {
 
 using testing::expect_within;
 using testing::Inputs;
@@ -520,5 +520,5 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"resnet20", 4, {1, 28, 28}, false, /*deep=*/true}),
     case_name);
 
-}  // namespace
+}  // namespace net_resnet_test
 }  // namespace cohort::nn

@@ -19,7 +19,7 @@
 #include "nn_test_util.hpp"
 
 namespace cohort::nn {
-namespace {
+namespace net_test {
 
 using testing::Inputs;
 using testing::make_inputs;
@@ -261,5 +261,5 @@ TEST(Net, PlansAreReusedAndRebindToNewPointers) {
   EXPECT_GT(net.times().matmul, 0.0);
 }
 
-}  // namespace
+}  // namespace net_test
 }  // namespace cohort::nn

@@ -23,7 +23,7 @@
 #include "nn_test_util.hpp"
 
 namespace cohort::nn {
-namespace {
+namespace row_pairs_test {
 
 constexpr std::uint64_t kSeed = 20261202;
 
@@ -336,5 +336,5 @@ TEST(RowPairsNet, AnF32NetRefusesRowPairs) {
                InternalError);
 }
 
-}  // namespace
+}  // namespace row_pairs_test
 }  // namespace cohort::nn

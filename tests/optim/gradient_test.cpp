@@ -9,7 +9,7 @@
 #include <vector>
 
 namespace cohort::optim {
-namespace {
+namespace gradient_test {
 
 TEST(Gradient, FirstNonFiniteFindsNanAndInfinitiesAnywhere) {
   const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
@@ -51,5 +51,5 @@ TEST(Gradient, SumSquaresMatchesFloat64AndIsReproducible) {
   EXPECT_DOUBLE_EQ(sum_squares(&big, 1), 1e60 * (double(big) / 1e30) * (double(big) / 1e30));
 }
 
-}  // namespace
+}  // namespace gradient_test
 }  // namespace cohort::optim

@@ -12,7 +12,7 @@
 #include "cohort/core/error.hpp"
 
 namespace cohort::optim {
-namespace {
+namespace optimizer_test {
 
 OptimizerConfig sgd_config(float lr, float momentum, float weight_decay = 0,
                            bool nesterov = false) {
@@ -220,5 +220,5 @@ TEST(Optimizer, RefusesBadConfigNamingTheFlag) {
   EXPECT_NO_THROW(Optimizer({.kind = Kind::kSgd, .beta1 = 5.0f}));
 }
 
-}  // namespace
+}  // namespace optimizer_test
 }  // namespace cohort::optim

@@ -8,7 +8,7 @@
 #include "cohort/core/error.hpp"
 
 namespace cohort::optim {
-namespace {
+namespace schedule_test {
 
 TEST(Schedule, ConstantIsTheBaseRate) {
   ScheduleConfig c{.kind = ScheduleKind::kConstant, .warmup_steps = 0};
@@ -72,5 +72,5 @@ TEST(Schedule, NamesParseAndBadValuesAreRefusedNamingTheFlag) {
   EXPECT_NO_THROW(validate({.kind = ScheduleKind::kCosine, .min_lr = 0.01f}, 0.1f));
 }
 
-}  // namespace
+}  // namespace schedule_test
 }  // namespace cohort::optim

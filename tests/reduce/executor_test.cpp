@@ -11,7 +11,7 @@
 #include "cohort/reduce/executor.hpp"
 
 namespace cohort::reduce {
-namespace {
+namespace executor_test {
 
 TEST(InlineExecutor, RunsEveryIndexInOrder) {
   InlineExecutor ex;
@@ -105,5 +105,5 @@ TEST(ThreadTeam, RethrowsFirstJobException) {
   EXPECT_EQ(ran, 1);  // the team is still usable
 }
 
-}  // namespace
+}  // namespace executor_test
 }  // namespace cohort::reduce

@@ -7,7 +7,7 @@
 #include "reduce_test_util.hpp"
 
 namespace cohort::reduce {
-namespace {
+namespace kernels_test {
 
 using testing::bitwise_equal;
 using testing::Leaves;
@@ -139,5 +139,5 @@ TEST(Reference, WrongOrderIsDetected) {
   }
 }
 
-}  // namespace
+}  // namespace kernels_test
 }  // namespace cohort::reduce

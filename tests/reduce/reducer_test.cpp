@@ -16,7 +16,7 @@
 #include "reduce_test_util.hpp"
 
 namespace cohort::reduce {
-namespace {
+namespace reducer_test {
 
 using testing::assign_leaves;
 using testing::bitwise_equal;
@@ -338,5 +338,5 @@ TEST(Reducer, ValidationNamesTheField) {
   EXPECT_THROW(parse_strategy("ring"), InputError);
 }
 
-}  // namespace
+}  // namespace reducer_test
 }  // namespace cohort::reduce

@@ -6,7 +6,7 @@
 #include "reduce_test_util.hpp"
 
 namespace cohort::reduce {
-namespace {
+namespace stress_test {
 
 using testing::bitwise_equal;
 
@@ -55,5 +55,5 @@ TEST(Stress, ChunkOwner) { stress(Strategy::kChunkOwner, 1000, 2); }
 TEST(Stress, ParameterServer) { stress(Strategy::kParameterServer, 1000, 2); }
 TEST(Stress, Serial) { stress(Strategy::kSerial, 1000, 2); }
 
-}  // namespace
+}  // namespace stress_test
 }  // namespace cohort::reduce

@@ -15,7 +15,7 @@
 #include "cohort/core/error.hpp"
 
 namespace cohort::report {
-namespace {
+namespace plot_test {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -406,5 +406,5 @@ TEST(PlotNiceScale, ZeroWidthRangesAreWidened) {
   expect_scale(nice_scale(0, 0, false), -1, 1, 0.5, 1, 5);
 }
 
-}  // namespace
+}  // namespace plot_test
 }  // namespace cohort::report

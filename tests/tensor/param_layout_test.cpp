@@ -9,7 +9,7 @@
 #include "cohort/tensor/buffer.hpp"
 
 namespace cohort {
-namespace {
+namespace param_layout_test {
 
 TEST(ParamLayout, EveryTensorStartsOnACacheLine) {
   ParamLayout layout;
@@ -43,5 +43,5 @@ TEST(AlignedBuffer, IsZeroedAndAligned) {
   EXPECT_EQ(Shape({{512, 784}}).str(), "(512, 784)");
 }
 
-}  // namespace
+}  // namespace param_layout_test
 }  // namespace cohort

@@ -19,7 +19,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace augment_run_test {
 
 using checkpoint::decode_checkpoint;
 using checkpoint::encode_checkpoint;
@@ -188,11 +188,11 @@ TEST(AugmentRun, BadSpecAndTabularDataAreRefusedNamingTheFlag) {
   }
 }
 
-}  // namespace
+}  // namespace augment_run_test
 }  // namespace cohort::train
 
 namespace cohort::train {
-namespace {
+namespace augment_run_test {
 
 // The trainer keys the draws by the step's epoch: the loss of the first step of epoch 1 equals a
 // Net's loss on the rows an Augmenter assembles for epoch 1 (from the weights after epoch 0), and
@@ -233,5 +233,5 @@ TEST(AugmentEpoch, TheSecondEpochsFirstStepReadsEpochOnesImages) {
   EXPECT_NE(after.losses[0], loss_of_epoch(0));
 }
 
-}  // namespace
+}  // namespace augment_run_test
 }  // namespace cohort::train

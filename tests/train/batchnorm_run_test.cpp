@@ -16,7 +16,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace batchnorm_run_test {
 
 using testing::fixture;
 using testing::Recorder;
@@ -237,5 +237,5 @@ TEST(NoDecayNormBias, ExemptsExactlyTheNormAndBiasRanges) {
   EXPECT_GT(decayed, 0u);
 }
 
-}  // namespace
+}  // namespace batchnorm_run_test
 }  // namespace cohort::train

@@ -18,7 +18,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace gpt_run_test {
 
 constexpr std::size_t kBlock = 16;
 
@@ -151,5 +151,5 @@ TEST(GptRun, ALanguageModelNeedsTextAndTextALanguageModel) {
   }
 }
 
-}  // namespace
+}  // namespace gpt_run_test
 }  // namespace cohort::train

@@ -21,7 +21,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace leaf_chain_test {
 
 // Leaf l's gradient: values of mixed magnitude, so that another order of the adds would round
 // differently.
@@ -194,5 +194,5 @@ TEST(LeafChainRun, ANonFiniteLeafIsSkippedAsTheTreeSkipsIt) {
   EXPECT_EQ(digest(0), digest(std::size_t{1} << 40));
 }
 
-}  // namespace
+}  // namespace leaf_chain_test
 }  // namespace cohort::train

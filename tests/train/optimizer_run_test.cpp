@@ -15,7 +15,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace optimizer_run_test {
 
 using testing::fixture;
 using testing::Recorder;
@@ -338,5 +338,5 @@ TEST(Resume, AdamWithASkipResumesBitwise) {
   }
 }
 
-}  // namespace
+}  // namespace optimizer_run_test
 }  // namespace cohort::train

@@ -15,7 +15,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace precision_test {
 
 using testing::fixture;
 using testing::Recorder;
@@ -250,5 +250,5 @@ TEST(Bf16Refusal, TheProbeAgreesWithTheTrainer) {
   }
 }
 
-}  // namespace
+}  // namespace precision_test
 }  // namespace cohort::train

@@ -21,7 +21,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace resume_test {
 
 namespace fs = std::filesystem;
 using checkpoint::Checkpoint;
@@ -208,5 +208,5 @@ TEST_F(CrashSafety, SigkillWhileSavingNeverLeavesAnUnloadableCheckpoint) {
   EXPECT_EQ(loaded, 50);
 }
 
-}  // namespace
+}  // namespace resume_test
 }  // namespace cohort::train

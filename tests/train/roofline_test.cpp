@@ -13,7 +13,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace roofline_test {
 
 using testing::fixture;
 using testing::Recorder;
@@ -133,5 +133,5 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{nn::Precision::kBf16, TrainConfig::WeightGrads::kLeaf}),
     case_name);
 
-}  // namespace
+}  // namespace roofline_test
 }  // namespace cohort::train

@@ -14,7 +14,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace sharded_test {
 
 using testing::fixture;
 using testing::Recorder;
@@ -144,5 +144,5 @@ INSTANTIATE_TEST_SUITE_P(RanksTimesWorkers, Sharded,
                                             ::testing::ValuesIn(kSplits)),
                          case_name);
 
-}  // namespace
+}  // namespace sharded_test
 }  // namespace cohort::train

@@ -14,7 +14,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace staging_run_test {
 
 using testing::fixture;
 using testing::Recorder;
@@ -83,5 +83,5 @@ INSTANTIATE_TEST_SUITE_P(
                            nn::Precision::kBf16}),
     case_name);
 
-}  // namespace
+}  // namespace staging_run_test
 }  // namespace cohort::train

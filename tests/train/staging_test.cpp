@@ -15,7 +15,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace staging_test {
 
 using testing::fixture;
 
@@ -151,5 +151,5 @@ INSTANTIATE_TEST_SUITE_P(Shapes, StagingPieces,
                                            Shape{44, 12, true, true}),
                          shape_name);
 
-}  // namespace
+}  // namespace staging_test
 }  // namespace cohort::train

@@ -16,7 +16,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace strategy_test {
 
 using reduce::Strategy;
 using testing::fixture;
@@ -150,5 +150,5 @@ std::string strategy_name(const ::testing::TestParamInfo<Strategy>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Trainer, FailingReplica, ::testing::ValuesIn(kAll), strategy_name);
 
-}  // namespace
+}  // namespace strategy_test
 }  // namespace cohort::train

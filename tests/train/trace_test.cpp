@@ -12,7 +12,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace trace_test {
 
 using testing::fixture;
 using testing::Recorder;
@@ -106,5 +106,5 @@ TEST(Trace, OffRecordsNothing) {
   EXPECT_TRUE(t.trace().empty());
 }
 
-}  // namespace
+}  // namespace trace_test
 }  // namespace cohort::train

@@ -21,7 +21,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace trainer_test {
 
 using testing::fixture;
 using testing::Recorder;
@@ -396,5 +396,5 @@ TEST(Engine, NonFiniteLossStopsTheRunWithFiniteWeights) {
   for (std::size_t i = 0; i < n; ++i) ASSERT_TRUE(std::isfinite(t.weights()[i])) << i;
 }
 
-}  // namespace
+}  // namespace trainer_test
 }  // namespace cohort::train

@@ -12,7 +12,7 @@
 #include "train_test_util.hpp"
 
 namespace cohort::train {
-namespace {
+namespace batch_weight_grads_test {
 
 using testing::fixture;
 using testing::Recorder;
@@ -63,5 +63,5 @@ TEST(Trainer, BatchWeightGradientsMakeAnMlpIndependentOfMicroBatchesOf16Rows) {
   }
 }
 
-}  // namespace
+}  // namespace batch_weight_grads_test
 }  // namespace cohort::train
