@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian 12 machine: installs what is missing, builds the
-# release preset (a unity build, below) and runs every test, installs it and builds and runs
+# release preset (unity builds, below) and runs every test, installs it and builds and runs
 # examples/embed against the installed package, builds the ThreadSanitizer preset (clang) of the
 # dependency-free core (the reducers) and runs its tests, then runs every test again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, and fuzzes the IDX, NumPy, CSV, image, text,
@@ -35,7 +35,7 @@ build/install/bin/cohort eval --checkpoint build/embed/embed.ckpt --data dataset
 test -s build/embed/embed.ckpt.safetensors  # the example's export
 
 echo "== ThreadSanitizer build of the reducer core and its tests"
-cmake --preset tsan
+cmake --preset tsan "$unity"
 cmake --build --preset tsan -j "$jobs"
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --preset tsan -j "$jobs"
 

@@ -15,33 +15,6 @@ namespace cohort::nn {
 
 namespace {
 
-// y (O) = W (O, I) x (I), a oneDNN inner product of one row on plain f32 memory.
-class MatVec {
- public:
-  MatVec(const dnnl::engine& eng, std::int64_t in, std::int64_t out) {
-    using dnnl::memory;
-    const memory::desc x({1, in}, memory::data_type::f32, memory::format_tag::ab);
-    const memory::desc w({out, in}, memory::data_type::f32, memory::format_tag::ab);
-    const memory::desc y({1, out}, memory::data_type::f32, memory::format_tag::ab);
-    const dnnl::inner_product_forward::primitive_desc pd(
-        dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_inference, x, w, y), eng);
-    prim_ = dnnl::inner_product_forward(pd);
-    x_ = memory(x, eng, DNNL_MEMORY_NONE);
-    w_ = memory(w, eng, DNNL_MEMORY_NONE);
-    y_ = memory(y, eng, DNNL_MEMORY_NONE);
-  }
-  void run(dnnl::stream& s, const float* w, const float* x, float* y) {
-    w_.set_data_handle(const_cast<float*>(w));
-    x_.set_data_handle(const_cast<float*>(x));
-    y_.set_data_handle(y);
-    prim_.execute(s, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, y_}});
-  }
-
- private:
-  dnnl::inner_product_forward prim_;
-  dnnl::memory x_, w_, y_;
-};
-
 // y = LayerNorm(x) * w over C values.
 void layer_norm(const float* x, const float* w, std::int64_t C, float* y) {
   double mean = 0, var = 0;
@@ -56,6 +29,33 @@ void layer_norm(const float* x, const float* w, std::int64_t C, float* y) {
 }  // namespace
 
 struct GptGenerator::Impl {
+  // y (O) = W (O, I) x (I), a oneDNN inner product of one row on plain f32 memory.
+  class MatVec {
+   public:
+    MatVec(const dnnl::engine& eng, std::int64_t in, std::int64_t out) {
+      using dnnl::memory;
+      const memory::desc x({1, in}, memory::data_type::f32, memory::format_tag::ab);
+      const memory::desc w({out, in}, memory::data_type::f32, memory::format_tag::ab);
+      const memory::desc y({1, out}, memory::data_type::f32, memory::format_tag::ab);
+      const dnnl::inner_product_forward::primitive_desc pd(
+          dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_inference, x, w, y), eng);
+      prim_ = dnnl::inner_product_forward(pd);
+      x_ = memory(x, eng, DNNL_MEMORY_NONE);
+      w_ = memory(w, eng, DNNL_MEMORY_NONE);
+      y_ = memory(y, eng, DNNL_MEMORY_NONE);
+    }
+    void run(dnnl::stream& s, const float* w, const float* x, float* y) {
+      w_.set_data_handle(const_cast<float*>(w));
+      x_.set_data_handle(const_cast<float*>(x));
+      y_.set_data_handle(y);
+      prim_.execute(s, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, y_}});
+    }
+
+   private:
+    dnnl::inner_product_forward prim_;
+    dnnl::memory x_, w_, y_;
+  };
+
   const GptModel& model;
   const float* params;
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
