@@ -8,8 +8,8 @@ namespace cohort::nn {
 
 namespace {
 // Element i is the stream's draw i (Rng::next_unit), computed from its counter rather than from
-// the draw before it, so that the loop has no carried dependency and vectorizes (64-bit
-// multiplies: AVX-512's clone where the CPU has it).
+// the draw before it, so that the loop has no carried dependency and vectorizes: at AVX2 with
+// GCC's emulated 64-bit multiplies, at AVX-512 (its clone, where the CPU has it) with vpmullq.
 COHORT_CLONES_AVX512
 void fill_mask(std::uint64_t state, float p, float keep, std::size_t count, float* mask) {
   for (std::size_t i = 0; i < count; ++i) {

@@ -26,9 +26,13 @@ class Rng {
     state_ += kGamma;
     return mix(state_);
   }
-  // Uniform in [0, 1) with 24 random bits: every value is exactly representable.
+  // Uniform in [0, 1) with 24 random bits: every value is exactly representable. The bits go
+  // to float through int32 (exact: they fit), which AVX2 converts in vectors and int64 it does
+  // not, so a loop of draws (the dropout masks) vectorizes at the baseline too.
   float next_unit() { return unit_of(next_u64()); }
-  static float unit_of(std::uint64_t draw) { return static_cast<float>(draw >> 40) * 0x1.0p-24f; }
+  static float unit_of(std::uint64_t draw) {
+    return static_cast<float>(static_cast<std::int32_t>(draw >> 40)) * 0x1.0p-24f;
+  }
   // Uniform in [lo, hi).
   float uniform(float lo, float hi) { return lo + (hi - lo) * next_unit(); }
   // Uniform integer in [0, n), n >= 1 (Lemire's multiply-shift; bias < n / 2^64).
