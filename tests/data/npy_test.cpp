@@ -28,6 +28,8 @@ Bytes npy(const std::string& dict, const Bytes& payload, int major = 1) {
   while ((pre + header.size() + 1) % 64 != 0) header += ' ';
   header += '\n';
   Bytes out = {0x93, 'N', 'U', 'M', 'P', 'Y', static_cast<std::uint8_t>(major), 0};
+  // Reserved up front, which also spares GCC 12 a false -Wstringop-overflow in the pushes below.
+  out.reserve(pre + header.size() + payload.size());
   for (std::size_t b = 0; b < pre - 8; ++b)
     out.push_back(static_cast<std::uint8_t>(header.size() >> (8 * b)));
   out.insert(out.end(), header.begin(), header.end());
