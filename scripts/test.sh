@@ -76,4 +76,8 @@ for target in idx npy csv image text checkpoint config cli; do
     echo "fuzz_$target found a crash: build/fuzz/crash-$target-* (add it to tests/fuzz/crashes/$target/)"
     exit 1
   fi
+  if ! grep -q "^Done" build/fuzz/fuzz-$target.log 2> /dev/null; then
+    echo "fuzz_$target did not finish its run: build/fuzz/fuzz-$target.log"
+    exit 1
+  fi
 done
