@@ -46,7 +46,8 @@ ASAN_OPTIONS="detect_leaks=1" ctest --preset asan -j "$jobs"
 
 echo "== libFuzzer: replay the corpora, then fuzz each target for a bounded time"
 cmake --preset fuzz "$unity"
-cmake --build --preset fuzz -j "$jobs" --target fuzz_idx fuzz_npy fuzz_csv fuzz_image fuzz_text fuzz_checkpoint fuzz_config fuzz_cli
+fuzzers=(idx npy csv image text checkpoint config cli)
+cmake --build --preset fuzz -j "$jobs" --target "${fuzzers[@]/#/fuzz_}"
 ctest --preset fuzz
 seconds=${COHORT_FUZZ_SECONDS:-30}
 # One fuzzer per core at a time; each writes its log beside its build and prints its summary lines.
@@ -60,7 +61,7 @@ fuzz() {
   rm -rf "$work"
 }
 running=0
-for target in idx npy csv image text checkpoint config cli; do
+for target in "${fuzzers[@]}"; do
   if ((running == jobs)); then
     wait -n
     running=$((running - 1))
@@ -69,7 +70,7 @@ for target in idx npy csv image text checkpoint config cli; do
   running=$((running + 1))
 done
 wait
-for target in idx npy csv image text checkpoint config cli; do
+for target in "${fuzzers[@]}"; do
   echo "fuzz_$target:"
   grep -E "stat::number_of_executed_units|Done|ERROR|crash" build/fuzz/fuzz-$target.log || true
   if ls build/fuzz/crash-$target-* > /dev/null 2>&1; then
