@@ -1,0 +1,212 @@
+// Private to src/nn: GptPlanBuilder, the object that builds one GptNet plan (gpt_plan.hpp), shared
+// by the files that build its steps: plan_gpt.cpp (the plan itself: the embeddings, the final
+// LayerNorm and the tied head, and the LayerNorm and linear layers' primitives) and
+// plan_gpt_block.cpp (a transformer block: causal self-attention and the GELU MLP, forward and
+// backward). Not an interface: one builder lives for one build_gpt_plan call.
+//
+// The steps are oneDNN 2.6 primitives (inner products for the linear layers and the tied head,
+// batched matmuls over strided views for attention, layer normalization, softmax forward, the erf
+// GELU) and cohort's loops where oneDNN 2.6 has no primitive (the embedding gather and its
+// scatter-add, the causal mask, dropout, residual adds, the conversions between f32 and bf16) or
+// only a reference one on AVX2 (the causal softmax's backward, nn/gpt_kernels.hpp), as the two
+// step lists of a detail::Plan.
+//
+// Rows: the M = N x block positions, (N, T, C) row-major. The residual stream x is f32 in both
+// precisions (as PyTorch's autocast keeps it); LayerNorm runs in f32 (oneDNN 2.6 gives it one
+// data type for source and destination) and its output is converted for the next inner product.
+// In bf16 the inner products' and matmuls' operands are bf16, their outputs bf16 where a bf16
+// consumer follows (q, k, v; the GELU's input and output; attention's output) and f32 where an
+// f32 one does (the residual branches, the logits, the attention scores); weight gradients are f32.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "cohort/nn/dropout.hpp"
+#include "cohort/nn/gpt.hpp"
+#include "gpt_plan.hpp"
+
+namespace cohort::nn::detail {
+
+class GptPlanBuilder {
+ public:
+  using memory = dnnl::memory;
+  using Dt = memory::data_type;
+  using Tag = memory::format_tag;
+  using Dims = memory::dims;
+
+  GptPlanBuilder(const GptPlanRequest& r, Plan& p)
+      : m_(*r.model),
+        s_(m_.shape()),
+        key_(r.key),
+        windows_(r.windows),
+        p_(p),
+        eng_(*r.engine),
+        act_(r.precision == Precision::kBf16 ? Dt::bf16 : Dt::f32),
+        N_(r.N),
+        T_(s_.block),
+        C_(s_.embd),
+        H_(s_.heads),
+        hs_(s_.head_size()),
+        V_(s_.vocab),
+        M_(r.N * s_.block),
+        training_(r.training),
+        drop_(r.training && s_.dropout > 0) {}
+
+  // The steps, then one scratchpad for the plan, as large as the largest primitive's need.
+  void build() {
+    build_steps();
+    p_.scratchpad = AlignedBuffer<std::uint8_t>(scratch_bytes_);
+    for (auto* list : {&p_.forward, &p_.backward})
+      for (Exec& e : *list)
+        if (!e.custom && e.scratchpad_md.get_size() != 0)
+          e.args.insert({DNNL_ARG_SCRATCHPAD, memory(e.scratchpad_md, eng_, p_.scratchpad.data())});
+  }
+  const std::string& where() const { return where_; }
+
+ private:
+  void build_steps();
+  struct LnSaved {
+    memory src, mean, var, scale;  // scale: the weight as f32
+    std::size_t weight = 0;
+  };
+  struct BlockSaved {
+    LnSaved ln1, ln2;
+    memory h1, qkv, p, p_used, y, x_mid, h2, f, g;
+  };
+
+  bool half() const { return act_ == Dt::bf16; }
+  std::size_t elem() const { return half() ? sizeof(bf16) : sizeof(float); }
+  float* buffer(std::size_t bytes) {
+    p_.buffers.emplace_back((bytes + sizeof(float) - 1) / sizeof(float));
+    return p_.buffers.back().data();
+  }
+  memory plain(Dims dims, Dt dt) {
+    memory::desc md(dims, dt, dims.size() == 1 ? Tag::a : dims.size() == 2 ? Tag::ab : Tag::abcd);
+    return memory(md, eng_, buffer(md.get_size()));
+  }
+  memory plain_layout(const memory::desc& md) { return memory(md, eng_, buffer(md.get_size())); }
+  // temp() for a buffer of a layout oneDNN chose.
+  memory temp(const std::string& role, const Dims& dims, Dt dt, const memory::desc& md) {
+    std::string key = role + ":layout:" + std::to_string(static_cast<int>(dt));
+    for (const auto d : dims) key += "," + std::to_string(d);
+    auto [it, fresh] = temps_.try_emplace(key + ":" + std::to_string(md.get_size()));
+    if (fresh) it->second = plain_layout(md);
+    return it->second;
+  }
+  // A buffer that steps of different layers reuse: what one layer's steps write and read before
+  // the next layer's steps run (backward's gradients, forward's intermediate results that
+  // backward does not read, and everything in an inference plan). One per role, dims and type.
+  memory temp(const std::string& role, const Dims& dims, Dt dt) {
+    std::string key = role + ":" + std::to_string(static_cast<int>(dt));
+    for (const auto d : dims) key += "," + std::to_string(d);
+    auto [it, fresh] = temps_.try_emplace(key);
+    if (fresh) it->second = plain(dims, dt);
+    return it->second;
+  }
+  // A buffer backward reads (its own per layer), or in an inference plan a reused one.
+  memory kept(const std::string& role, const Dims& dims, Dt dt) {
+    return training_ ? plain(dims, dt) : temp(role, dims, dt);
+  }
+  // A strided view of `base`'s buffer, `offset` elements in.
+  memory view(const memory& base, Dims dims, Dims strides, std::int64_t offset) {
+    memory::desc md(dims, base.get_desc().data_type(), strides);
+    return memory(md, eng_, static_cast<char*>(base.get_data_handle()) + offset * elem());
+  }
+  memory param(Dims dims, std::size_t offset) {
+    memory m(memory::desc(dims, act_, dims.size() == 1 ? Tag::a : Tag::ab), eng_, DNNL_MEMORY_NONE);
+    p_.params.push_back({m, offset});
+    return m;
+  }
+  memory grad(Dims dims, std::size_t offset) {
+    memory m(memory::desc(dims, Dt::f32, dims.size() == 1 ? Tag::a : Tag::ab), eng_,
+             DNNL_MEMORY_NONE);
+    p_.grads.push_back({m, offset});
+    return m;
+  }
+  dnnl::primitive_attr attr(float scale = 1.0f) const {
+    dnnl::primitive_attr a;
+    a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (scale != 1.0f) a.set_output_scales(0, {scale});
+    return a;
+  }
+  void add(std::vector<Exec>& list, dnnl::primitive prim, const memory::desc& scratch,
+           std::unordered_map<int, memory> args, Phase phase) {
+    scratch_bytes_ = std::max(scratch_bytes_, scratch.get_size());
+    list.push_back({std::move(prim), std::move(args), phase, scratch, {}, where_});
+  }
+  void custom(std::vector<Exec>& list, std::function<void()> f) {
+    list.push_back({{}, {}, Phase::kOther, {}, std::move(f), where_});
+  }
+  // `to` = `from` converted (f32 <-> bf16) or copied, element for element.
+  void convert(std::vector<Exec>& list, const memory& from, const memory& to) {
+    dnnl::reorder::primitive_desc pd(eng_, from.get_desc(), eng_, to.get_desc(), attr());
+    add(list, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
+        Phase::kOther);
+  }
+  // The plain f32 (M, C) memory `x` in the activations' type: itself in f32.
+  memory as_act(std::vector<Exec>& list, const memory& x, Dims dims, const std::string& role) {
+    if (!half()) return x;
+    memory out = kept(role, dims, act_);
+    convert(list, x, out);
+    return out;
+  }
+  // The dropout mask of `layer` (count values), drawn by a step appended to `list` into a buffer
+  // that the next mask of that size reuses: forward draws it where it applies it, backward draws
+  // it again where it needs it (the keyed stream gives the same values), so no mask is kept.
+  float* mask(std::vector<Exec>& list, std::size_t count, std::size_t layer) {
+    float* m = static_cast<float*>(
+        temp("mask", {static_cast<std::int64_t>(count)}, Dt::f32).get_data_handle());
+    const StreamKey* key = key_;
+    const float p = s_.dropout;
+    custom(list, [=] { dropout_mask(*key, layer, p, count, m); });
+    return m;
+  }
+
+  LnSaved ln_forward(const memory& x, std::size_t weight, const memory& dst);
+  void ln_backward(const LnSaved& s, const memory& diff_dst, const memory& diff_src);
+  dnnl::inner_product_forward::primitive_desc linear_pd(const memory::desc& src, std::int64_t O,
+                                                        const memory::desc& dst);
+  // dst = scale x src weights, a batched matmul on (strided) views, appended to `list`.
+  void add_matmul(std::vector<Exec>& list, const memory& src, const memory& weights,
+                  const memory& dst, float scale = 1.0f) {
+    const dnnl::matmul::primitive_desc pd(
+        dnnl::matmul::desc(src.get_desc(), weights.get_desc(), dst.get_desc()), attr(scale), eng_);
+    add(list, dnnl::matmul(pd), pd.scratchpad_desc(),
+        {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}}, Phase::kMatmul);
+  }
+  // dst (M, O) = src (M, I) W^T with W at `weight` in the parameters.
+  void linear(const memory& src, std::size_t weight, std::int64_t O, const memory& dst);
+  // diff_src from diff_dst; the weight's gradient (overwritten) from src and diff_dst.
+  void linear_backward(const memory& src, std::size_t weight, std::int64_t O,
+                       const memory& diff_dst, const memory& diff_src);
+  BlockSaved block_forward(std::int64_t l, const memory& x);
+  void block_backward(std::int64_t l, const BlockSaved& b, const memory& dx);
+
+  const GptModel& m_;
+  const GptShape& s_;
+  const StreamKey* key_;
+  const std::int32_t* const* windows_;
+  Plan& p_;
+  const dnnl::engine& eng_;
+  const Dt act_;
+  const std::int64_t N_, T_, C_, H_, hs_, V_, M_;
+  const bool training_, drop_;
+  std::size_t scratch_bytes_ = 0;
+  std::string where_;
+  std::optional<dnnl::layer_normalization_forward::primitive_desc> ln_fwd_;
+  std::optional<dnnl::layer_normalization_backward::primitive_desc> ln_bwd_;
+  std::map<std::string, memory> temps_;
+  std::map<std::size_t, memory> blocked_weights_;  // by offset: forward's copy in its layout
+};
+
+}  // namespace cohort::nn::detail

@@ -1,0 +1,248 @@
+// The steps of one transformer block (GptPlanBuilder, gpt_plan_builder.hpp): pre-LN causal
+// self-attention and the GELU MLP, each a residual branch, forward and backward.
+//
+// Attention on views of qkv (M, 3C): q, k and v of head h are the (T, hs) blocks at columns
+// h*hs, C + h*hs and 2C + h*hs of each window, so the matmuls read them through strides, k
+// transposed by swapping two strides, and write the heads' outputs into y (M, C) the same way.
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "cohort/nn/gpt_kernels.hpp"
+#include "gpt_plan_builder.hpp"
+
+namespace cohort::nn::detail {
+
+namespace {
+
+// Which dropout stream a mask draws from (tests/reference/gpt_reference.hpp draws the same).
+std::size_t dropout_layer(std::int64_t block, int which) {
+  return 1 + 3 * static_cast<std::size_t>(block) + static_cast<std::size_t>(which);
+}
+
+}  // namespace
+
+GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const memory& x) {
+  using namespace dnnl;
+  const GptModel::BlockOffsets& o = m_.block(l);
+  BlockSaved b;
+  const std::int64_t T = T_, C = C_, H = H_, hs = hs_, N = N_;
+  where_ = "h." + std::to_string(l) + ".ln_1";
+  // f32: the LayerNorm's output is the next layer's input, kept; bf16: converted, and kept so.
+  memory h1_f32 = half() ? temp("ln.out", {M_, C}, Dt::f32) : kept("h1", {M_, C}, Dt::f32);
+  b.ln1 = ln_forward(x, o.ln_1, h1_f32);
+  b.h1 = as_act(p_.forward, h1_f32, {M_, C}, "h1");
+  where_ = "h." + std::to_string(l) + ".attn.c_attn";
+  b.qkv = kept("qkv", {M_, 3 * C}, act_);
+  linear(b.h1, o.c_attn, 3 * C, b.qkv);
+
+  where_ = "h." + std::to_string(l) + ".attn";
+  const Dims heads{N, H, T, hs}, qkv_strides{T * 3 * C, hs, 3 * C, 1};
+  const memory q = view(b.qkv, heads, qkv_strides, 0);
+  const memory kt = view(b.qkv, {N, H, hs, T}, {T * 3 * C, hs, 1, 3 * C}, C);
+  const memory v = view(b.qkv, heads, qkv_strides, 2 * C);
+  memory scores = temp("scores", {N, H, T, T}, Dt::f32);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  add_matmul(p_.forward, q, kt, scores, scale);
+  // The causal mask: a query sees the keys at and before its position.
+  float* sc = static_cast<float*>(scores.get_data_handle());
+  custom(p_.forward, [sc, N, H, T] {
+    const float minus_inf = -std::numeric_limits<float>::infinity();
+    for (std::int64_t r = 0; r < N * H; ++r)
+      for (std::int64_t i = 0; i + 1 < T; ++i)
+        std::fill(sc + (r * T + i) * T + i + 1, sc + (r * T + i + 1) * T, minus_inf);
+  });
+  b.p = kept("p", {N, H, T, T}, Dt::f32);
+  softmax_forward::primitive_desc smpd(
+      softmax_forward::desc(prop_kind::forward_training, scores.get_desc(), 3), attr(), eng_);
+  add(p_.forward, softmax_forward(smpd), smpd.scratchpad_desc(),
+      {{DNNL_ARG_SRC, scores}, {DNNL_ARG_DST, b.p}}, Phase::kEltwise);
+  // The weights the values are averaged with: dropped out and in the activations' type.
+  b.p_used = b.p;
+  const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
+  if (drop_) {
+    const float* pm = mask(p_.forward, pn, dropout_layer(l, 0));
+    b.p_used = kept("p_used", {N, H, T, T}, act_);
+    const float* pp = static_cast<const float*>(b.p.get_data_handle());
+    void* out = b.p_used.get_data_handle();
+    const bool half = this->half();
+    custom(p_.forward, [=] {
+      if (half)
+        for (std::size_t i = 0; i < pn; ++i) static_cast<bf16*>(out)[i] = to_bf16(pp[i] * pm[i]);
+      else
+        for (std::size_t i = 0; i < pn; ++i) static_cast<float*>(out)[i] = pp[i] * pm[i];
+    });
+  } else if (half()) {
+    b.p_used = kept("p_used", {N, H, T, T}, act_);
+    convert(p_.forward, b.p, b.p_used);
+  }
+  b.y = kept("y", {M_, C}, act_);
+  const memory yh = view(b.y, heads, {T * C, hs, C, 1}, 0);
+  add_matmul(p_.forward, b.p_used, v, yh);
+
+  // The residual branches: x += dropout(branch), in f32.
+  auto residual = [this, &x](const memory& branch, std::size_t layer) {
+    float* xs = static_cast<float*>(x.get_data_handle());
+    const float* br = static_cast<const float*>(branch.get_data_handle());
+    const std::size_t n = static_cast<std::size_t>(M_ * C_);
+    const float* mk = drop_ ? mask(p_.forward, n, layer) : nullptr;
+    custom(p_.forward, [=] {
+      if (mk)
+        for (std::size_t i = 0; i < n; ++i) xs[i] += br[i] * mk[i];
+      else
+        for (std::size_t i = 0; i < n; ++i) xs[i] += br[i];
+    });
+  };
+  where_ = "h." + std::to_string(l) + ".attn.c_proj";
+  memory a = temp("branch", {M_, C}, Dt::f32);
+  linear(b.y, o.attn_proj, C, a);
+  residual(a, dropout_layer(l, 1));
+  // Backward needs the stream as it was here (ln_2's input); the forward goes on in x.
+  where_ = "h." + std::to_string(l) + ".ln_2";
+  if (training_) {
+    b.x_mid = plain({M_, C}, Dt::f32);
+    convert(p_.forward, x, b.x_mid);
+  } else {
+    b.x_mid = x;
+  }
+  memory h2_f32 = half() ? temp("ln.out", {M_, C}, Dt::f32) : kept("h2", {M_, C}, Dt::f32);
+  b.ln2 = ln_forward(b.x_mid, o.ln_2, h2_f32);
+  b.h2 = as_act(p_.forward, h2_f32, {M_, C}, "h2");
+  where_ = "h." + std::to_string(l) + ".mlp.c_fc";
+  b.f = kept("f", {M_, 4 * C}, act_);
+  linear(b.h2, o.c_fc, 4 * C, b.f);
+  where_ = "h." + std::to_string(l) + ".mlp.gelu";
+  b.g = kept("g", {M_, 4 * C}, act_);
+  eltwise_forward::primitive_desc gpd(
+      eltwise_forward::desc(prop_kind::forward_training, algorithm::eltwise_gelu_erf,
+                            b.f.get_desc(), 0.0f, 0.0f),
+      attr(), eng_);
+  add(p_.forward, eltwise_forward(gpd), gpd.scratchpad_desc(),
+      {{DNNL_ARG_SRC, b.f}, {DNNL_ARG_DST, b.g}}, Phase::kEltwise);
+  where_ = "h." + std::to_string(l) + ".mlp.c_proj";
+  memory mo = temp("branch", {M_, C}, Dt::f32);
+  linear(b.g, o.mlp_proj, C, mo);
+  residual(mo, dropout_layer(l, 2));
+  return b;
+}
+
+void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const memory& dx) {
+  using namespace dnnl;
+  const GptModel::BlockOffsets& o = m_.block(l);
+  const std::int64_t T = T_, C = C_, H = H_, hs = hs_, N = N_;
+  const std::size_t n = static_cast<std::size_t>(M_ * C);
+  float* dxs = static_cast<float*>(dx.get_data_handle());
+  // A residual branch's gradient: dx through the branch's dropout, in the activations' type.
+  auto branch = [&](std::size_t layer) {
+    const float* kept = drop_ ? mask(p_.backward, n, layer) : nullptr;
+    memory d = temp("d.branch", {M_, C}, act_);
+    void* out = d.get_data_handle();
+    const bool half = this->half();
+    custom(p_.backward, [=] {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float g = kept ? dxs[i] * kept[i] : dxs[i];
+        if (half)
+          static_cast<bf16*>(out)[i] = to_bf16(g);
+        else
+          static_cast<float*>(out)[i] = g;
+      }
+    });
+    return d;
+  };
+  // dx += d (f32, M x C).
+  auto accumulate = [&](const memory& d) {
+    const float* ds = static_cast<const float*>(d.get_data_handle());
+    custom(p_.backward, [=] {
+      for (std::size_t i = 0; i < n; ++i) dxs[i] += ds[i];
+    });
+  };
+  // The input gradient of a linear layer in front of a LayerNorm, as f32 for its backward.
+  memory dln = temp("d.ln", {M_, C}, Dt::f32);
+  memory dh_f32 = temp("d.h.f32", {M_, C}, Dt::f32);
+  memory dh = half() ? temp("d.h", {M_, C}, act_) : dh_f32;
+
+  where_ = "h." + std::to_string(l) + ".mlp.c_proj";
+  const memory dmo = branch(dropout_layer(l, 2));
+  memory dg = temp("d.g", {M_, 4 * C}, act_);
+  linear_backward(b.g, o.mlp_proj, C, dmo, dg);
+  where_ = "h." + std::to_string(l) + ".mlp.gelu";
+  memory df = temp("d.f", {M_, 4 * C}, act_);
+  eltwise_forward::primitive_desc ghint(
+      eltwise_forward::desc(prop_kind::forward_training, algorithm::eltwise_gelu_erf,
+                            b.f.get_desc(), 0.0f, 0.0f),
+      attr(), eng_);
+  eltwise_backward::primitive_desc gbpd(
+      eltwise_backward::desc(algorithm::eltwise_gelu_erf, df.get_desc(), b.f.get_desc(), 0.0f,
+                             0.0f),
+      attr(), eng_, ghint);
+  add(p_.backward, eltwise_backward(gbpd), gbpd.scratchpad_desc(),
+      {{DNNL_ARG_SRC, b.f}, {DNNL_ARG_DIFF_DST, dg}, {DNNL_ARG_DIFF_SRC, df}}, Phase::kEltwise);
+  where_ = "h." + std::to_string(l) + ".mlp.c_fc";
+  linear_backward(b.h2, o.c_fc, 4 * C, df, dh);
+  if (half()) convert(p_.backward, dh, dh_f32);
+  where_ = "h." + std::to_string(l) + ".ln_2";
+  ln_backward(b.ln2, dh_f32, dln);
+  accumulate(dln);
+
+  where_ = "h." + std::to_string(l) + ".attn.c_proj";
+  const memory da = branch(dropout_layer(l, 1));
+  memory dy = temp("d.y", {M_, C}, act_);
+  linear_backward(b.y, o.attn_proj, C, da, dy);
+
+  where_ = "h." + std::to_string(l) + ".attn";
+  const Dims heads{N, H, T, hs}, qkv_strides{T * 3 * C, hs, 3 * C, 1};
+  const Dims y_strides{T * C, hs, C, 1}, transposed{H * T * T, T * T, 1, T};
+  const memory dyh = view(dy, heads, y_strides, 0);
+  // dP = dY V^T, through the attention dropout.
+  memory dp = temp("d.p", {N, H, T, T}, Dt::f32);
+  const memory vt = view(b.qkv, {N, H, hs, T}, {T * 3 * C, hs, 1, 3 * C}, 2 * C);
+  add_matmul(p_.backward, dyh, vt, dp);
+  const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
+  if (drop_) {
+    float* d = static_cast<float*>(dp.get_data_handle());
+    const float* mk = mask(p_.backward, pn, dropout_layer(l, 0));
+    custom(p_.backward, [=] {
+      for (std::size_t i = 0; i < pn; ++i) d[i] *= mk[i];
+    });
+  }
+  // dV = P^T dY (P as the forward used it).
+  memory dqkv = temp("d.qkv", {M_, 3 * C}, act_);
+  const memory pt = view(b.p_used, {N, H, T, T}, transposed, 0);
+  const memory dv = view(dqkv, heads, qkv_strides, 2 * C);
+  add_matmul(p_.backward, pt, dyh, dv);
+  // dS = softmax'(P) dP in the activations' type (causal_softmax_backward: oneDNN 2.6's is a
+  // reference loop on AVX2); the scores' scale goes into the two matmuls after it.
+  const memory ds_act = temp("d.s", {N, H, T, T}, act_);
+  {
+    const float* pp = static_cast<const float*>(b.p.get_data_handle());
+    const float* dps = static_cast<const float*>(dp.get_data_handle());
+    void* out = ds_act.get_data_handle();
+    const bool half = this->half();
+    custom(p_.backward, [=] {
+      if (half)
+        causal_softmax_backward(pp, dps, static_cast<bf16*>(out), N * H, T);
+      else
+        causal_softmax_backward(pp, dps, static_cast<float*>(out), N * H, T);
+    });
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  // dQ = scale dS K, dK = scale dS^T Q.
+  const memory k = view(b.qkv, heads, qkv_strides, C);
+  const memory q = view(b.qkv, heads, qkv_strides, 0);
+  const memory dq = view(dqkv, heads, qkv_strides, 0);
+  const memory dk = view(dqkv, heads, qkv_strides, C);
+  add_matmul(p_.backward, ds_act, k, dq, scale);
+  const memory dst_t = view(ds_act, {N, H, T, T}, transposed, 0);
+  add_matmul(p_.backward, dst_t, q, dk, scale);
+
+  where_ = "h." + std::to_string(l) + ".attn.c_attn";
+  linear_backward(b.h1, o.c_attn, 3 * C, dqkv, dh);
+  if (half()) convert(p_.backward, dh, dh_f32);
+  where_ = "h." + std::to_string(l) + ".ln_1";
+  ln_backward(b.ln1, dh_f32, dln);
+  accumulate(dln);
+}
+
+}  // namespace cohort::nn::detail
