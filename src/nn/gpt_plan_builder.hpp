@@ -85,7 +85,6 @@ class GptPlanBuilder {
   };
 
   bool half() const { return act_ == Dt::bf16; }
-  std::size_t elem() const { return half() ? sizeof(bf16) : sizeof(float); }
   float* buffer(std::size_t bytes) {
     p_.buffers.emplace_back((bytes + sizeof(float) - 1) / sizeof(float));
     return p_.buffers.back().data();
@@ -119,9 +118,25 @@ class GptPlanBuilder {
   }
   // A strided view of `base`'s buffer, `offset` elements in.
   memory view(const memory& base, Dims dims, Dims strides, std::int64_t offset) {
-    memory::desc md(dims, base.get_desc().data_type(), strides);
-    return memory(md, eng_, static_cast<char*>(base.get_data_handle()) + offset * elem());
+    const Dt dt = base.get_desc().data_type();
+    memory::desc md(dims, dt, strides);
+    return memory(md, eng_,
+                  static_cast<char*>(base.get_data_handle()) +
+                      offset * static_cast<std::int64_t>(memory::data_type_size(dt)));
   }
+  // Attention's row blocks [first, last) of a window: a block's queries see the keys before
+  // `last` only, so each attention matmul runs block by block on the part of the (T, T) scores
+  // the causal mask keeps (plus the part of each diagonal block above its diagonal): 2 blocks
+  // of 32 rows or more skip a quarter of the products, 4 three eighths.
+  std::vector<std::pair<std::int64_t, std::int64_t>> row_blocks() const {
+    const std::int64_t count = std::clamp<std::int64_t>(T_ / kMinBlockRows, 1, kMaxRowBlocks);
+    const std::int64_t rows = (T_ + count - 1) / count;
+    std::vector<std::pair<std::int64_t, std::int64_t>> blocks;
+    for (std::int64_t first = 0; first < T_; first += rows)
+      blocks.emplace_back(first, std::min(T_, first + rows));
+    return blocks;
+  }
+  static constexpr std::int64_t kMinBlockRows = 32, kMaxRowBlocks = 4;
   memory param(Dims dims, std::size_t offset) {
     memory m(memory::desc(dims, act_, dims.size() == 1 ? Tag::a : Tag::ab), eng_, DNNL_MEMORY_NONE);
     p_.params.push_back({m, offset});

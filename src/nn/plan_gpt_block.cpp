@@ -39,14 +39,18 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   linear(b.h1, o.c_attn, 3 * C, b.qkv);
 
   where_ = "h." + std::to_string(l) + ".attn";
-  const Dims heads{N, H, T, hs}, qkv_strides{T * 3 * C, hs, 3 * C, 1};
-  const memory q = view(b.qkv, heads, qkv_strides, 0);
-  const memory kt = view(b.qkv, {N, H, hs, T}, {T * 3 * C, hs, 1, 3 * C}, C);
-  const memory v = view(b.qkv, heads, qkv_strides, 2 * C);
+  const Dims qkv_strides{T * 3 * C, hs, 3 * C, 1}, kt_strides{T * 3 * C, hs, 1, 3 * C};
+  const Dims p_strides{H * T * T, T * T, T, 1};
+  const auto blocks = row_blocks();
   memory scores = temp("scores", {N, H, T, T}, Dt::f32);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  add_matmul(p_.forward, q, kt, scores, scale);
-  // The causal mask: a query sees the keys at and before its position.
+  // S = scale Q K^T, a row block's queries against the keys before its end.
+  for (const auto& [r0, r1] : blocks)
+    add_matmul(p_.forward, view(b.qkv, {N, H, r1 - r0, hs}, qkv_strides, r0 * 3 * C),
+               view(b.qkv, {N, H, hs, r1}, kt_strides, C),
+               view(scores, {N, H, r1 - r0, r1}, p_strides, r0 * T), scale);
+  // The causal mask: a query sees the keys at and before its position (and the entries no
+  // block wrote are above the diagonal).
   float* sc = static_cast<float*>(scores.get_data_handle());
   custom(p_.forward, [sc, N, H, T] {
     const float minus_inf = -std::numeric_limits<float>::infinity();
@@ -78,9 +82,12 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
     b.p_used = kept("p_used", {N, H, T, T}, act_);
     convert(p_.forward, b.p, b.p_used);
   }
+  // Y = P V by row blocks: P is 0 after a block's last key.
   b.y = kept("y", {M_, C}, act_);
-  const memory yh = view(b.y, heads, {T * C, hs, C, 1}, 0);
-  add_matmul(p_.forward, b.p_used, v, yh);
+  for (const auto& [r0, r1] : blocks)
+    add_matmul(p_.forward, view(b.p_used, {N, H, r1 - r0, r1}, p_strides, r0 * T),
+               view(b.qkv, {N, H, r1, hs}, qkv_strides, 2 * C),
+               view(b.y, {N, H, r1 - r0, hs}, {T * C, hs, C, 1}, r0 * C));
 
   // The residual branches: x += dropout(branch), in f32.
   auto residual = [this, &x](const memory& branch, std::size_t layer) {
@@ -192,13 +199,17 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   linear_backward(b.y, o.attn_proj, C, da, dy);
 
   where_ = "h." + std::to_string(l) + ".attn";
-  const Dims heads{N, H, T, hs}, qkv_strides{T * 3 * C, hs, 3 * C, 1};
-  const Dims y_strides{T * C, hs, C, 1}, transposed{H * T * T, T * T, 1, T};
-  const memory dyh = view(dy, heads, y_strides, 0);
-  // dP = dY V^T, through the attention dropout.
+  const Dims qkv_strides{T * 3 * C, hs, 3 * C, 1}, kt_strides{T * 3 * C, hs, 1, 3 * C};
+  const Dims y_strides{T * C, hs, C, 1}, p_strides{H * T * T, T * T, T, 1};
+  const Dims transposed{H * T * T, T * T, 1, T};
+  const auto blocks = row_blocks();
+  // dP = dY V^T by row blocks (the entries after a block's last key are not read), through the
+  // attention dropout.
   memory dp = temp("d.p", {N, H, T, T}, Dt::f32);
-  const memory vt = view(b.qkv, {N, H, hs, T}, {T * 3 * C, hs, 1, 3 * C}, 2 * C);
-  add_matmul(p_.backward, dyh, vt, dp);
+  for (const auto& [r0, r1] : blocks)
+    add_matmul(p_.backward, view(dy, {N, H, r1 - r0, hs}, y_strides, r0 * C),
+               view(b.qkv, {N, H, hs, r1}, kt_strides, 2 * C),
+               view(dp, {N, H, r1 - r0, r1}, p_strides, r0 * T));
   const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
   if (drop_) {
     float* d = static_cast<float*>(dp.get_data_handle());
@@ -207,13 +218,16 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
       for (std::size_t i = 0; i < pn; ++i) d[i] *= mk[i];
     });
   }
-  // dV = P^T dY (P as the forward used it).
+  // dV = P^T dY (P as the forward used it) by key blocks: the queries from a block's first key
+  // on.
   memory dqkv = temp("d.qkv", {M_, 3 * C}, act_);
-  const memory pt = view(b.p_used, {N, H, T, T}, transposed, 0);
-  const memory dv = view(dqkv, heads, qkv_strides, 2 * C);
-  add_matmul(p_.backward, pt, dyh, dv);
+  for (const auto& [c0, c1] : blocks)
+    add_matmul(p_.backward, view(b.p_used, {N, H, c1 - c0, T - c0}, transposed, c0 * T + c0),
+               view(dy, {N, H, T - c0, hs}, y_strides, c0 * C),
+               view(dqkv, {N, H, c1 - c0, hs}, qkv_strides, c0 * 3 * C + 2 * C));
   // dS = softmax'(P) dP in the activations' type (causal_softmax_backward: oneDNN 2.6's is a
-  // reference loop on AVX2); the scores' scale goes into the two matmuls after it.
+  // reference loop on AVX2; it reads the causal part and writes 0 above the diagonal); the
+  // scores' scale goes into the two matmuls after it.
   const memory ds_act = temp("d.s", {N, H, T, T}, act_);
   {
     const float* pp = static_cast<const float*>(b.p.get_data_handle());
@@ -228,14 +242,15 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
     });
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  // dQ = scale dS K, dK = scale dS^T Q.
-  const memory k = view(b.qkv, heads, qkv_strides, C);
-  const memory q = view(b.qkv, heads, qkv_strides, 0);
-  const memory dq = view(dqkv, heads, qkv_strides, 0);
-  const memory dk = view(dqkv, heads, qkv_strides, C);
-  add_matmul(p_.backward, ds_act, k, dq, scale);
-  const memory dst_t = view(ds_act, {N, H, T, T}, transposed, 0);
-  add_matmul(p_.backward, dst_t, q, dk, scale);
+  // dQ = scale dS K by row blocks, dK = scale dS^T Q by key blocks.
+  for (const auto& [r0, r1] : blocks)
+    add_matmul(p_.backward, view(ds_act, {N, H, r1 - r0, r1}, p_strides, r0 * T),
+               view(b.qkv, {N, H, r1, hs}, qkv_strides, C),
+               view(dqkv, {N, H, r1 - r0, hs}, qkv_strides, r0 * 3 * C), scale);
+  for (const auto& [c0, c1] : blocks)
+    add_matmul(p_.backward, view(ds_act, {N, H, c1 - c0, T - c0}, transposed, c0 * T + c0),
+               view(b.qkv, {N, H, T - c0, hs}, qkv_strides, c0 * 3 * C),
+               view(dqkv, {N, H, c1 - c0, hs}, qkv_strides, c0 * 3 * C + C), scale);
 
   where_ = "h." + std::to_string(l) + ".attn.c_attn";
   linear_backward(b.h1, o.c_attn, 3 * C, dqkv, dh);

@@ -1,8 +1,9 @@
 // The GPT: GptModel's spec, parameter counts and names (nanoGPT's), refusals and initialisation;
 // the float64 reference (tests/reference/gpt_reference.hpp) against finite differences; GptNet
 // against the reference in f32 (loss and every parameter's gradient, with and without dropout,
-// one head or several, a window of one token) and in bf16 (within bf16's rounding), inference
-// against training's loss, and plans reused with other arrays.
+// one head or several, a window of one token, windows long enough for attention's row blocks) and
+// in bf16 (within bf16's rounding), inference against training's loss, and plans reused with other
+// arrays.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -183,8 +184,8 @@ double relative_error(const std::vector<double>& want, const float* got, const G
   return num / den;
 }
 
-TEST_P(GptNumeric, F32NetMatchesTheReference) {
-  const Case& c = GetParam();
+// GptNet in f32 against the reference: the loss, every gradient, inference's loss.
+void check_f32_net(const Case& c) {
   const GptModel m = GptModel::parse(c.spec, c.vocab);
   const auto w = windows_for(m, c.N, kSeed);
   const std::vector<double> p = params_for(m, kSeed);
@@ -201,10 +202,8 @@ TEST_P(GptNumeric, F32NetMatchesTheReference) {
   EXPECT_NEAR(net.evaluate(pf.data(), w.data(), c.N).loss, plain, 1e-5 * std::abs(plain));
 }
 
-TEST_P(GptNumeric, Bf16NetMatchesTheReferenceWithinBf16) {
-  if (bf16_support() == Bf16Support::kNone)
-    GTEST_SKIP() << "oneDNN has no bf16 kernels here (" << onednn_isa() << ")";
-  const Case& c = GetParam();
+// GptNet in bf16 against the reference given the bf16 weights, within bf16's rounding.
+void check_bf16_net(const Case& c) {
   const GptModel m = GptModel::parse(c.spec, c.vocab);
   const auto w = windows_for(m, c.N, kSeed);
   const std::vector<double> p = params_for(m, kSeed);
@@ -227,12 +226,38 @@ TEST_P(GptNumeric, Bf16NetMatchesTheReferenceWithinBf16) {
   EXPECT_LT(err, 0.03) << "seed " << kSeed;
 }
 
+TEST_P(GptNumeric, F32NetMatchesTheReference) { check_f32_net(GetParam()); }
+
+TEST_P(GptNumeric, Bf16NetMatchesTheReferenceWithinBf16) {
+  if (bf16_support() == Bf16Support::kNone)
+    GTEST_SKIP() << "oneDNN has no bf16 kernels here (" << onednn_isa() << ")";
+  check_bf16_net(GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GptNumeric,
                          ::testing::Values(Case{"TwoLayersTwoHeads", "gpt:2-2-8-5", 7, 2},
                                            Case{"OneHead", "gpt:1-1-8-4", 5, 3},
                                            Case{"FourHeadsOneWindow", "gpt:1-4-8-6", 9, 1},
                                            Case{"Dropout", "gpt:2-2-8-5-0.3", 7, 2},
                                            Case{"WindowOfOne", "gpt:1-2-4-1", 3, 4}),
+                         [](const auto& p) { return std::string(p.param.name); });
+
+// Windows long enough that attention runs by row blocks (GptPlanBuilder::row_blocks): the Net
+// against the reference (which the short windows above check against finite differences).
+class GptRowBlocks : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GptRowBlocks, F32NetMatchesTheReference) { check_f32_net(GetParam()); }
+
+TEST_P(GptRowBlocks, Bf16NetMatchesTheReferenceWithinBf16) {
+  if (bf16_support() == Bf16Support::kNone)
+    GTEST_SKIP() << "oneDNN has no bf16 kernels here (" << onednn_isa() << ")";
+  check_bf16_net(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Windows, GptRowBlocks,
+                         ::testing::Values(Case{"TwoBlocks", "gpt:1-2-8-67", 7, 2},  // 34, 33 rows
+                                           Case{"FourBlocksDropout", "gpt:2-2-8-130-0.3", 7,
+                                                2}),  // 33, 33, 33, 31 rows
                          [](const auto& p) { return std::string(p.param.name); });
 
 // The generator's logits after each token are the full forward pass's at that position: while
