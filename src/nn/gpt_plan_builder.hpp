@@ -127,7 +127,9 @@ class GptPlanBuilder {
   // Attention's row blocks [first, last) of a window: a block's queries see the keys before
   // `last` only, so each attention matmul runs block by block on the part of the (T, T) scores
   // the causal mask keeps (plus the part of each diagonal block above its diagonal): 2 blocks
-  // of 32 rows or more skip a quarter of the products, 4 three eighths.
+  // skip a quarter of the products, 4 three eighths. Blocks have 64 rows or more: on AVX2 in f32
+  // (oneDNN's gemm:jit) blocks of 32 ran the skipped products' saving away (docs/decisions.md,
+  // "Attention by row blocks").
   std::vector<std::pair<std::int64_t, std::int64_t>> row_blocks() const {
     const std::int64_t count = std::clamp<std::int64_t>(T_ / kMinBlockRows, 1, kMaxRowBlocks);
     const std::int64_t rows = (T_ + count - 1) / count;
@@ -136,7 +138,7 @@ class GptPlanBuilder {
       blocks.emplace_back(first, std::min(T_, first + rows));
     return blocks;
   }
-  static constexpr std::int64_t kMinBlockRows = 32, kMaxRowBlocks = 4;
+  static constexpr std::int64_t kMinBlockRows = 64, kMaxRowBlocks = 4;
   memory param(Dims dims, std::size_t offset) {
     memory m(memory::desc(dims, act_, dims.size() == 1 ? Tag::a : Tag::ab), eng_, DNNL_MEMORY_NONE);
     p_.params.push_back({m, offset});
