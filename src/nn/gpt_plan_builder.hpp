@@ -128,7 +128,7 @@ class GptPlanBuilder {
   // `last` only, so each attention matmul runs block by block on the part of the (T, T) scores
   // the causal mask keeps (plus the part of each diagonal block above its diagonal): 2 blocks
   // skip a quarter of the products, 4 three eighths. Blocks have 64 rows or more: on AVX2 in f32
-  // (oneDNN's gemm:jit) blocks of 32 ran the skipped products' saving away (docs/decisions.md,
+  // (oneDNN's gemm:jit) blocks of 32 ran slower per product and saved nothing (docs/decisions.md,
   // "Attention by row blocks").
   std::vector<std::pair<std::int64_t, std::int64_t>> row_blocks() const {
     const std::int64_t count = std::clamp<std::int64_t>(T_ / kMinBlockRows, 1, kMaxRowBlocks);
