@@ -1,6 +1,6 @@
 // The export module's shared parts: format and naming, the PyTorch names of the modules and
 // tensors, num_batches_tracked, the metadata, and writing a checkpoint's export atomically. The
-// encoders are safetensors.cpp and onnx.cpp.
+// encoders are safetensors.cpp and onnx.cpp (onnx_gpt.cpp: the language model's graph).
 #include "cohort/export/export.hpp"
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include "cohort/config/job_config.hpp"
 #include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/data/text.hpp"
 #include "cohort/nn/gpt.hpp"
 #include "cohort/version.hpp"
 
@@ -149,13 +150,17 @@ std::int64_t batches_tracked(const checkpoint::Checkpoint& c) {
 const char* cohort_version() { return COHORT_VERSION; }
 
 std::map<std::string, std::string> metadata_strings(const Metadata& m) {
-  return {{"format", "cohort"},
-          {"model", m.model},
-          {"naming", to_string(naming_for(m.model))},
-          {"input", std::to_string(m.input.C) + "," + std::to_string(m.input.H) + "," +
-                        std::to_string(m.input.W)},
-          {"step", std::to_string(m.step)},
-          {"cohort_version", cohort_version()}};
+  std::map<std::string, std::string> out{
+      {"format", "cohort"},
+      {"model", m.model},
+      {"naming", to_string(naming_for(m.model))},
+      {"input", std::to_string(m.input.C) + "," + std::to_string(m.input.H) + "," +
+                    std::to_string(m.input.W)},
+      {"step", std::to_string(m.step)},
+      {"cohort_version", cohort_version()}};
+  if (m.vocab != 0) out["vocab"] = std::to_string(m.vocab);
+  if (!m.characters.empty()) out["characters"] = m.characters;
+  return out;
 }
 
 namespace {
@@ -177,10 +182,6 @@ void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path
                               static_cast<std::int64_t>(ck.input[1]),
                               static_cast<std::int64_t>(ck.input[2])};
   const nn::Model model = nn::Model::parse(ck.model, input, static_cast<std::int64_t>(ck.vocab));
-  if (model.gpt() && format == Format::kOnnx)
-    throw InputError(checkpoint.string() + ": --format: expected safetensors for a language " +
-                     "model ('" + ck.model + "'), found onnx (cohort's ONNX export covers the " +
-                     "layer lists)");
   if (ck.weights.size() != model.layout().total())
     throw InputError(
         checkpoint.string() + ": the model '" + ck.model + "' on samples " + input.str() + " has " +
@@ -194,7 +195,13 @@ void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path
   const Weights w{.params = ck.weights.data(),
                   .stats = ck.running_stats.empty() ? nullptr : ck.running_stats.data(),
                   .batches_tracked = batches_tracked(ck)};
-  const Metadata meta{.model = ck.model, .step = ck.step, .input = model.input()};
+  std::string characters;
+  for (const std::uint32_t c : ck.characters) characters += data::encode_utf8(c);
+  const Metadata meta{.model = ck.model,
+                      .step = ck.step,
+                      .input = model.input(),
+                      .vocab = static_cast<std::int64_t>(ck.vocab),
+                      .characters = characters};
   if (format == Format::kSafetensors) {
     const std::vector<std::uint8_t> bytes = encode_safetensors(model, w, meta);
     write_file_atomically(out, {reinterpret_cast<const char*>(bytes.data()), bytes.size()});

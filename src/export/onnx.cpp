@@ -1,6 +1,7 @@
 // The ONNX encoder: the model's inference graph (opset 13) built with the protobuf classes of
-// Debian's libonnx-dev and serialized by protobuf. Not an evaluator: tests/export checks the
-// file with onnx.checker and a NumPy evaluator of the operators emitted here.
+// Debian's libonnx-dev and serialized by protobuf; the layer lists' graph here, the language
+// model's in onnx_gpt.cpp. Not an evaluator: tests/export checks the file with onnx.checker and
+// a NumPy evaluator of the operators emitted here.
 #include <onnx/onnx_pb.h>
 
 #include <map>
@@ -8,46 +9,17 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/export/export.hpp"
+#include "onnx_graph.hpp"
 
 namespace cohort::exporting {
 
 namespace {
 
 using Kind = nn::LayerSpec::Kind;
+using namespace onnx_graph;
 
 // cohort's bn epsilon (PyTorch's BatchNorm default, src/nn/plan_resnet.cpp).
 constexpr float kBnEpsilon = 1e-5f;
-
-void add_ints(onnx::NodeProto& node, const std::string& name, std::vector<std::int64_t> values) {
-  onnx::AttributeProto* a = node.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INTS);
-  for (auto v : values) a->add_ints(v);
-}
-
-void add_int(onnx::NodeProto& node, const std::string& name, std::int64_t value) {
-  onnx::AttributeProto* a = node.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::INT);
-  a->set_i(value);
-}
-
-void add_float(onnx::NodeProto& node, const std::string& name, float value) {
-  onnx::AttributeProto* a = node.add_attribute();
-  a->set_name(name);
-  a->set_type(onnx::AttributeProto::FLOAT);
-  a->set_f(value);
-}
-
-// A float tensor value with a symbolic batch dimension "N" first.
-void set_batch_type(onnx::ValueInfoProto& v, const std::string& name,
-                    const std::vector<std::int64_t>& per_sample) {
-  v.set_name(name);
-  onnx::TypeProto_Tensor* t = v.mutable_type()->mutable_tensor_type();
-  t->set_elem_type(onnx::TensorProto::FLOAT);
-  t->mutable_shape()->add_dim()->set_dim_param("N");
-  for (auto d : per_sample) t->mutable_shape()->add_dim()->set_dim_value(d);
-}
 
 // The nodes of the layers, each reading the value its predecessor wrote. A layer's weights are
 // the initializers of its PyTorch module ("<module>.weight", ...).
@@ -121,29 +93,19 @@ class Nodes {
     return out;
   }
 
-  // How many distinct initializers the nodes read.
-  std::size_t initializers_read() const { return read_.size(); }
-
  private:
-  // A node named after its output (values and nodes share the layers' names, all distinct).
+  // A node reading x and `more` (values and nodes share the layers' names, all distinct).
   onnx::NodeProto& node(const std::string& op, const std::string& x, const std::string& out,
-                        const std::vector<std::string>& more = {}) {
-    onnx::NodeProto* n = graph_.add_node();
-    n->set_op_type(op);
-    n->set_name(out);
-    n->add_input(x);
-    for (const std::string& in : more) n->add_input(in);
-    n->add_output(out);
-    return *n;
+                        std::vector<std::string> more = {}) {
+    more.insert(more.begin(), x);
+    return add_node(graph_, op, more, out);
   }
 
   // The initializer "<module of l>.<what>".
   std::string weight(const nn::LayerSpec& l, const std::string& what) {
     const auto it = module_.find(&l);
     COHORT_CHECK(it != module_.end(), l.name + " has a PyTorch module");
-    std::string name = it->second + "." + what;
-    read_.insert(name);
-    return name;
+    return it->second + "." + what;
   }
 
   // Layers one after another from x, each writing the value of its name; returns the last
@@ -155,13 +117,36 @@ class Nodes {
 
   onnx::GraphProto& graph_;
   std::map<const nn::LayerSpec*, std::string> module_;
-  std::set<std::string> read_;
 };
+
+// The layer lists' graph: input "input" (N, C, H, W) or (N, F), output "logits" (N, classes).
+void add_layers_graph(onnx::GraphProto& graph, const nn::Model& model, const Weights& w) {
+  using Source = Tensor::Source;
+  const nn::SampleShape in = model.input();
+  std::vector<Dim> input_dims{"N", in.C};
+  if (!in.flat()) input_dims.insert(input_dims.end(), {in.H, in.W});
+  set_type(*graph.add_input(), "input", onnx::TensorProto::FLOAT, input_dims);
+
+  // Initializers: the float tensors under their PyTorch names, in state_dict order.
+  for (const Tensor& t : torch_tensors(model)) {
+    if (t.source == Source::kBatchesTracked) continue;  // no operator's input
+    const float* values = t.source == Source::kParams ? w.params : w.stats;
+    COHORT_CHECK(values != nullptr, t.name);
+    add_floats(graph, t.name, t.shape, values + t.offset);
+  }
+
+  Nodes nodes(graph, model);
+  std::string current = "input";
+  const auto& layers = model.layers();
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    current = nodes.layer(layers[i], current, i + 1 == layers.size() ? "logits" : layers[i].name);
+  COHORT_CHECK(current == "logits", "the last layer is linear (Model::parse)");
+  set_type(*graph.add_output(), "logits", onnx::TensorProto::FLOAT, {"N", model.num_classes()});
+}
 
 }  // namespace
 
 std::string encode_onnx(const nn::Model& model, const Weights& w, const Metadata& m) {
-  using Source = Tensor::Source;
   onnx::ModelProto proto;
   proto.set_ir_version(7);  // ONNX 1.8+: what opset 13 came with
   proto.set_producer_name("cohort");
@@ -174,37 +159,16 @@ std::string encode_onnx(const nn::Model& model, const Weights& w, const Metadata
     e->set_key(key);
     e->set_value(value);
   }
-
   onnx::GraphProto* graph = proto.mutable_graph();
   graph->set_name("cohort");
-  const nn::SampleShape in = model.input();
-  set_batch_type(*graph->add_input(), "input",
-                 in.flat()
-                     ? std::vector<std::int64_t>{in.C}
-                     : std::vector<std::int64_t>{in.C, in.H, in.W});  // (N, C, H, W) or (N, F)
-
-  // Initializers: the float tensors under their PyTorch names, in state_dict order.
-  std::size_t initializers = 0;
-  for (const Tensor& t : torch_tensors(model)) {
-    if (t.source == Source::kBatchesTracked) continue;  // no operator's input
-    const float* values = t.source == Source::kParams ? w.params : w.stats;
-    COHORT_CHECK(values != nullptr, t.name);
-    onnx::TensorProto* init = graph->add_initializer();
-    init->set_name(t.name);
-    init->set_data_type(onnx::TensorProto::FLOAT);
-    for (auto d : t.shape) init->add_dims(d);
-    init->set_raw_data(values + t.offset, t.bytes());  // little-endian
-    ++initializers;
-  }
-
-  Nodes nodes(*graph, model);
-  std::string current = "input";
-  const auto& layers = model.layers();
-  for (std::size_t i = 0; i < layers.size(); ++i)
-    current = nodes.layer(layers[i], current, i + 1 == layers.size() ? "logits" : layers[i].name);
-  COHORT_CHECK(current == "logits", "the last layer is linear (Model::parse)");
-  COHORT_CHECK(nodes.initializers_read() == initializers, "every initializer is some node's input");
-  set_batch_type(*graph->add_output(), "logits", {model.num_classes()});
+  if (const nn::GptModel* gpt = model.gpt())
+    add_gpt_graph(*graph, *gpt, w.params);
+  else
+    add_layers_graph(*graph, model, w);
+  std::set<std::string> read;
+  for (const onnx::NodeProto& n : graph->node()) read.insert(n.input().begin(), n.input().end());
+  for (const onnx::TensorProto& init : graph->initializer())
+    COHORT_CHECK(read.count(init.name()) == 1, "the initializer " + init.name() + " is read");
 
   std::string bytes;
   COHORT_CHECK(proto.SerializeToString(&bytes), "protobuf serialization of the ONNX model");

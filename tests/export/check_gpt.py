@@ -1,12 +1,17 @@
 #!/usr/bin/python3
-"""A language model's safetensors export in PyTorch (ctest export_gpt_in_pytorch): cohort trains
-gpt:2-2-32-16 for 30 steps on the first 20,000 characters of Tiny Shakespeare, exports it, and
-bench/peers/torch_gpt_peer.py's GPT (nanoGPT's module tree) loads the file with strict=True — both
-transformer.wte.weight and the tied lm_head.weight present — and computes `cohort eval`'s
-validation loss (the whole split in non-overlapping windows) within 1e-4.
+"""A language model's exports in PyTorch and ONNX (ctest export_gpt_in_pytorch): cohort trains
+gpt:2-2-32-16 for 30 steps on the first 20,000 characters of Tiny Shakespeare and exports it.
+- safetensors: bench/peers/torch_gpt_peer.py's GPT (nanoGPT's module tree) loads the file with
+  strict=True — both transformer.wte.weight and the tied lm_head.weight present — and computes
+  `cohort eval`'s validation loss (the whole split in non-overlapping windows) within 1e-4.
+- Both record the vocabulary: vocab and characters (token i is character i) in their metadata.
+- ONNX: onnx.checker's full check; input "input" (N, T) int64 and output "logits" (N, T, vocab)
+  with symbolic N and T; check_onnx.py's NumPy evaluator gives cohort eval's validation loss
+  within 1e-4 and its next-token accuracy exactly, and PyTorch's logits within 1e-4 on the
+  validation windows and on windows of 5 tokens and of 1 (T below the block).
 
   tests/export/check_gpt.py COHORT TEXT OUT_DIR
-Exit 77 (1 under COHORT_REQUIRE_FRAMEWORKS=1) without torch or numpy.
+Exit 77 (1 under COHORT_REQUIRE_FRAMEWORKS=1) without torch, onnx or numpy.
 """
 import json
 import os
@@ -16,12 +21,14 @@ import sys
 from export_check_util import SKIP
 
 try:
-    import numpy as np  # noqa: F401  (read_safetensors uses it)
+    import numpy as np
+    import onnx
     import torch
 except ImportError as e:
-    print(f"SKIP: {e} (scripts/setup.sh installs python3-torch and python3-numpy)")
+    print(f"SKIP: {e} (scripts/setup.sh installs python3-torch, python3-onnx and python3-numpy)")
     sys.exit(SKIP)
 
+import check_onnx  # noqa: E402
 from check_safetensors import read_safetensors  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench",
@@ -38,6 +45,44 @@ def run(*cmd):
     return r.stdout
 
 
+def check_vocabulary(metadata, chars):
+    """The export's metadata maps token i to character i of the text's sorted characters."""
+    assert metadata["vocab"] == str(len(chars)), metadata["vocab"]
+    assert metadata["characters"] == "".join(chars), metadata["characters"]
+
+
+def check_onnx_file(path, model, val, chars, want_loss, want_accuracy):
+    """The ONNX file against cohort eval (loss, accuracy) and the PyTorch model (logits)."""
+    proto = onnx.load(path)
+    onnx.checker.check_model(proto, full_check=True)
+    assert proto.opset_import[0].version == 13
+    check_vocabulary({p.key: p.value for p in proto.metadata_props}, chars)
+    io = [(v.name, v.type.tensor_type.elem_type,
+           [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim])
+          for v in list(proto.graph.input) + list(proto.graph.output)]
+    vocab = model.lm_head.weight.shape[0]
+    assert io == [("input", onnx.TensorProto.INT64, ["N", "T"]),
+                  ("logits", onnx.TensorProto.FLOAT, ["N", "T", vocab])], io
+    count = (len(val) - 1) // BLOCK
+    x = torch.stack([val[o * BLOCK:o * BLOCK + BLOCK] for o in range(count)])
+    y = torch.stack([val[o * BLOCK + 1:o * BLOCK + BLOCK + 1] for o in range(count)]).numpy()
+    logits = check_onnx.run(proto, x.numpy())
+    z = logits - logits.max(axis=-1, keepdims=True)
+    log_p = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    loss = float(-np.take_along_axis(log_p, y[..., None], axis=-1).mean())
+    accuracy = float((logits.argmax(axis=-1) == y).mean())
+    print(f"{SPEC}: ONNX validation loss {loss:.6f} and accuracy {accuracy:.6f}, cohort eval "
+          f"{want_loss:.6f} and {want_accuracy:.6f}")
+    ok = abs(loss - want_loss) <= 1e-4 and accuracy == want_accuracy
+    with torch.no_grad():
+        for t in (BLOCK, 5, 1):
+            diff = float(np.abs(check_onnx.run(proto, x[:, :t].numpy()) -
+                                model.logits(x[:, :t]).numpy()).max())
+            print(f"{SPEC}: windows of {t}: max |ONNX - PyTorch logit| {diff:.3g}")
+            ok = ok and diff <= 1e-4
+    return ok
+
+
 def main():
     cohort, text, out = sys.argv[1:4]
     folder = os.path.join(out, "text")
@@ -46,18 +91,22 @@ def main():
         head = f.read(20000)
     with open(os.path.join(folder, "input.txt"), "w", encoding="utf-8") as f:
         f.write(head)
-    ckpt, st, summary = (os.path.join(out, n) for n in ("gpt.ckpt", "gpt.safetensors", "eval.json"))
+    ckpt, st, onnx_file, summary = (os.path.join(out, n) for n in (
+        "gpt.ckpt", "gpt.safetensors", "gpt.onnx", "eval.json"))
     run(cohort, "train", "--data", folder, "--model", SPEC, "--batch", "8", "--steps", "30",
         "--optimizer", "adamw", "--lr", "0.003", "--warmup-steps", "0", "--quiet", "--save", ckpt)
     run(cohort, "export", "--checkpoint", ckpt, "--format", "safetensors", "-o", st)
+    run(cohort, "export", "--checkpoint", ckpt, "--format", "onnx", "-o", onnx_file)
     run(cohort, "eval", "--checkpoint", ckpt, "--data", folder, "--quiet", "--summary", summary)
     with open(summary) as f:
-        want = json.load(f)["test_loss"]
+        result = json.load(f)
+    want = result["test_loss"]
     tensors, metadata = read_safetensors(st)
     assert metadata["model"] == SPEC and metadata["naming"] == "peer", metadata
     assert "lm_head.weight" in tensors and "transformer.wte.weight" in tensors, sorted(tensors)
     assert torch.equal(tensors["lm_head.weight"], tensors["transformer.wte.weight"])
     _, val, chars = torch_gpt_peer.load_text(os.path.join(folder, "input.txt"))
+    check_vocabulary(metadata, chars)
     model = torch_gpt_peer.GPT(len(chars), BLOCK, LAYERS, HEADS, EMBD)
     model.load_state_dict(tensors, strict=True)
     got = torch_gpt_peer.validation_loss(model, val, BLOCK)
@@ -65,6 +114,8 @@ def main():
     if abs(got - want) > 1e-4:
         sys.exit(f"{SPEC}: PyTorch's validation loss {got} differs from cohort's {want} by more "
                  "than 1e-4")
+    if not check_onnx_file(onnx_file, model, val, chars, want, result["test_accuracy"]):
+        sys.exit(f"{SPEC}: the ONNX export differs from cohort eval or PyTorch")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 #!/usr/bin/python3
 """Checks every OUT/*.onnx that `cohort export` wrote: onnx.checker with full_check (shape
 inference included), the interface (input "input" with a symbolic batch dimension, output
-"logits"), then runs it with a NumPy evaluator of exactly the operators cohort emits (Gemm,
-Conv, BatchNormalization, MaxPool, AveragePool, GlobalAveragePool, Relu, Add, Flatten; in
-float64) and requires its logits within 1e-4 of `cohort eval --logits` and its accuracy equal to
-cohort's.
+"logits"), then runs it with a NumPy evaluator of exactly the operators cohort emits (in float64;
+the layer lists': Gemm, Conv, BatchNormalization, MaxPool, AveragePool, GlobalAveragePool, Relu,
+Add, Flatten; the language model's besides: Shape, Slice, Concat, Gather, Reshape, Transpose,
+MatMul, Sub, Mul, Div, Sqrt, Erf, ReduceMean, Softmax) and requires its logits within 1e-4 of
+`cohort eval --logits` and its accuracy equal to cohort's. check_gpt.py runs the language
+model's file with run() here.
 Usage: check_onnx.py OUT_DIR DATA_DIR. Exits 77 (skip) when onnx or numpy is not installed."""
+import math
 import sys
 
 from export_check_util import SKIP, check_files
@@ -35,9 +38,11 @@ def windows(x, k, stride, pad=(0, 0, 0, 0)):
 
 
 def gemm(a, b, c, at):
+    """c is None for a Gemm with two inputs (A, B): ONNX's C is optional."""
     assert at.get("transA", 0) == 0
     b = b.T if at.get("transB", 0) else b
-    return at.get("alpha", 1.0) * (a @ b) + at.get("beta", 1.0) * c
+    y = at.get("alpha", 1.0) * (a @ b)
+    return y if c is None else y + at.get("beta", 1.0) * c
 
 
 def conv(x, w, b, at):
@@ -64,8 +69,30 @@ def pool(x, at, reduce):
     return reduce(np.stack(views), axis=0)
 
 
+def slice_(data, starts, ends, axes=None, steps=None):
+    """Slice (opset 13) with its inputs; NumPy's slices clamp starts and ends as ONNX's do."""
+    assert steps is None
+    axes = range(len(starts)) if axes is None else axes
+    index = [slice(None)] * data.ndim
+    for a, b, e in zip(axes, starts, ends):
+        index[int(a)] = slice(int(b), int(e))
+    return data[tuple(index)]
+
+
+def reshape(data, shape):
+    assert 0 not in shape.tolist(), "a 0 (copy a dimension) is not emitted"
+    return data.reshape(shape.tolist())
+
+
+def softmax(x, axis):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+ERF = np.frompyfunc(math.erf, 1, 1)
+
 OPS = {
-    "Gemm": lambda ins, at: gemm(ins[0], ins[1], ins[2], at),
+    "Gemm": lambda ins, at: gemm(ins[0], ins[1], ins[2] if len(ins) > 2 else None, at),
     "Conv": lambda ins, at: conv(ins[0], ins[1], ins[2] if len(ins) > 2 else None, at),
     "BatchNormalization": lambda ins, at: batch_norm(*ins, at),
     "MaxPool": lambda ins, at: pool(ins[0], at, np.max),
@@ -74,12 +101,32 @@ OPS = {
     "Relu": lambda ins, at: np.maximum(ins[0], 0),
     "Add": lambda ins, at: ins[0] + ins[1],
     "Flatten": lambda ins, at: ins[0].reshape(int(np.prod(ins[0].shape[:at.get("axis", 1)])), -1),
+    "Shape": lambda ins, at: np.array(ins[0].shape, dtype=np.int64),
+    "Slice": lambda ins, at: slice_(*ins),
+    "Concat": lambda ins, at: np.concatenate(ins, axis=at["axis"]),
+    "Gather": lambda ins, at: np.take(ins[0], ins[1], axis=at.get("axis", 0)),
+    "Reshape": lambda ins, at: reshape(ins[0], ins[1]),
+    "Transpose": lambda ins, at: np.transpose(ins[0], at["perm"]),
+    "MatMul": lambda ins, at: np.matmul(ins[0], ins[1]),
+    "Sub": lambda ins, at: ins[0] - ins[1],
+    "Mul": lambda ins, at: ins[0] * ins[1],
+    "Div": lambda ins, at: ins[0] / ins[1],
+    "Sqrt": lambda ins, at: np.sqrt(ins[0]),
+    "Erf": lambda ins, at: ERF(ins[0]).astype(np.float64),
+    "ReduceMean": lambda ins, at: np.mean(ins[0], axis=tuple(at["axes"]),
+                                          keepdims=bool(at.get("keepdims", 1))),
+    "Softmax": lambda ins, at: softmax(ins[0], at.get("axis", -1)),
 }
 
 
+def widen(a):
+    """Floats in float64; integers (token ids, shapes, indices) as they are."""
+    return a.astype(np.float64) if a.dtype.kind == "f" else a
+
+
 def run(model, x):
-    values = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in model.graph.initializer}
-    values["input"] = x.astype(np.float64)
+    values = {i.name: widen(numpy_helper.to_array(i)) for i in model.graph.initializer}
+    values["input"] = widen(x)
     for node in model.graph.node:
         if node.op_type not in OPS:
             raise ValueError(f"operator {node.op_type} ({node.name}) is not one cohort emits")

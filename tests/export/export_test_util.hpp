@@ -36,8 +36,9 @@ inline std::vector<float> some_stats(const nn::Model& m) {
 
 // A model with its weights and running statistics, as a checkpoint holds them.
 struct Exported {
-  explicit Exported(const std::string& spec, nn::SampleShape input = {1, 28, 28})
-      : model(nn::Model::parse(spec, input)),
+  explicit Exported(const std::string& spec, nn::SampleShape input = {1, 28, 28},
+                    std::int64_t vocab = 0)
+      : model(nn::Model::parse(spec, input, vocab)),
         params(canonical_weights(model)),
         stats(some_stats(model)) {}
   Weights weights(std::int64_t batches = 0) const {

@@ -1,15 +1,19 @@
 // The ONNX export parsed back with protobuf: its opset, input and output, node types, node inputs
 // and initializers (the bytes among them) for layer lists with max pooling, a nobias conv, bn,
 // gap, residual blocks and dropout, for a flat input, and for resnet20 with its running
-// statistics. onnx.checker and a NumPy evaluator run the files in check_onnx.py.
+// statistics, and for a language model. onnx.checker and a NumPy evaluator run the files in
+// check_onnx.py and check_gpt.py.
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "cohort/export/export.hpp"
+#include "cohort/nn/gpt.hpp"
 #include "export_test_util.hpp"
 
 namespace cohort::exporting {
@@ -186,6 +190,69 @@ TEST(Onnx, LayerListWithBnGapAndResidualBlocks) {
       (std::vector<std::string>{"fc1", "8.weight", "8.bias", "8.running_mean", "8.running_var"}));
   EXPECT_EQ(inputs(node_named(g, "logits")),
             (std::vector<std::string>{"relu2", "11.weight", "11.bias"}));
+}
+
+// A language model: int64 token ids (N, T) in, logits (N, T, vocab) out, both with symbolic
+// dimensions; nanoGPT's tensors as initializers (the head reads the token embedding: no
+// lm_head.weight), then the graph's constants; per block two LayerNorms (two ReduceMeans each),
+// four Gemms, one Softmax and one Erf; the head a Gemm on the token embedding.
+TEST(Onnx, LanguageModelGraph) {
+  const Exported e("gpt:2-2-8-6", {1, 1, 7}, 5);
+  const onnx::ModelProto proto = e.onnx();
+  const onnx::GraphProto& g = proto.graph();
+  const auto dims = [](const onnx::ValueInfoProto& v) {
+    std::vector<std::string> out;
+    for (const auto& d : v.type().tensor_type().shape().dim())
+      out.push_back(d.has_dim_param() ? d.dim_param() : std::to_string(d.dim_value()));
+    return out;
+  };
+  ASSERT_EQ(g.input_size(), 1);
+  EXPECT_EQ(g.input(0).name(), "input");
+  EXPECT_EQ(g.input(0).type().tensor_type().elem_type(), onnx::TensorProto::INT64);
+  EXPECT_EQ(dims(g.input(0)), (std::vector<std::string>{"N", "T"}));
+  ASSERT_EQ(g.output_size(), 1);
+  EXPECT_EQ(g.output(0).name(), "logits");
+  EXPECT_EQ(dims(g.output(0)), (std::vector<std::string>{"N", "T", "5"}));
+
+  const nn::GptModel& gpt = *e.model.gpt();
+  const std::vector<std::string> names = initializer_names(g);
+  const auto& entries = gpt.layout().entries();
+  ASSERT_GT(names.size(), entries.size());
+  for (std::size_t i = 0; i < entries.size(); ++i) EXPECT_EQ(names[i], entries[i].name);
+  for (std::size_t i = entries.size(); i < names.size(); ++i)
+    EXPECT_EQ(names[i].rfind("const.", 0), 0u) << names[i];
+  EXPECT_EQ(std::count(names.begin(), names.end(), "lm_head.weight"), 0);
+  const auto& wte = g.initializer(0);
+  ASSERT_EQ(wte.raw_data().size(), 5u * 8u * sizeof(float));
+  EXPECT_EQ(std::memcmp(wte.raw_data().data(), e.params.data() + gpt.wte(), 40 * sizeof(float)), 0);
+
+  const std::vector<std::string> ops = op_types(g);
+  const auto count = [&](const char* op) { return std::count(ops.begin(), ops.end(), op); };
+  EXPECT_EQ(count("Gemm"), 2 * 4 + 1);
+  EXPECT_EQ(count("ReduceMean"), 2 * (2 * 2 + 1));
+  EXPECT_EQ(count("Softmax"), 2);
+  EXPECT_EQ(count("Erf"), 2);
+  const onnx::NodeProto& head = node_named(g, "lm_head");
+  EXPECT_EQ(inputs(head), (std::vector<std::string>{"transformer.ln_f", "transformer.wte.weight"}));
+  ASSERT_EQ(head.attribute_size(), 1);
+  EXPECT_EQ(head.attribute(0).name(), "transB");
+  EXPECT_EQ(head.attribute(0).i(), 1);
+  EXPECT_EQ(
+      inputs(node_named(g, "transformer.h.1.attn.c_attn")),
+      (std::vector<std::string>{"transformer.h.1.ln_1", "transformer.h.1.attn.c_attn.weight"}));
+  EXPECT_EQ(inputs(node_named(g, "transformer.h.1.attn.masked")),
+            (std::vector<std::string>{"transformer.h.1.attn.scaled", "causal_mask"}));
+
+  // The mask for windows of 6: 0 at and below the diagonal, minus infinity above it.
+  for (const auto& init : g.initializer())
+    if (init.name() == "const.causal_mask") {
+      ASSERT_EQ(init.raw_data().size(), 36 * sizeof(float));
+      std::vector<float> mask(36);
+      std::memcpy(mask.data(), init.raw_data().data(), init.raw_data().size());
+      for (int q = 0; q < 6; ++q)
+        for (int k = 0; k < 6; ++k)
+          EXPECT_EQ(mask[q * 6 + k], k <= q ? 0.0f : -INFINITY) << q << ", " << k;
+    }
 }
 
 }  // namespace onnx_test

@@ -77,7 +77,26 @@ TEST(Safetensors, MlpHasThePeersNamesAndShapes) {
   EXPECT_EQ(meta["step"], "42");
   EXPECT_EQ(meta["naming"], "peer");
   EXPECT_EQ(meta["cohort_version"], cohort_version());
+  EXPECT_FALSE(meta.contains("vocab"));  // a classifier
+  EXPECT_FALSE(meta.contains("characters"));
   for (const auto& [k, v] : meta.items()) EXPECT_TRUE(v.is_string()) << k;
+}
+
+// A language model's metadata carries its vocabulary: the size, and the characters of a text
+// vocabulary in token order (UTF-8: "é" is two bytes, one token); token arrays have no characters.
+TEST(Safetensors, LanguageModelRecordsItsVocabulary) {
+  const nn::Model m = nn::Model::parse("gpt:1-1-4-3", {1, 1, 4}, 4);
+  const auto w = canonical_weights(m);
+  const Metadata text_meta{.model = m.spec(), .vocab = 4, .characters = "\n a\xc3\xa9"};
+  const json text = parse_safetensors(encode_safetensors(m, {.params = w.data()}, text_meta))
+                        .header["__metadata__"];
+  EXPECT_EQ(text["vocab"], "4");
+  EXPECT_EQ(text["characters"], "\n a\xc3\xa9");
+  const Metadata tokens_meta{.model = m.spec(), .vocab = 4};
+  const json tokens = parse_safetensors(encode_safetensors(m, {.params = w.data()}, tokens_meta))
+                          .header["__metadata__"];
+  EXPECT_EQ(tokens["vocab"], "4");
+  EXPECT_FALSE(tokens.contains("characters"));
 }
 
 TEST(Safetensors, CnnHasThePeersNamesAndShapes) {

@@ -2,7 +2,8 @@
 // `load_state_dict(strict=True)`) and ONNX (opset 13, the inference graph). Both take the
 // canonical (PyTorch-order) weights and the bn layers' running statistics a checkpoint stores;
 // neither runs the model nor needs oneDNN or TBB. Every model cohort trains exports: linear,
-// conv (with or without bias), bn, relu, maxpool, avgpool, gap, flatten, dropout and res layers.
+// conv (with or without bias), bn, relu, maxpool, avgpool, gap, flatten, dropout and res layers,
+// and the language models (gpt:...).
 // Not a checkpoint: the optimizer's state, the step counters and the config are not exported
 // (the step and the model spec are recorded as metadata).
 #pragma once
@@ -98,9 +99,15 @@ struct Metadata {
   std::string model;  // the spec as given to --model ("cnn", "mlp:784-512-10", a layer list)
   std::uint64_t step = 0;
   nn::SampleShape input{1, 28, 28};
+  // A language model's vocabulary: its size (0: not a language model) and, for text read from
+  // input.txt, its characters in token order as UTF-8 (empty for token arrays).
+  std::int64_t vocab = 0;
+  std::string characters{};
 };
-// The safetensors header's "__metadata__" (string to string): format, model, naming, input
-// ("1,28,28"), step and cohort_version.
+// The safetensors header's "__metadata__" and the ONNX model's metadata_props (string to
+// string): format, model, naming, input ("1,28,28"), step and cohort_version; a language model's
+// also vocab ("65") and, where the checkpoint has them, characters (token i is the string's
+// character i: what maps text to the model's input ids and its logits back to text).
 std::map<std::string, std::string> metadata_strings(const Metadata& m);
 
 // The safetensors file: 8-byte little-endian header length, the JSON header
@@ -110,16 +117,28 @@ std::map<std::string, std::string> metadata_strings(const Metadata& m);
 std::vector<std::uint8_t> encode_safetensors(const nn::Model& model, const Weights& w,
                                              const Metadata& m);
 
-// The ONNX model (opset 13) as serialized protobuf bytes: input "input" (N, C, H, W) for image
-// models or (N, F) for flat ones, with a symbolic batch dimension "N"; output "logits"
-// (N, classes). Linear layers are Gemm with transB = 1 (PyTorch's (OC, IC) weight as is), conv
-// is Conv with its pads and strides (inputs X, W, B; X and W only for a nobias conv), bn
-// BatchNormalization (inference: the running statistics, epsilon 1e-5), pooling MaxPool /
-// AveragePool, gap GlobalAveragePool then Flatten(axis 1), relu Relu, flatten Flatten(axis 1);
-// a residual block is its body's and its shortcut's nodes, Add and Relu; dropout is omitted (the
-// identity at inference). The initializers are the F32 tensors of torch_tensors under the same
-// names as in the safetensors file (num_batches_tracked, no operator's input, is left out); a
-// node's output is named after its layer ("conv1", "res4.bn2", "res4.add", "gap1.pool").
+// The ONNX model (opset 13) as serialized protobuf bytes. A layer list: input "input"
+// (N, C, H, W) for image models or (N, F) for flat ones, with a symbolic batch dimension "N";
+// output "logits" (N, classes). Linear layers are Gemm with transB = 1 (PyTorch's (OC, IC)
+// weight as is), conv is Conv with its pads and strides (inputs X, W, B; X and W only for a
+// nobias conv), bn BatchNormalization (inference: the running statistics, epsilon 1e-5), pooling
+// MaxPool / AveragePool, gap GlobalAveragePool then Flatten(axis 1), relu Relu, flatten
+// Flatten(axis 1); a residual block is its body's and its shortcut's nodes, Add and Relu; dropout
+// is omitted (the identity at inference). The initializers are the F32 tensors of torch_tensors
+// under the same names as in the safetensors file (num_batches_tracked, no operator's input, is
+// left out); a node's output is named after its layer ("conv1", "res4.bn2", "res4.add",
+// "gap1.pool").
+// A language model: input "input" (N, T) int64 token ids, T at most the block; output "logits"
+// (N, T, vocab); N and T symbolic. nanoGPT's inference forward pass: Gather of the token
+// embedding plus the position table's first T rows (Shape, Slice, Add), per block LayerNorm
+// (opset 13 has no LayerNormalization: ReduceMean, Sub, Mul, ReduceMean, Add, Sqrt, Div, Mul),
+// Gemm (transB = 1) for c_attn, c_proj, c_fc and the MLP's c_proj on the (N T, C) rows, heads by
+// Reshape, Transpose and Gather, MatMul, the scale, the causal mask (an initializer for the
+// block, sliced to T by T: 0 or minus infinity, added), Softmax, MatMul back, the exact GELU
+// (Mul, Erf, Add, Mul, Mul); the final LayerNorm and the tied head, a Gemm on
+// transformer.wte.weight. Initializers: nanoGPT's tensors under their names (no lm_head.weight:
+// the head reads the token embedding), then constants named "const.*"; node outputs are named
+// after nanoGPT's modules ("transformer.h.0.attn.c_attn", "transformer.h.0.ln_1.var").
 std::string encode_onnx(const nn::Model& model, const Weights& w, const Metadata& m);
 
 // Reads and validates a checkpoint, checks its weights and running statistics against its model
