@@ -147,6 +147,14 @@ void add_layers_graph(onnx::GraphProto& graph, const nn::Model& model, const Wei
 }  // namespace
 
 std::string encode_onnx(const nn::Model& model, const Weights& w, const Metadata& m) {
+  // protobuf serializes no message of 2 GiB or more, and ONNX's external-data files are not
+  // written: the weights (statistics and constants are small beside them) must leave room.
+  constexpr std::size_t kMaxWeightBytes = (std::size_t{1} << 31) - (std::size_t{1} << 24);
+  if (const std::size_t bytes = model.layout().numel() * sizeof(float); bytes > kMaxWeightBytes)
+    throw InputError("--format onnx: expected at most " + std::to_string(kMaxWeightBytes) +
+                     " bytes of weights (one protobuf message is under 2 GiB), found " +
+                     std::to_string(bytes) + " for the model '" + m.model +
+                     "'; --format safetensors has no such limit");
   onnx::ModelProto proto;
   proto.set_ir_version(7);  // ONNX 1.8+: what opset 13 came with
   proto.set_producer_name("cohort");

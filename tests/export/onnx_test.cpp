@@ -192,6 +192,23 @@ TEST(Onnx, LayerListWithBnGapAndResidualBlocks) {
             (std::vector<std::string>{"relu2", "11.weight", "11.bias"}));
 }
 
+// A model whose weights reach protobuf's 2 GiB limit is refused as input, naming the format
+// that has no such limit, before any weight is read.
+TEST(Onnx, WeightsPastTwoGibibytesAreRefused) {
+  const nn::Model m = nn::Model::parse("mlp:784-400000-1000");  // 714,001,000 floats
+  EXPECT_GT(m.layout().numel() * sizeof(float), std::size_t{1} << 31);
+  try {
+    encode_onnx(m, {.params = nullptr}, {.model = m.spec()});
+    ADD_FAILURE() << "no InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--format safetensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("2856004000"), std::string::npos) << e.what();
+  }
+  const nn::Model fits = nn::Model::parse("mlp:784-200000-1000");  // 1.43 GB
+  const Weights none{.params = nullptr};
+  EXPECT_THROW(encode_onnx(fits, none, {.model = fits.spec()}), InternalError);  // past the check
+}
+
 // A language model: int64 token ids (N, T) in, logits (N, T, vocab) out, both with symbolic
 // dimensions; nanoGPT's tensors as initializers (the head reads the token embedding: no
 // lm_head.weight), then the graph's constants; per block two LayerNorms (two ReduceMeans each),
