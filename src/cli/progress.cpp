@@ -258,9 +258,9 @@ void print_summary(std::ostream& out, const train::Summary& s) {
   row("compute", t.compute, capacity);
   row("  matmul, conv (oneDNN)", t.matmul, capacity);
   if (t.weight_grad > 0) row("    of which root weight GEMMs", t.weight_grad, capacity);
-  row("  relu (oneDNN)", t.eltwise, capacity);
+  row("  relu, gelu, softmax", t.eltwise, capacity);
   row("  softmax cross-entropy", t.loss, capacity);
-  row("  pool, dropout, reorders", t.other, capacity);
+  row("  norms, pooling, the rest", t.other, capacity);
   row("batch assembly", t.data, capacity);
   if (const double rows = s.samples_per_second * t.step; s.rows_staged_ahead > 0 && rows > 0)
     out << "    rows staged ahead (by a replica waiting for the last leaf): "

@@ -34,20 +34,21 @@ struct GptGenerator::Impl {
    public:
     MatVec(const dnnl::engine& eng, std::int64_t in, std::int64_t out) {
       using dnnl::memory;
-      const memory::desc x({1, in}, memory::data_type::f32, memory::format_tag::ab);
-      const memory::desc w({out, in}, memory::data_type::f32, memory::format_tag::ab);
-      const memory::desc y({1, out}, memory::data_type::f32, memory::format_tag::ab);
+      const memory::desc src({1, in}, memory::data_type::f32, memory::format_tag::ab);
+      const memory::desc weights({out, in}, memory::data_type::f32, memory::format_tag::ab);
+      const memory::desc dst({1, out}, memory::data_type::f32, memory::format_tag::ab);
       const dnnl::inner_product_forward::primitive_desc pd(
-          dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_inference, x, w, y), eng);
+          dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_inference, src, weights, dst),
+          eng);
       prim_ = dnnl::inner_product_forward(pd);
-      x_ = memory(x, eng, DNNL_MEMORY_NONE);
-      w_ = memory(w, eng, DNNL_MEMORY_NONE);
-      y_ = memory(y, eng, DNNL_MEMORY_NONE);
+      x_ = memory(src, eng, DNNL_MEMORY_NONE);
+      w_ = memory(weights, eng, DNNL_MEMORY_NONE);
+      y_ = memory(dst, eng, DNNL_MEMORY_NONE);
     }
-    void run(dnnl::stream& s, const float* w, const float* x, float* y) {
-      w_.set_data_handle(const_cast<float*>(w));
-      x_.set_data_handle(const_cast<float*>(x));
-      y_.set_data_handle(y);
+    void run(dnnl::stream& s, const float* weights, const float* src, float* dst) {
+      w_.set_data_handle(const_cast<float*>(weights));
+      x_.set_data_handle(const_cast<float*>(src));
+      y_.set_data_handle(dst);
       prim_.execute(s, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, y_}});
     }
 

@@ -20,9 +20,12 @@ namespace flow = oneapi::tbb::flow;
 // leaked under LeakSanitizer in 1 of 24 runs of a test whose replica throws.
 void one_openmp_thread() { omp_set_num_threads(1); }
 
+}  // namespace
+
 // Chunk-parallel work on the arena's threads: idle threads take chunks. Entering the arena from a
 // thread already in it runs the functor directly, so this serves callers inside (the reducer's
-// root) and outside (the controller's second phase) alike.
+// root) and outside (the controller's second phase) alike. Not in the anonymous namespace:
+// StepGraph::Impl, a type of the header's, holds one.
 class ArenaExecutor final : public reduce::Executor {
  public:
   explicit ArenaExecutor(oneapi::tbb::task_arena& arena) : arena_(arena) {}
@@ -38,7 +41,6 @@ class ArenaExecutor final : public reduce::Executor {
  private:
   oneapi::tbb::task_arena& arena_;
 };
-}  // namespace
 
 Replica::Replica(const nn::Model& model, std::size_t eval_rows, bool blocked_layouts,
                  nn::Precision precision)

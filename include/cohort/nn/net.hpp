@@ -26,9 +26,9 @@ namespace cohort::nn {
 // Seconds spent, accumulated over calls, by kind of work.
 struct PhaseTimes {
   double matmul = 0;   // inner products and convolutions: forward, backward-data, -weights
-  double eltwise = 0;  // ReLU forward/backward
+  double eltwise = 0;  // ReLU (and residual adds), GELU, attention's softmax: oneDNN's
   double loss = 0;     // softmax cross-entropy
-  double other = 0;    // pooling, dropout, reorders between layouts
+  double other = 0;    // bn, LayerNorm, pooling, dropout, reorders, cohort's own loops
   double total() const { return matmul + eltwise + loss + other; }
 };
 
