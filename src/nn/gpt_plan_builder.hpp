@@ -94,6 +94,18 @@ class GptPlanBuilder {
     return memory(md, eng_, buffer(md.get_size()));
   }
   memory plain_layout(const memory::desc& md) { return memory(md, eng_, buffer(md.get_size())); }
+  // f32 rows of a multiple of 2 KB (512 floats), as the MLP's 4 C columns are from C = 128 on.
+  // oneDNN 2.6's AVX2 sgemm (gemm:jit) runs a weight gradient that reads such rows at 33-40
+  // GFLOP/s when they are the transposed operand, or the non-transposed one 32-byte aligned, and
+  // at 55-70 when they are the non-transposed operand 16 bytes off that alignment (AMD EPYC
+  // family 25 model 1; docs/decisions.md, "Weight gradients of 2 KB rows"). Such buffers start
+  // 16 bytes off (skewed()) and linear_backward orients their weight gradients to suit.
+  static bool wide_rows(std::int64_t cols) { return cols % 512 == 0; }
+  bool skew(std::int64_t cols) const { return !half() && training_ && wide_rows(cols); }
+  memory skewed(Dims dims) {
+    memory::desc md(dims, Dt::f32, Tag::ab);
+    return memory(md, eng_, buffer(md.get_size() + 4 * sizeof(float)) + 4);
+  }
   // temp() for a buffer of a layout oneDNN chose.
   memory temp(const std::string& role, const Dims& dims, Dt dt, const memory::desc& md) {
     std::string key = role + ":layout:" + std::to_string(static_cast<int>(dt));
@@ -105,11 +117,12 @@ class GptPlanBuilder {
   // A buffer that steps of different layers reuse: what one layer's steps write and read before
   // the next layer's steps run (backward's gradients, forward's intermediate results that
   // backward does not read, and everything in an inference plan). One per role, dims and type.
-  memory temp(const std::string& role, const Dims& dims, Dt dt) {
-    std::string key = role + ":" + std::to_string(static_cast<int>(dt));
+  // With `skew`, a skewed() f32 buffer.
+  memory temp(const std::string& role, const Dims& dims, Dt dt, bool skew = false) {
+    std::string key = role + ":" + std::to_string(static_cast<int>(dt)) + (skew ? ":skewed" : "");
     for (const auto d : dims) key += "," + std::to_string(d);
     auto [it, fresh] = temps_.try_emplace(key);
-    if (fresh) it->second = plain(dims, dt);
+    if (fresh) it->second = skew ? skewed(dims) : plain(dims, dt);
     return it->second;
   }
   // A buffer backward reads (its own per layer), or in an inference plan a reused one.
@@ -161,8 +174,8 @@ class GptPlanBuilder {
     scratch_bytes_ = std::max(scratch_bytes_, scratch.get_size());
     list.push_back({std::move(prim), std::move(args), phase, scratch, {}, where_});
   }
-  void custom(std::vector<Exec>& list, std::function<void()> f) {
-    list.push_back({{}, {}, Phase::kOther, {}, std::move(f), where_});
+  void custom(std::vector<Exec>& list, std::function<void()> f, Phase phase = Phase::kOther) {
+    list.push_back({{}, {}, phase, {}, std::move(f), where_});
   }
   // `to` = `from` converted (f32 <-> bf16) or copied, element for element.
   void convert(std::vector<Exec>& list, const memory& from, const memory& to) {

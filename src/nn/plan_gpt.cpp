@@ -145,6 +145,28 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
         {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, diff_src}},
         Phase::kMatmul);
   }
+  if (!half() && (wide_rows(I) || wide_rows(O))) {
+    // dnnl_sgemm (row-major), the wide operand not transposed (wide_rows): W = dY^T X, or
+    // W^T = X^T dY into a transposed (ba) buffer reordered into the gradient.
+    const bool w_t = !wide_rows(I);
+    const memory out = w_t ? temp("d.weights", {O, I}, Dt::f32, memory::desc({O, I}, Dt::f32, Tag::ba))
+                           : dw;
+    const std::int64_t M = M_;
+    custom(
+        p_.backward,
+        [src, diff_dst, out, w_t, M, I, O] {
+          const auto* x = static_cast<const float*>(src.get_data_handle());
+          const auto* dy = static_cast<const float*>(diff_dst.get_data_handle());
+          auto* w = static_cast<float*>(out.get_data_handle());
+          const dnnl_status_t status =
+              w_t ? dnnl_sgemm('T', 'N', I, O, M, 1.0f, x, I, dy, O, 0.0f, w, O)
+                  : dnnl_sgemm('T', 'N', O, I, M, 1.0f, dy, O, x, I, 0.0f, w, I);
+          COHORT_CHECK(status == dnnl_success, "dnnl_sgemm of a weight gradient");
+        },
+        Phase::kMatmul);
+    if (w_t) convert(p_.backward, out, dw);
+    return;
+  }
   const auto wpd = weights_layout_pd([&](Tag tag) {
     return inner_product_backward_weights::primitive_desc(
         inner_product_backward_weights::desc(src.get_desc(), memory::desc({O, I}, Dt::f32, tag),
