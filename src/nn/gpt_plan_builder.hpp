@@ -94,13 +94,13 @@ class GptPlanBuilder {
     return memory(md, eng_, buffer(md.get_size()));
   }
   memory plain_layout(const memory::desc& md) { return memory(md, eng_, buffer(md.get_size())); }
-  // f32 rows of a multiple of 2 KB (512 floats), as the MLP's 4 C columns are from C = 128 on.
-  // oneDNN 2.6's AVX2 sgemm (gemm:jit) runs a weight gradient that reads such rows at 33-40
-  // GFLOP/s when they are the transposed operand, or the non-transposed one 32-byte aligned, and
-  // at 55-70 when they are the non-transposed operand 16 bytes off that alignment (AMD EPYC
-  // family 25 model 1; docs/decisions.md, "Weight gradients of 2 KB rows"). Such buffers start
-  // 16 bytes off (skewed()) and linear_backward orients their weight gradients to suit.
-  static bool wide_rows(std::int64_t cols) { return cols % 512 == 0; }
+  // f32 rows of a multiple of 4 KB (1,024 floats), as the MLP's 4 C columns are for C = 256,
+  // 512, ... oneDNN 2.6's AVX2 sgemm (gemm:jit) runs a weight gradient that reads rows of 4 KB at
+  // 33-40 GFLOP/s when they are the transposed operand, or the non-transposed one 32-byte
+  // aligned, and at 54-66 when they are the non-transposed operand 16 bytes off that alignment
+  // (docs/decisions.md, "Weight gradients of 4 KB rows"). Such buffers start 16 bytes off
+  // (skewed()) and linear_backward orients their weight gradients to suit.
+  static bool wide_rows(std::int64_t cols) { return cols % 1024 == 0; }
   bool skew(std::int64_t cols) const { return !half() && training_ && wide_rows(cols); }
   memory skewed(Dims dims) {
     memory::desc md(dims, Dt::f32, Tag::ab);

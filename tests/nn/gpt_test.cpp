@@ -255,9 +255,9 @@ INSTANTIATE_TEST_SUITE_P(Windows, GptRowBlocks,
                                                 2}),  // 65, 65, 65, 64 rows
                          [](const auto& p) { return std::string(p.param.name); });
 
-// Embeddings wide enough that rows of 2 KB (multiples of 512 floats) meet the f32 weight
-// gradients on dnnl_sgemm (GptPlanBuilder::wide_rows): the MLP's 4 C columns with C = 128 and 256
-// (W^T = X^T dY for c_fc, W = dY^T X for its c_proj, both on skewed buffers), and with C = 512
+// Embeddings wide enough that rows of 4 KB (multiples of 1,024 floats) meet the f32 weight
+// gradients on dnnl_sgemm (GptPlanBuilder::wide_rows): the MLP's 4 C columns with C = 256
+// (W^T = X^T dY for c_fc, W = dY^T X for its c_proj, both on skewed buffers), and with C = 1024
 // every block layer and the head (W = dY^T X; the head's X not skewed).
 class GptWideRows : public ::testing::TestWithParam<Case> {};
 
@@ -266,9 +266,9 @@ TEST_P(GptWideRows, F32NetMatchesTheReference) { check_f32_net(GetParam()); }
 TEST_P(GptWideRows, Bf16NetMatchesTheReferenceWithinBf16) { check_bf16_net(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Embeddings, GptWideRows,
-                         ::testing::Values(Case{"Mlp512", "gpt:1-2-128-5", 7, 2},
+                         ::testing::Values(Case{"Mlp1024", "gpt:1-2-256-5", 7, 2},
                                            Case{"Mlp1024Dropout", "gpt:2-2-256-4-0.3", 7, 2},
-                                           Case{"Embd512", "gpt:1-1-512-2", 5, 3}),
+                                           Case{"Embd1024", "gpt:1-1-1024-2", 5, 3}),
                          [](const auto& p) { return std::string(p.param.name); });
 
 // The generator's logits after each token are the full forward pass's at that position: while
