@@ -149,8 +149,8 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
     // dnnl_sgemm (row-major), the wide operand not transposed (wide_rows): W = dY^T X, or
     // W^T = X^T dY into a transposed (ba) buffer reordered into the gradient.
     const bool w_t = !wide_rows(I);
-    const memory out = w_t ? temp("d.weights", {O, I}, Dt::f32, memory::desc({O, I}, Dt::f32, Tag::ba))
-                           : dw;
+    const memory out =
+        w_t ? temp("d.weights", {O, I}, Dt::f32, memory::desc({O, I}, Dt::f32, Tag::ba)) : dw;
     const std::int64_t M = M_;
     custom(
         p_.backward,
