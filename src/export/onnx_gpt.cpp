@@ -20,13 +20,14 @@ namespace {
 
 class GptGraph {
  public:
-  GptGraph(onnx::GraphProto& graph, const nn::GptModel& gpt) : g_(graph), s_(gpt.shape()) {}
+  GptGraph(onnx::GraphProto& graph, const nn::GptModel& gpt)
+      : g_(graph), gpt_(gpt), s_(gpt.shape()) {}
 
-  void build(const nn::GptModel& gpt, const float* params) {
+  void build(const float* params) {
     set_type(*g_.add_input(), "input", onnx::TensorProto::INT64, {"N", "T"});
     // The parameters under nanoGPT's names; the head reads transformer.wte.weight (tied), so
     // lm_head.weight, the same tensor, is not an initializer of its own.
-    for (const ParamLayout::Entry& e : gpt.layout().entries())
+    for (const ParamLayout::Entry& e : gpt_.layout().entries())
       add_floats(g_, e.name, e.shape.dims, params + e.offset);
     constants();
 
@@ -140,6 +141,7 @@ class GptGraph {
   }
 
   onnx::GraphProto& g_;
+  const nn::GptModel& gpt_;
   const nn::GptShape s_;
 };
 
@@ -147,7 +149,7 @@ class GptGraph {
 
 void add_gpt_graph(onnx::GraphProto& graph, const nn::GptModel& gpt, const float* params) {
   COHORT_CHECK(params != nullptr, "the language model's weights");
-  GptGraph(graph, gpt).build(gpt, params);
+  GptGraph(graph, gpt).build(params);
 }
 
 }  // namespace cohort::exporting::onnx_graph
