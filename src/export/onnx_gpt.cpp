@@ -6,7 +6,6 @@
 // (out, in) weights as they are; attention reshapes them to (N, heads, T, head size).
 #include <cmath>
 #include <limits>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -142,7 +141,7 @@ class GptGraph {
 
   onnx::GraphProto& g_;
   const nn::GptModel& gpt_;
-  const nn::GptShape s_;
+  const nn::GptShape& s_;
 };
 
 }  // namespace

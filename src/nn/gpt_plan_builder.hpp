@@ -125,9 +125,11 @@ class GptPlanBuilder {
     if (fresh) it->second = skew ? skewed(dims) : plain(dims, dt);
     return it->second;
   }
-  // A buffer backward reads (its own per layer), or in an inference plan a reused one.
-  memory kept(const std::string& role, const Dims& dims, Dt dt) {
-    return training_ ? plain(dims, dt) : temp(role, dims, dt);
+  // A buffer backward reads (its own per layer; with `skew`, a skewed() one), or in an
+  // inference plan a reused one.
+  memory kept(const std::string& role, const Dims& dims, Dt dt, bool skew = false) {
+    if (!training_) return temp(role, dims, dt);
+    return skew ? skewed(dims) : plain(dims, dt);
   }
   // A strided view of `base`'s buffer, `offset` elements in.
   memory view(const memory& base, Dims dims, Dims strides, std::int64_t offset) {

@@ -121,7 +121,7 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   b.f = kept("f", {M_, 4 * C}, act_);
   linear(b.h2, o.c_fc, 4 * C, b.f);
   where_ = "h." + std::to_string(l) + ".mlp.gelu";
-  b.g = skew(4 * C) ? skewed({M_, 4 * C}) : kept("g", {M_, 4 * C}, act_);  // c_proj's X
+  b.g = kept("g", {M_, 4 * C}, act_, skew(4 * C));  // c_proj's X
   eltwise_forward::primitive_desc gpd(
       eltwise_forward::desc(prop_kind::forward_training, algorithm::eltwise_gelu_erf,
                             b.f.get_desc(), 0.0f, 0.0f),
