@@ -23,9 +23,10 @@ namespace cohort::cli {
 namespace fs = std::filesystem;
 
 CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
-  CLI::App* cmd = app.add_subcommand("eval", "evaluate a checkpoint on the test set");
+  CLI::App* cmd =
+      app.add_subcommand("eval", "evaluate a checkpoint on the test (validation) split");
   cmd->add_option("--checkpoint", o.checkpoint, "the checkpoint to evaluate")->required();
-  cmd->add_option("--data", o.data_dir, "folder with IDX, .npy or CSV files")
+  cmd->add_option("--data", o.data_dir, "the data folder, as for train --data")
       ->capture_default_str();
   cmd->add_option("--summary", o.summary_path, "write a JSON summary to this file");
   cmd->add_option("--logits", o.logits_path,

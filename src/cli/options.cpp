@@ -164,11 +164,14 @@ std::vector<TrainFlag> make_table() {
       string_flag<&O::data_dir>(
           "--data", "data.dir", Type::kDir,
           "folder with IDX files (raw or .gz), train_x/train_y/test_x/test_y .npy "
-          "files, or train.csv and test.csv"),
+          "files, train.csv and test.csv, train/<class>/ and test/<class>/ image folders (PNG, "
+          "JPEG), or text for a language model: input.txt (UTF-8; val.txt optional) or "
+          "train_tokens.npy and val_tokens.npy"),
       string_flag<&O::config, &TC::model>("--model", "model.spec", Type::kString,
                                           "mlp:784-512-256-10, cnn, resnet20, or a layer list "
                                           "such as conv(32,5)-relu-maxpool(2)-flatten-linear(10) "
-                                          "(also bn, gap, res(OC[,stride]))"),
+                                          "(also bn, gap, res(OC[,stride])), or a language "
+                                          "model gpt:LAYERS-HEADS-EMBD-BLOCK[-DROPOUT]"),
       string_flag<&O::config, &TC::augment>(
           "--augment", "data.augment", Type::kString,
           "seeded augmentation of training images, comma-separated: crop:P (random crop of the "
@@ -177,7 +180,9 @@ std::vector<TrainFlag> make_table() {
           "probability P); empty: none"),
       number_flag<&O::config, &TC::workers>("--workers", "run.workers", {0, 1024},
                                             "worker replicas (0: one per core)"),
-      number_flag<&O::config, &TC::batch>("--batch", "run.batch", {1, k2to24}, "global batch size"),
+      number_flag<&O::config, &TC::batch>(
+          "--batch", "run.batch", {1, k2to24},
+          "global batch size (samples; a language model's windows)"),
       number_flag<&O::config, &TC::micro_batch>(
           "--micro-batch", "run.micro_batch", {0, k2to24},
           "rows per leaf of the reduction tree (0: batch / cores, rounded up)"),
@@ -328,7 +333,7 @@ const config::Schema& train_schema() {
 
 CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
   CLI::App* cmd = app.add_subcommand(
-      "train", std::string("train a model on an image dataset; ") +
+      "train", std::string("train a model on images, tables or text; ") +
                    (dist::built_with_mpi()
                         ? "several machines: mpirun -np R cohort train ... (this build has MPI)"
                         : "one process (this build has no MPI)"));

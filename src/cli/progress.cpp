@@ -104,6 +104,7 @@ StopSignals::~StopSignals() { armed_.store(false, std::memory_order_relaxed); }
 
 void Progress::on_step(const train::StepEvent& e) {
   report_step(e);
+  epoch_cut_short_ = e.step_in_epoch < e.steps_per_epoch;  // read by on_epoch at the run's end
   if (!every_step_) return;
   const bool evaluated_here = eval_every_ != 0 && e.step % eval_every_ == 0;
   if (e.step_in_epoch == e.steps_per_epoch || e.step == e.total_steps || evaluated_here)
@@ -158,9 +159,14 @@ void Progress::report_step(const train::StepEvent& e) {
   const double eta = per_step * double(e.total_steps - e.step);
   std::ostringstream line;
   if (tty_) line << bar(double(e.step) / double(e.total_steps)) << " ";
-  line << "epoch " << e.epoch + 1 << "/" << epochs_planned_ << "  step " << e.step_in_epoch << "/"
-       << e.steps_per_epoch << "  loss " << std::fixed << std::setprecision(4)
-       << print_window_.take() << "  "
+  // A run that ends inside its first epoch (a language model's recipe: 2,000 steps of an epoch of
+  // 80,000) counts its own steps; a run of whole epochs counts each epoch's.
+  if (e.total_steps < e.steps_per_epoch)
+    line << "step " << e.step << "/" << e.total_steps;
+  else
+    line << "epoch " << e.epoch + 1 << "/" << epochs_planned_ << "  step " << e.step_in_epoch << "/"
+         << e.steps_per_epoch;
+  line << "  loss " << std::fixed << std::setprecision(4) << print_window_.take() << "  "
        << rate(rate_now * double(std::max<std::size_t>(1, tokens_per_sample_)))
        << (tokens_per_sample_ ? " tokens/s" : " samples/s") << "  ETA " << clock_text(eta);
   if (tty_)
@@ -187,8 +193,12 @@ void Progress::on_epoch(const train::EpochResult& r) {
   run_pending_step();
   if (quiet_) return;
   if (tty_) out_ << "\r";
-  out_ << "epoch " << r.epoch + 1 << " done: train loss " << std::fixed << std::setprecision(4)
-       << r.train_loss << (tokens_per_sample_ ? "  val loss " : "  test loss ") << r.test_loss
+  if (epoch_cut_short_)
+    out_ << "step " << r.steps << " (end of run): train loss ";
+  else
+    out_ << "epoch " << r.epoch + 1 << " done: train loss ";
+  out_ << std::fixed << std::setprecision(4) << r.train_loss
+       << (tokens_per_sample_ ? "  val loss " : "  test loss ") << r.test_loss
        << (tokens_per_sample_ ? " (" + bits(r.test_loss) + " bits/token)" : std::string())
        << (tokens_per_sample_ ? "  next-token accuracy " : "  test accuracy ")
        << std::setprecision(4) << r.test_accuracy << "  "

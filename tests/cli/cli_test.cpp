@@ -347,6 +347,22 @@ TEST_F(Cli, PlainProgressLinesShowTheEta) {
   EXPECT_NE(r.out.find("ETA 0:00:"), std::string::npos) << r.out;
 }
 
+TEST_F(Cli, ARunInsideItsFirstEpochCountsItsOwnSteps) {
+  // The fixture's epoch is 8 steps of 64: 6 steps end inside it (a language model's recipe is
+  // 2,000 steps of an epoch of 80,000); 8 steps end with it.
+  Result r = cohort({"train", "--data", COHORT_FIXTURE_DIR, "--model", "mlp:784-32-10", "--batch",
+                     "64", "--steps", "6", "--workers", "2", "--log-every", "3"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("step 3/6  loss"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step 6 (end of run): train loss"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("epoch 1"), std::string::npos) << r.out;
+  r = cohort(quick({"--steps", "8", "--log-every", "4"}));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("epoch 1/1  step 4/8  loss"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("epoch 1 done: train loss"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("end of run"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, PlotDrawsTheMetricsOfOneOrMoreRuns) {
   fs::create_directories(dir_ / "a");
   fs::create_directories(dir_ / "b");
