@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <iomanip>
+#include <numbers>
 #include <optional>
 #include <ostream>
 
@@ -86,6 +87,11 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
     throw InputError("--logits: expected a classifier's checkpoint, found a language model's ('" +
                      ck.model + "': its logits are per position; `cohort sample` draws from them)");
   data::Splits data = data::load_data_folder(o.data_dir, 10, block);
+  if (block != 0 && !data.train.text())
+    throw InputError(
+        "--data: expected text (input.txt, or train_tokens.npy and val_tokens.npy) for " +
+        o.checkpoint + "'s language model '" + ck.model + "', found " + o.data_dir + " with " +
+        data.train.describe_shape());
   train::TrainConfig config;
   config.model = ck.model;
   config.seed = ck.seed;
@@ -104,19 +110,27 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   const std::string digest =
       train::weights_digest(trainer.weights(), ck.weights.size(), trainer.running_stats(),
                             trainer.model().stats_layout().total());
-  if (!o.quiet)
+  // A language model's split is its validation text; its loss is per token, shown in bits too.
+  if (!o.quiet) {
     out << "cohort eval: " << o.checkpoint << " (" << ck.model << ", step " << ck.step << ") on "
-        << o.data_dir << ": test loss " << std::fixed << std::setprecision(4) << loss
-        << ", test accuracy " << accuracy << ", weights digest " << digest << "\n";
-  if (!o.summary_path.empty())
-    write_file_atomically(o.summary_path, json{{"checkpoint", o.checkpoint},
-                                               {"model", ck.model},
-                                               {"step", ck.step},
-                                               {"test_loss", loss},
-                                               {"test_accuracy", accuracy},
-                                               {"weights_digest", digest}}
-                                                  .dump(2) +
-                                              "\n");
+        << o.data_dir << std::fixed << std::setprecision(4);
+    if (block != 0)
+      out << ": val loss " << loss << " (" << std::setprecision(3) << loss / std::numbers::ln2
+          << " bits/token), next-token accuracy " << std::setprecision(4) << accuracy;
+    else
+      out << ": test loss " << loss << ", test accuracy " << accuracy;
+    out << ", weights digest " << digest << "\n";
+  }
+  if (!o.summary_path.empty()) {
+    json summary{
+        {"checkpoint", o.checkpoint}, {"model", ck.model},         {"step", ck.step},
+        {"test_loss", loss},          {"test_accuracy", accuracy}, {"weights_digest", digest}};
+    if (block != 0) {
+      summary["val_loss"] = loss;
+      summary["val_bpc"] = loss / std::numbers::ln2;
+    }
+    write_file_atomically(o.summary_path, summary.dump(2) + "\n");
+  }
   if (!o.logits_path.empty()) {
     std::optional<data::Augmenter> augment;
     if (!config.augment.empty())

@@ -2,13 +2,17 @@
 // first 4,000 characters of Tiny Shakespeare), its checkpoint's vocabulary, and `cohort sample`:
 // the same text for the same seed, another for another seed, the prompt first, greedy decoding
 // at temperature 0, and exit 2 for a prompt character outside the vocabulary or a checkpoint
-// that is not a language model's.
+// that is not a language model's; `cohort eval` of it: its validation loss in bits, and exit 2
+// on data that is not text.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "testing.hpp"
@@ -86,6 +90,24 @@ TEST_F(Sample, RefusesWhatItCannotSample) {
   r = cohort({"train", "--data", (dir_ / "text").string(), "--steps", "2", "--quiet"});
   EXPECT_EQ(r.code, kExitBadInput);
   EXPECT_NE(r.err.find("gpt:"), std::string::npos) << r.err;
+}
+
+TEST_F(Sample, EvalGivesTheValidationLossInBitsOnTextOnly) {
+  const std::string summary = (dir_ / "eval.json").string();
+  Result r = cohort(
+      {"eval", "--checkpoint", ckpt_, "--data", (dir_ / "text").string(), "--summary", summary});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("val loss "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" bits/token), next-token accuracy "), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(std::ifstream(summary));
+  EXPECT_EQ(j["val_loss"], j["test_loss"]);
+  EXPECT_NEAR(j["val_bpc"].get<double>(), j["val_loss"].get<double>() / std::log(2.0), 1e-12);
+  // The images a classifier reads are no language model's data: exit 2 before any work.
+  r = cohort({"eval", "--checkpoint", ckpt_, "--data", COHORT_FIXTURE_DIR});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find("--data: expected text"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'gpt:1-2-16-8', found"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
 }
 
 }  // namespace sample_test
