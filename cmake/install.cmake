@@ -28,6 +28,9 @@ target_link_libraries(cohort_all INTERFACE ${cohort_module_targets})
 install(TARGETS ${cohort_module_targets} cohort_all EXPORT cohortTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 if(COHORT_ENGINE)
+  # The installed binary keeps the link path as its RPATH: OpenBLAS's OpenMP build is found in
+  # its own folder, not through the generic libopenblas.so.0 (cmake/FindOpenBLASOpenMP.cmake).
+  set_target_properties(cohort PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
   install(TARGETS cohort RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/cohort ${PROJECT_BINARY_DIR}/include/cohort
@@ -44,4 +47,5 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/cohortConfigVersion.cmake
 install(FILES ${PROJECT_BINARY_DIR}/cohortConfig.cmake
               ${PROJECT_BINARY_DIR}/cohortConfigVersion.cmake
               ${PROJECT_SOURCE_DIR}/cmake/Findxxhash.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/FindOpenBLASOpenMP.cmake
         DESTINATION ${cohort_cmake_dir})

@@ -23,6 +23,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libtbb-dev            # oneTBB 2021.8: the step's task graph
   libdnnl-dev           # oneDNN 2.6.3 (OpenMP runtime): the layers
+  libopenblas-openmp-dev   # OpenBLAS 0.3.21 (OpenMP build): small f32 weight gradients
   ocl-icd-opencl-dev    # dnnl's CMake config asks for OpenCL
   libgtest-dev libbenchmark-dev   # found by the default configuration (tests and bench targets)
   zlib1g-dev            # .gz IDX files

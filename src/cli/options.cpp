@@ -302,8 +302,8 @@ std::string version_text() {
   return "cohort " COHORT_VERSION "\nbuild " COHORT_BUILD_TARGET ", cohort's kernels " +
          cohort_kernels_isa() + "\noneDNN " + nn::onednn_version() + "\nCPU " + nn::onednn_isa() +
          " (oneDNN's dispatch), bf16 " +
-         std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())) + "\noneTBB " +
-         train::tbb_version() + "\nMPI " +
+         std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())) + "\nOpenBLAS " +
+         nn::openblas_version() + "\noneTBB " + train::tbb_version() + "\nMPI " +
          (dist::built_with_mpi() ? "yes (mpirun -np R cohort train ...)" : "no (one process)");
 }
 

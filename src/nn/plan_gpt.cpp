@@ -2,6 +2,7 @@
 // (gpt_plan_builder.hpp): the embeddings, the blocks in order (plan_gpt_block.cpp), the final
 // LayerNorm and the tied head, forward then backward; and the LayerNorm and linear layers'
 // primitives that every part uses.
+#include <cblas.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/nn/gpt.hpp"
+#include "cohort/nn/version.hpp"
 #include "gpt_plan.hpp"
 #include "gpt_plan_builder.hpp"
 
@@ -173,6 +175,22 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
                                              diff_dst.get_desc()),
         attr(), eng_, hint);
   });
+  if (small_weight_grad(I, O) && gemm_based(wpd) && openblas_usable()) {
+    // OpenBLAS (row-major): W (O, I) = dY^T X, on this thread (the replica's OpenMP limit is 1).
+    const std::int64_t M = M_;
+    custom(
+        p_.backward,
+        [src, diff_dst, dw, M, I, O] {
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(O),
+                      static_cast<blasint>(I), static_cast<blasint>(M), 1.0f,
+                      static_cast<const float*>(diff_dst.get_data_handle()),
+                      static_cast<blasint>(O), static_cast<const float*>(src.get_data_handle()),
+                      static_cast<blasint>(I), 0.0f, static_cast<float*>(dw.get_data_handle()),
+                      static_cast<blasint>(I));
+        },
+        Phase::kMatmul);
+    return;
+  }
   const bool plain_dw = wpd.diff_weights_desc() == dw.get_desc();
   const memory out = plain_dw ? dw : temp("d.weights", {O, I}, Dt::f32, wpd.diff_weights_desc());
   add(p_.backward, inner_product_backward_weights(wpd), wpd.scratchpad_desc(),

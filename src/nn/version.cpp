@@ -1,8 +1,12 @@
 // nn::onednn_version, onednn_isa: what the loaded oneDNN reports; cpu_has_bf16 from cpuid;
-// bf16_support: whether oneDNN creates a bf16 primitive here at all.
+// bf16_support: whether oneDNN creates a bf16 primitive here at all; openblas_version and
+// openblas_usable: what the loaded OpenBLAS reports.
 #include "cohort/nn/version.hpp"
 
+#include <cblas.h>
 #include <oneapi/dnnl/dnnl.hpp>
+
+#include <string_view>
 
 #include "cohort/core/cpu.hpp"
 
@@ -72,5 +76,20 @@ Bf16Support bf16_support() {
   }();
   return support;
 }
+
+std::string openblas_version() {
+  // openblas_get_config(): "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64"
+  std::string_view config = openblas_get_config();
+  std::string version = "unknown";
+  if (config.starts_with("OpenBLAS ")) {
+    config.remove_prefix(9);
+    version = std::string(config.substr(0, config.find(' ')));
+  }
+  const int parallel = openblas_get_parallel();  // 0 serial, 1 pthreads, 2 OpenMP
+  const char* build = parallel == 2 ? "OpenMP" : parallel == 1 ? "pthreads" : "serial";
+  return version + " (" + build + " build, kernels " + openblas_get_corename() + ")";
+}
+
+bool openblas_usable() { return openblas_get_parallel() == 2; }
 
 }  // namespace cohort::nn

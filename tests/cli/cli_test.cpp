@@ -415,9 +415,11 @@ TEST_F(Cli, HelpAndVersionExitZero) {
   EXPECT_NE(cohort({"train", "--help"}).out.find("--micro-batch"), std::string::npos);
 }
 
-// --version names cohort's version (from CMake's project(VERSION)), the oneDNN and oneTBB
-// libraries it runs on and what oneDNN does here (its ISA, bf16 none, emulated or native), one a
-// line.
+// --version names cohort's version (from CMake's project(VERSION)), the oneDNN, OpenBLAS and
+// oneTBB libraries it runs on and what oneDNN does here (its ISA, bf16 none, emulated or native),
+// one a line. The OpenBLAS loaded is its OpenMP build, the one replicas may call at once
+// (cmake/FindOpenBLASOpenMP.cmake): with another, nn::openblas_usable() keeps the language
+// models' small weight gradients on oneDNN.
 TEST_F(Cli, VersionNamesCohortOneDnnAndOneTbb) {
   Result r = cohort({"--version"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -429,6 +431,9 @@ TEST_F(Cli, VersionNamesCohortOneDnnAndOneTbb) {
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\noneDNN \d+\.\d+\.\d+ \(.*cpu runtime )")))
       << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\noneTBB \d+\.\d+)"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\nOpenBLAS \d+\.\d+\.\d+ \(OpenMP build, )")))
+      << r.out;
+  EXPECT_TRUE(nn::openblas_usable());
   EXPECT_NE(r.out.find("\nCPU " + nn::onednn_isa() + " (oneDNN's dispatch), bf16 " +
                        std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())) + "\n"),
             std::string::npos)

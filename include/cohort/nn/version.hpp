@@ -27,4 +27,13 @@ inline constexpr Named<Bf16Support> kBf16SupportNames[] = {{Bf16Support::kNone, 
                                                            {Bf16Support::kNative, "native"}};
 Bf16Support bf16_support();  // probed once per process
 
+// The loaded OpenBLAS (the small f32 weight gradients of language models on CPUs where oneDNN's
+// inner product is its gemm-based one: docs/decisions.md, "Small weight gradients on OpenBLAS"),
+// e.g. "0.3.21 (OpenMP build, kernels Zen)".
+std::string openblas_version();
+// Whether the loaded OpenBLAS is its OpenMP build, which runs a call on the calling thread when
+// that thread's OpenMP limit is 1 and may be called from several threads at once (the serial
+// build may not). Otherwise those gradients stay on oneDNN.
+bool openblas_usable();
+
 }  // namespace cohort::nn
