@@ -104,8 +104,8 @@ class GptPlanBuilder {
   bool skew(std::int64_t cols) const { return !half() && training_ && wide_rows(cols); }
   // An f32 weight gradient of at most kSmallWeightGradMacs multiply-adds (the leaf's rows x in x
   // out): where oneDNN's inner product is its gemm-based kernel, OpenBLAS's sgemm (its OpenMP
-  // build) runs it, as W = dY^T X (docs/decisions.md, "Small weight gradients on OpenBLAS": 0.88x
-  // the leaf's time for nanoGPT's CPU recipe on an AVX2 CPU, none for 75 million and more).
+  // build) runs it, as W = dY^T X. It is the faster of the two for nanoGPT's CPU recipe's layers
+  // and not for the larger ones (docs/decisions.md, "Small weight gradients on OpenBLAS").
   static constexpr std::int64_t kSmallWeightGradMacs = std::int64_t{1} << 25;
   bool small_weight_grad(std::int64_t in, std::int64_t out) const {
     return !half() && M_ * in * out <= kSmallWeightGradMacs;
