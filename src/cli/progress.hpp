@@ -102,7 +102,7 @@ class Progress final : public train::Observer {
   json epoch_tags_ = json::object();
   double elapsed_before_ = 0;
   std::size_t tokens_per_sample_ = 0;
-  bool epoch_cut_short_ = false;  // the last step was not its epoch's last (--steps ended it)
+  bool epoch_cut_short_ = false;  // the last step was not its epoch's last (--steps, or a stop)
   std::size_t eval_every_ = 0;
   std::optional<std::uint64_t> after_epoch_;  // an epoch's last step, whose every_step waits
   // The mean loss over a window of steps.

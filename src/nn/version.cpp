@@ -90,6 +90,17 @@ std::string openblas_version() {
   return version + " (" + build + " build, kernels " + openblas_get_corename() + ")";
 }
 
-bool openblas_usable() { return openblas_get_parallel() == 2; }
+bool openblas_usable() {
+  static const bool usable = [] {
+    if (openblas_get_parallel() != 2) return false;
+    // OpenBLAS's OpenMP build starts at the core count and, when a call comes from a thread whose
+    // OpenMP limit differs, resizes its shared thread buffers, unlocked. Set to 1 before any
+    // replica calls it, every call from a replica (limit 1) takes the one-thread path untouched.
+    // It also sets this thread's OpenMP limit to 1, as every replica's is.
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  return usable;
+}
 
 }  // namespace cohort::nn

@@ -343,8 +343,12 @@ TEST_F(Cli, TraceIsAChromeTraceWithATrackPerReplica) {
 TEST_F(Cli, PlainProgressLinesShowTheEta) {
   Result r = cohort(quick({"--log-every", "4"}));
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("step 4/8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("epoch 2/2  step 4/8"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("ETA 0:00:"), std::string::npos) << r.out;
+  // 12 steps of 8-step epochs: the first epoch ends, the run ends inside the second.
+  EXPECT_NE(r.out.find("epoch 1 done: train loss"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step 12 (end of run): train loss"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("epoch 2 done"), std::string::npos) << r.out;
 }
 
 TEST_F(Cli, ARunInsideItsFirstEpochCountsItsOwnSteps) {
@@ -420,7 +424,7 @@ TEST_F(Cli, HelpAndVersionExitZero) {
 // one a line. The OpenBLAS loaded is its OpenMP build, the one replicas may call at once
 // (cmake/FindOpenBLASOpenMP.cmake): with another, nn::openblas_usable() keeps the language
 // models' small weight gradients on oneDNN.
-TEST_F(Cli, VersionNamesCohortOneDnnAndOneTbb) {
+TEST_F(Cli, VersionNamesCohortAndItsLibraries) {
   Result r = cohort({"--version"});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out.rfind("cohort " COHORT_VERSION "\n", 0), 0u) << r.out;

@@ -102,7 +102,7 @@ TEST_F(Sample, EvalGivesTheValidationLossInBitsOnTextOnly) {
   const auto j = nlohmann::json::parse(std::ifstream(summary));
   EXPECT_EQ(j["val_loss"], j["test_loss"]);
   EXPECT_NEAR(j["val_bpc"].get<double>(), j["val_loss"].get<double>() / std::log(2.0), 1e-12);
-  // The images a classifier reads are no language model's data: exit 2 before any work.
+  // The images a classifier reads are no language model's data: exit 2, nothing evaluated.
   r = cohort({"eval", "--checkpoint", ckpt_, "--data", COHORT_FIXTURE_DIR});
   EXPECT_EQ(r.code, kExitBadInput);
   EXPECT_NE(r.err.find("--data: expected text"), std::string::npos) << r.err;

@@ -271,6 +271,19 @@ INSTANTIATE_TEST_SUITE_P(Embeddings, GptWideRows,
                                            Case{"Embd1024", "gpt:1-1-1024-2", 5, 3}),
                          [](const auto& p) { return std::string(p.param.name); });
 
+// A leaf of 768 rows puts weight gradients on both sides of the small-GEMM bound
+// (GptPlanBuilder::small_weight_grad, 2^25 multiply-adds) where oneDNN's inner product is
+// gemm-based (f32 on AVX2 CPUs): c_attn (768 x 128 x 384) and the MLP's two (768 x 128 x 512) on
+// oneDNN, the attention's c_proj (768 x 128 x 128) and the head on OpenBLAS. The shapes above
+// are all below the bound.
+class GptWeightGradPaths : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GptWeightGradPaths, F32NetMatchesTheReference) { check_f32_net(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Leaves, GptWeightGradPaths,
+                         ::testing::Values(Case{"BothSidesOfTheBound", "gpt:1-2-128-64", 7, 12}),
+                         [](const auto& p) { return std::string(p.param.name); });
+
 // The generator's logits after each token are the full forward pass's at that position: while
 // the window fills, and after it restarts from the last block / 2 tokens.
 TEST(GptGenerator, LogitsAreTheForwardPasssAtEachPosition) {

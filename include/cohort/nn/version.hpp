@@ -33,7 +33,9 @@ Bf16Support bf16_support();  // probed once per process
 std::string openblas_version();
 // Whether the loaded OpenBLAS is its OpenMP build, which runs a call on the calling thread when
 // that thread's OpenMP limit is 1 and may be called from several threads at once (the serial
-// build may not). Otherwise those gradients stay on oneDNN.
+// build may not). Otherwise those gradients stay on oneDNN. The first call sets OpenBLAS's
+// thread count, and the calling thread's OpenMP limit, to 1 (a plan that uses OpenBLAS asks
+// before any replica runs it).
 bool openblas_usable();
 
 }  // namespace cohort::nn
