@@ -27,6 +27,7 @@ struct GptNet::Impl {
   StreamKey key;                          // the current call's
   const std::int32_t* windows = nullptr;  // the current call's
   std::vector<std::int32_t> targets;      // the current call's, (N x block)
+  Clock::time_point backward_begin;       // of the last forward_backward
 
   Impl(const GptModel& m, Precision p) : model(&m), precision(p) {}
 
@@ -80,6 +81,7 @@ struct GptNet::Impl {
     bind(p, params, grad);
     run(p.forward);
     const double loss = cross_entropy(p, N, true, scale);
+    backward_begin = Clock::now();
     run(p.backward);
     return loss;
   }
@@ -125,6 +127,9 @@ GptNet::Evaluation GptNet::evaluate(const bf16* params, const std::int32_t* wind
   return impl_->evaluate(params, windows, N);
 }
 
+std::chrono::steady_clock::time_point GptNet::backward_begin() const {
+  return impl_->backward_begin;
+}
 const PhaseTimes& GptNet::times() const { return impl_->times; }
 void GptNet::reset_times() { impl_->times = {}; }
 void GptNet::release_inference_plans() {

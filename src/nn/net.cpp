@@ -211,7 +211,9 @@ std::pair<double, double> Net::evaluate_windows(const bf16* params, const float*
 }
 
 const PhaseTimes& Net::times() const { return impl_->gpt ? impl_->gpt->times() : impl_->times; }
-std::chrono::steady_clock::time_point Net::backward_begin() const { return impl_->backward_begin; }
+std::chrono::steady_clock::time_point Net::backward_begin() const {
+  return impl_->gpt ? impl_->gpt->backward_begin() : impl_->backward_begin;
+}
 void Net::reset_times() {
   impl_->times = {};
   if (impl_->gpt) impl_->gpt->reset_times();

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,39 @@ TEST(GptRun, DefaultLeavesBoundALeafsActivations) {
   EXPECT_EQ(gpt_leaf_windows(cpu, nn::Precision::kF32), 64u);
   const nn::GptShape huge{.layers = 48, .heads = 16, .embd = 1024, .block = 1024};
   EXPECT_EQ(gpt_leaf_windows(huge, nn::Precision::kBf16), 1u);  // never 0
+}
+
+// A trace of a language model's run: each leaf's forward starts inside its step, its backward
+// starts where the forward ends and ends inside the step (both spans carry real time).
+TEST(GptRun, TraceSpansEachLeafsForwardAndBackwardInsideItsStep) {
+  TrainConfig c = gpt_config();
+  c.workers = 2;
+  c.trace = true;
+  Trainer t(c, text());
+  testing::Recorder rec;
+  t.run(rec);
+  std::map<std::uint64_t, std::pair<double, double>> step_span;
+  for (const TraceSpan& s : t.trace())
+    if (std::string(s.name) == "step") step_span[s.step] = {s.begin_us, s.end_us};
+  ASSERT_EQ(step_span.size(), c.steps);
+  std::map<std::pair<std::uint64_t, std::size_t>, std::pair<double, double>> forward;
+  int backwards = 0;
+  for (const TraceSpan& s : t.trace())
+    if (std::string(s.name) == "forward") forward[{s.step, s.index}] = {s.begin_us, s.end_us};
+  ASSERT_EQ(forward.size(), c.steps * (c.batch / c.micro_batch));
+  for (const TraceSpan& s : t.trace()) {
+    if (std::string(s.name) != "backward") continue;
+    ++backwards;
+    const auto [step_begin, step_end] = step_span.at(s.step);
+    const auto [fwd_begin, fwd_end] = forward.at({s.step, s.index});
+    const std::string at = "step " + std::to_string(s.step) + " leaf " + std::to_string(s.index);
+    EXPECT_GE(fwd_begin, step_begin) << at;
+    EXPECT_GT(fwd_end, fwd_begin) << at << ": a forward of no time";
+    EXPECT_EQ(s.begin_us, fwd_end) << at;
+    EXPECT_GT(s.end_us, s.begin_us) << at << ": a backward of no time";
+    EXPECT_LE(s.end_us, step_end) << at;
+  }
+  EXPECT_EQ(backwards, static_cast<int>(forward.size()));
 }
 
 TEST(GptRun, ALanguageModelNeedsTextAndTextALanguageModel) {

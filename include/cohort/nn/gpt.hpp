@@ -6,6 +6,7 @@
 // lists of model.hpp.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -106,6 +107,8 @@ class GptNet {
   Evaluation evaluate(const bf16* params, const std::int32_t* windows, std::int64_t N);
 
   const PhaseTimes& times() const;
+  // When the last forward_backward's backward pass began (after its loss).
+  std::chrono::steady_clock::time_point backward_begin() const;
   void reset_times();
   // Frees the plans evaluate built (Net::release_inference_plans).
   void release_inference_plans();
