@@ -1,5 +1,11 @@
-// The causal softmax's backward (see the header for why it is cohort's own).
+// A language model's own loops: the causal softmax's forward and backward, GELU and its slope
+// (see the header for why they are cohort's own).
 #include "cohort/nn/gpt_kernels.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstring>
 
 #include "cohort/core/cpu.hpp"
 
@@ -31,7 +37,132 @@ template <class Out>
   }
 }
 
+// Eight floats, in GCC's vector extension (clang has it too): the compiler keeps selects and
+// bit casts in registers, where the same loop in scalar floats stays scalar under the default
+// -ftrapping-math (a comparison may trap, so selects on one are not if-converted). The AVX-512
+// clone runs the same 8-lane operations: the same bits on every CPU.
+using F8 = float __attribute__((vector_size(32)));
+using U8 = std::uint32_t __attribute__((vector_size(32)));
+
+inline F8 load8(const float* p) {
+  F8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, F8 v) { std::memcpy(p, &v, sizeof v); }
+inline F8 splat(float v) { return F8{} + v; }
+
+// exp(y) for y <= 0 (NaN stays NaN): 2^k e^r with k = round(y / ln 2) and |r| <= ln(2) / 2, e^r
+// by Cephes' expf polynomial (within 2 ulp); 0 below about -87.7, where 2^k would leave the
+// normal floats.
+[[gnu::always_inline]] inline F8 exp_nonpositive(F8 y) {
+  y = y < -88.0f ? splat(-88.0f) : y;                         // k >= -127
+  const F8 shifted = y * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: rounds to integer
+  const F8 k = shifted - 12582912.0f;
+  const F8 r = (y - k * 0.693359375f) + k * 2.12194440e-4f;  // ln 2 in two parts
+  F8 q = splat(1.9875691500e-4f);
+  q = q * r + 1.3981999507e-3f;
+  q = q * r + 8.3334519073e-3f;
+  q = q * r + 4.1665795894e-2f;
+  q = q * r + 1.6666665459e-1f;
+  q = q * r + 5.0000001201e-1f;
+  const F8 er = (q * r) * r + r + 1.0f;
+  // The shift's bits are 0x4b400000 + k: 2^k's are (k + 127) << 23, 0 (the float 0) at -127.
+  const U8 bits = ((std::bit_cast<U8>(shifted) - 0x4b400000u) + 127u) << 23;
+  return er * std::bit_cast<F8>(bits);
+}
+
+// GELU's values x Phi(x) and slopes Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi): the
+// exponential is erfc's factor as well.
+[[gnu::always_inline]] inline void gelu8(F8 x, F8& g, F8& slope) {
+  const U8 magnitude = std::bit_cast<U8>(x) & 0x7fffffffu;
+  const F8 z = std::bit_cast<F8>(magnitude) * 0.70710678118654752f;  // |x| / sqrt(2)
+  const F8 e = exp_nonpositive(-z * z);                              // exp(-x^2 / 2)
+  const F8 t = 1.0f / (z * 0.3275911f + 1.0f);
+  F8 q = splat(1.061405429f);
+  q = q * t - 1.453152027f;
+  q = q * t + 1.421413741f;
+  q = q * t - 0.284496736f;
+  q = q * t + 0.254829592f;
+  const F8 tail = 0.5f * (q * t) * e;  // Phi(-|x|) = erfc(|x| / sqrt(2)) / 2
+  const F8 upper = 1.0f - tail;
+  const F8 phi = x < 0.0f ? tail : upper;
+  g = x * phi;
+  slope = (x * 0.39894228040143268f) * e + phi;
+}
+
+template <bool kSlope>
+[[gnu::always_inline]] inline void gelu_rows(const float* f, float* g, float* slope,
+                                             std::int64_t n) {
+  F8 gv, sv;
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    gelu8(load8(f + i), gv, sv);
+    store8(g + i, gv);
+    if constexpr (kSlope) store8(slope + i, sv);
+  }
+  if (i == n) return;
+  float in[8] = {}, out[8], out_slope[8];  // the last n mod 8, through a full vector
+  std::memcpy(in, f + i, static_cast<std::size_t>(n - i) * sizeof(float));
+  gelu8(load8(in), gv, sv);
+  store8(out, gv);
+  store8(out_slope, sv);
+  std::memcpy(g + i, out, static_cast<std::size_t>(n - i) * sizeof(float));
+  if constexpr (kSlope)
+    std::memcpy(slope + i, out_slope, static_cast<std::size_t>(n - i) * sizeof(float));
+}
+
 }  // namespace
+
+COHORT_CLONES_AVX512
+void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::int64_t T) {
+  for (std::int64_t r = 0; r < mats * T; ++r) {
+    const std::int64_t n = r % T + 1;  // the row's unmasked entries
+    const std::int64_t whole = n / 8 * 8;
+    const float* sr = s + r * T;
+    float* out = p + r * T;
+    F8 top8 = splat(sr[0]);
+    for (std::int64_t j = 0; j < whole; j += 8) {
+      const F8 v = load8(sr + j);
+      top8 = top8 < v ? v : top8;
+    }
+    float top = sr[0];
+    for (int k = 0; k < 8; ++k) top = top < top8[k] ? top8[k] : top;
+    for (std::int64_t j = whole; j < n; ++j) top = top < sr[j] ? sr[j] : top;
+    F8 part = {};
+    for (std::int64_t j = 0; j < whole; j += 8) {
+      const F8 e = exp_nonpositive(load8(sr + j) - top);
+      store8(out + j, e);
+      part += e;
+    }
+    float rest = 0.0f;
+    if (whole < n) {
+      float in[8], e[8];  // the last n mod 8 scores, through a full vector
+      std::fill(in, in + 8, top);
+      std::memcpy(in, sr + whole, static_cast<std::size_t>(n - whole) * sizeof(float));
+      store8(e, exp_nonpositive(load8(in) - top));
+      for (std::int64_t j = whole; j < n; ++j) rest += out[j] = e[j - whole];
+    }
+    const float sum = ((part[0] + part[1]) + (part[2] + part[3])) +
+                      ((part[4] + part[5]) + (part[6] + part[7])) + rest;
+    const float inv = 1.0f / sum;
+    for (std::int64_t j = 0; j < n; ++j) out[j] *= inv;
+    for (std::int64_t j = n; j < T; ++j) out[j] = 0.0f;
+  }
+}
+
+COHORT_CLONES_AVX512
+void gelu_forward(const float* f, float* g, float* slope, std::int64_t n) {
+  if (slope)
+    gelu_rows<true>(f, g, slope, n);
+  else
+    gelu_rows<false>(f, g, slope, n);
+}
+
+COHORT_CLONES_AVX512
+void gelu_backward(const float* dg, const float* slope, float* df, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) df[i] = dg[i] * slope[i];
+}
 
 COHORT_CLONES_AVX512
 void causal_softmax_backward(const float* p, const float* dp, float* ds, std::int64_t mats,

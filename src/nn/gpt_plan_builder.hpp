@@ -82,6 +82,7 @@ class GptPlanBuilder {
   struct BlockSaved {
     LnSaved ln1, ln2;
     memory h1, qkv, p, p_used, y, x_mid, h2, f, g;
+    memory slope;  // f32 training plans: GELU's slope at f (gelu_forward), in place of f
   };
 
   bool half() const { return act_ == Dt::bf16; }

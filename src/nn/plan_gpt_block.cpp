@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <limits>
 
 #include "cohort/nn/gpt_kernels.hpp"
 #include "gpt_plan_builder.hpp"
@@ -49,20 +48,15 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
     add_matmul(p_.forward, view(b.qkv, {N, H, r1 - r0, hs}, qkv_strides, r0 * 3 * C),
                view(b.qkv, {N, H, hs, r1}, kt_strides, C),
                view(scores, {N, H, r1 - r0, r1}, p_strides, r0 * T), scale);
-  // The causal mask: a query sees the keys at and before its position (and the entries no
-  // block wrote are above the diagonal).
-  float* sc = static_cast<float*>(scores.get_data_handle());
-  custom(p_.forward, [sc, N, H, T] {
-    const float minus_inf = -std::numeric_limits<float>::infinity();
-    for (std::int64_t r = 0; r < N * H; ++r)
-      for (std::int64_t i = 0; i + 1 < T; ++i)
-        std::fill(sc + (r * T + i) * T + i + 1, sc + (r * T + i + 1) * T, minus_inf);
-  });
+  // P = the causal softmax: a query sees the keys at and before its position (the entries no
+  // block wrote are above the diagonal, and causal_softmax_forward does not read them).
   b.p = kept("p", {N, H, T, T}, Dt::f32);
-  softmax_forward::primitive_desc smpd(
-      softmax_forward::desc(prop_kind::forward_training, scores.get_desc(), 3), attr(), eng_);
-  add(p_.forward, softmax_forward(smpd), smpd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, scores}, {DNNL_ARG_DST, b.p}}, Phase::kEltwise);
+  {
+    const float* sc = static_cast<const float*>(scores.get_data_handle());
+    float* pp = static_cast<float*>(b.p.get_data_handle());
+    custom(p_.forward, [sc, pp, N, H, T] { causal_softmax_forward(sc, pp, N * H, T); },
+           Phase::kEltwise);
+  }
   // The weights the values are averaged with: dropped out and in the activations' type.
   b.p_used = b.p;
   const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
@@ -118,16 +112,27 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   b.ln2 = ln_forward(b.x_mid, o.ln_2, h2_f32);
   b.h2 = as_act(p_.forward, h2_f32, {M_, C}, "h2");
   where_ = "h." + std::to_string(l) + ".mlp.c_fc";
-  b.f = kept("f", {M_, 4 * C}, act_);
+  // f32: GELU by gelu_forward, which keeps its slope for backward in place of f; bf16: oneDNN's
+  // eltwise (its jit kernels on AVX512_BF16 CPUs), backward from f.
+  b.f = half() ? kept("f", {M_, 4 * C}, act_) : temp("f", {M_, 4 * C}, act_);
   linear(b.h2, o.c_fc, 4 * C, b.f);
   where_ = "h." + std::to_string(l) + ".mlp.gelu";
   b.g = kept("g", {M_, 4 * C}, act_, skew(4 * C));  // c_proj's X
-  eltwise_forward::primitive_desc gpd(
-      eltwise_forward::desc(prop_kind::forward_training, algorithm::eltwise_gelu_erf,
-                            b.f.get_desc(), 0.0f, 0.0f),
-      attr(), eng_);
-  add(p_.forward, eltwise_forward(gpd), gpd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, b.f}, {DNNL_ARG_DST, b.g}}, Phase::kEltwise);
+  if (half()) {
+    eltwise_forward::primitive_desc gpd(
+        eltwise_forward::desc(prop_kind::forward_training, algorithm::eltwise_gelu_erf,
+                              b.f.get_desc(), 0.0f, 0.0f),
+        attr(), eng_);
+    add(p_.forward, eltwise_forward(gpd), gpd.scratchpad_desc(),
+        {{DNNL_ARG_SRC, b.f}, {DNNL_ARG_DST, b.g}}, Phase::kEltwise);
+  } else {
+    if (training_) b.slope = plain({M_, 4 * C}, Dt::f32);
+    const float* f = static_cast<const float*>(b.f.get_data_handle());
+    float* g = static_cast<float*>(b.g.get_data_handle());
+    float* slope = training_ ? static_cast<float*>(b.slope.get_data_handle()) : nullptr;
+    const std::int64_t n = M_ * 4 * C;
+    custom(p_.forward, [f, g, slope, n] { gelu_forward(f, g, slope, n); }, Phase::kEltwise);
+  }
   where_ = "h." + std::to_string(l) + ".mlp.c_proj";
   memory mo = temp("branch", {M_, C}, Dt::f32);
   linear(b.g, o.mlp_proj, C, mo);
@@ -176,16 +181,26 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   linear_backward(b.g, o.mlp_proj, C, dmo, dg);
   where_ = "h." + std::to_string(l) + ".mlp.gelu";
   memory df = temp("d.f", {M_, 4 * C}, act_, skew(4 * C));  // c_fc's dY
-  eltwise_forward::primitive_desc ghint(
-      eltwise_forward::desc(prop_kind::forward_training, algorithm::eltwise_gelu_erf,
-                            b.f.get_desc(), 0.0f, 0.0f),
-      attr(), eng_);
-  eltwise_backward::primitive_desc gbpd(
-      eltwise_backward::desc(algorithm::eltwise_gelu_erf, df.get_desc(), b.f.get_desc(), 0.0f,
-                             0.0f),
-      attr(), eng_, ghint);
-  add(p_.backward, eltwise_backward(gbpd), gbpd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, b.f}, {DNNL_ARG_DIFF_DST, dg}, {DNNL_ARG_DIFF_SRC, df}}, Phase::kEltwise);
+  if (half()) {
+    eltwise_forward::primitive_desc ghint(
+        eltwise_forward::desc(prop_kind::forward_training, algorithm::eltwise_gelu_erf,
+                              b.f.get_desc(), 0.0f, 0.0f),
+        attr(), eng_);
+    eltwise_backward::primitive_desc gbpd(
+        eltwise_backward::desc(algorithm::eltwise_gelu_erf, df.get_desc(), b.f.get_desc(), 0.0f,
+                               0.0f),
+        attr(), eng_, ghint);
+    add(p_.backward, eltwise_backward(gbpd), gbpd.scratchpad_desc(),
+        {{DNNL_ARG_SRC, b.f}, {DNNL_ARG_DIFF_DST, dg}, {DNNL_ARG_DIFF_SRC, df}},
+        Phase::kEltwise);
+  } else {
+    const float* dgs = static_cast<const float*>(dg.get_data_handle());
+    const float* slope = static_cast<const float*>(b.slope.get_data_handle());
+    float* dfs = static_cast<float*>(df.get_data_handle());
+    const std::int64_t count = M_ * 4 * C;
+    custom(p_.backward, [dgs, slope, dfs, count] { gelu_backward(dgs, slope, dfs, count); },
+           Phase::kEltwise);
+  }
   where_ = "h." + std::to_string(l) + ".mlp.c_fc";
   linear_backward(b.h2, o.c_fc, 4 * C, df, dh);
   if (half()) convert(p_.backward, dh, dh_f32);

@@ -1,13 +1,17 @@
-// causal_softmax_backward against a float64 reference: causal softmax rows of random scores and a
-// random output gradient, window lengths below, at and above the eight-wide partial sums and not
-// a multiple of eight; the masked entries exactly 0; the bf16 form the f32 result rounded.
+// A language model's own kernels against float64 references. causal_softmax_forward and
+// causal_softmax_backward: causal softmax rows of random scores and a random output gradient,
+// window lengths below, at and above the eight-wide partial sums and not a multiple of eight; the
+// masked entries exactly 0 and never read; the bf16 form the f32 result rounded. gelu_forward
+// and gelu_backward: GELU (erf form) and its slope over the range activations take and beyond.
 #include "cohort/nn/gpt_kernels.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "cohort/core/rng.hpp"
@@ -77,10 +81,100 @@ TEST_P(CausalSoftmaxBackward, MatchesTheFloat64Reference) {
   }
 }
 
+std::string window_name(const ::testing::TestParamInfo<std::int64_t>& w) {
+  return "T" + std::to_string(w.param);
+}
+
 INSTANTIATE_TEST_SUITE_P(Windows, CausalSoftmaxBackward, ::testing::Values(1, 7, 8, 13, 64),
-                         [](const ::testing::TestParamInfo<std::int64_t>& w) {
-                           return "T" + std::to_string(w.param);
-                         });
+                         window_name);
+
+class CausalSoftmaxForward : public ::testing::TestWithParam<std::int64_t> {};
+
+// Scores in [-8, 8), and in one matrix in [-80, 80) (exponents far below the row's largest);
+// the masked entries NaN, which must be neither read nor kept.
+TEST_P(CausalSoftmaxForward, MatchesTheFloat64Reference) {
+  const std::int64_t T = GetParam(), mats = 3;
+  std::printf("seed %llu, T %lld\n", static_cast<unsigned long long>(kSeed),
+              static_cast<long long>(T));
+  Rng rng({kSeed, static_cast<std::uint64_t>(T), 1});
+  std::vector<float> s(static_cast<std::size_t>(mats * T * T));
+  for (std::int64_t row = 0; row < mats * T; ++row) {
+    const float range = row / T == 1 ? 80.0f : 8.0f;
+    for (std::int64_t j = 0; j < T; ++j)
+      s[static_cast<std::size_t>(row * T + j)] = j <= row % T
+                                                     ? rng.uniform(-range, range)
+                                                     : std::numeric_limits<float>::quiet_NaN();
+  }
+  std::vector<float> p(s.size(), 1.0f);
+  causal_softmax_forward(s.data(), p.data(), mats, T);
+  for (std::int64_t row = 0; row < mats * T; ++row) {
+    const std::int64_t n = row % T + 1;
+    const float* sr = s.data() + row * T;
+    double top = sr[0], sum = 0;
+    for (std::int64_t k = 1; k < n; ++k) top = std::max<double>(top, sr[k]);
+    for (std::int64_t k = 0; k < n; ++k) sum += std::exp(sr[k] - top);
+    for (std::int64_t j = 0; j < T; ++j) {
+      const float got = p[static_cast<std::size_t>(row * T + j)];
+      if (j >= n) {
+        ASSERT_EQ(got, 0.0f) << "row " << row << ", column " << j << " (masked)";
+        continue;
+      }
+      const double want = std::exp(sr[j] - top) / sum;
+      // Relative: a few float roundings, and that of the score less the largest (the exponent's
+      // argument, rounded to float, moves the result by up to |argument| 2^-24 of itself).
+      // Near float's smallest normal (1.2e-38 = exp(-87.3)) the kernel flushes to 0: from
+      // exp(-88) on always.
+      const double argument = std::abs(sr[j] - top);
+      if (argument > 87) {
+        if (argument > 88) {
+          ASSERT_EQ(got, 0.0f) << "row " << row << ", column " << j;
+        }
+        ASSERT_NEAR(got, want, 1.2e-38) << "row " << row << ", column " << j;
+        continue;
+      }
+      ASSERT_NEAR(got, want, (1e-6 + argument * 6e-8) * want) << "row " << row << ", column " << j;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Windows, CausalSoftmaxForward, ::testing::Values(1, 7, 8, 13, 64),
+                         window_name);
+
+// GELU(x) = x Phi(x) and its slope Phi(x) + x phi(x) in float64.
+double gelu64(double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); }
+double gelu_slope64(double x) {
+  return 0.5 * std::erfc(-x / std::sqrt(2.0)) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+}
+
+// Every 1/64 from -16 to 16 and random points of [-6, 6), then 0, -0 and the extremes; the
+// forward without slopes gives the same values; the backward is the gradient times the slope.
+TEST(Gelu, ValuesAndSlopesMatchTheFloat64Reference) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  std::vector<float> x;
+  for (int i = -16 * 64; i <= 16 * 64; ++i) x.push_back(static_cast<float>(i) / 64.0f);
+  Rng rng({kSeed, 2});
+  for (int i = 0; i < 1001; ++i) x.push_back(rng.uniform(-6.0f, 6.0f));
+  for (const float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 40.0f, -40.0f, 1e30f, -1e30f}) x.push_back(v);
+  const auto n = static_cast<std::int64_t>(x.size());
+  std::vector<float> g(x.size()), slope(x.size()), g_only(x.size()), dg(x.size()), df(x.size());
+  gelu_forward(x.data(), g.data(), slope.data(), n);
+  gelu_forward(x.data(), g_only.data(), nullptr, n);
+  for (auto& v : dg) v = rng.uniform(-1.0f, 1.0f);
+  gelu_backward(dg.data(), slope.data(), df.data(), n);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i], want = gelu64(v), want_slope = gelu_slope64(v);
+    // Phi to 1e-7 (erf's approximation: Abramowitz and Stegun 7.1.26, 1.5e-7) and float's
+    // rounding of the products.
+    ASSERT_NEAR(g[i], want, 1e-7 * (1 + std::abs(v)) + 1.2e-7 * std::abs(want)) << "x = " << v;
+    ASSERT_NEAR(slope[i], want_slope, 3e-7) << "x = " << v;
+    ASSERT_EQ(g_only[i], g[i]) << "x = " << v;
+    ASSERT_EQ(df[i], dg[i] * slope[i]) << "x = " << v;
+  }
+  // Far below zero the function and its slope vanish (no NaN from exp's underflow).
+  EXPECT_EQ(g[x.size() - 1], 0.0f);
+  EXPECT_EQ(slope[x.size() - 1], 0.0f);
+  EXPECT_EQ(g[x.size() - 2], 1e30f);
+}
 
 }  // namespace gpt_kernels_test
 }  // namespace cohort::nn

@@ -1,8 +1,13 @@
-// A language model's loop that is cohort's own rather than oneDNN 2.6.3's: the causal softmax's
-// backward. oneDNN's softmax_backward has a jit kernel on AVX-512 only and runs its reference one
-// (ref:any) on AVX2 CPUs; this loop also skips each row's masked entries and writes bf16 directly
-// where the next matmul reads bf16. docs/benchmarks.md ("Language models on AVX2") has what it
-// changes.
+// A language model's loops that are cohort's own rather than oneDNN 2.6.3's primitives:
+// - the causal softmax's backward: oneDNN's softmax_backward has a jit kernel on AVX-512 only and
+//   runs its reference one (ref:any) on AVX2 CPUs; this loop also skips each row's masked entries
+//   and writes bf16 directly where the next matmul reads bf16;
+// - the causal softmax's forward: it reads only the entries the causal mask keeps and writes 0
+//   above the diagonal, where oneDNN's softmax needs the masked scores set to -inf first and then
+//   runs over whole rows;
+// - GELU and its slope in one sweep: the slope, kept for backward, makes backward one product;
+//   oneDNN's eltwise backward evaluates erf and exp again from the pre-activation.
+// docs/decisions.md ("A language model's own loops") has what they change.
 #pragma once
 
 #include <cstdint>
@@ -21,5 +26,17 @@ void causal_softmax_backward(const float* p, const float* dp, float* ds, std::in
                              std::int64_t T);
 void causal_softmax_backward(const float* p, const float* dp, bf16* ds, std::int64_t mats,
                              std::int64_t T);
+
+// For `mats` row-major (T, T) matrices of scores s: p = softmax of each row i over its i + 1
+// first entries (the rest of s is not read), 0 after them. The row's largest score is
+// subtracted; the sum of the exponentials is taken in eight interleaved partial sums as above.
+void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::int64_t T);
+
+// g = GELU(f) = f Phi(f) (the erf form, nanoGPT's nn.GELU()) for n values, and, unless `slope`
+// is null, slope = GELU'(f) = Phi(f) + f phi(f). Phi by Abramowitz and Stegun 7.1.26 (erf to
+// 1.5e-7, as oneDNN's gelu_erf), the exponential shared by Phi and phi.
+void gelu_forward(const float* f, float* g, float* slope, std::int64_t n);
+// df = dg * slope, element for element.
+void gelu_backward(const float* dg, const float* slope, float* df, std::int64_t n);
 
 }  // namespace cohort::nn
