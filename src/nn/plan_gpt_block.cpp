@@ -54,8 +54,9 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   {
     const float* sc = static_cast<const float*>(scores.get_data_handle());
     float* pp = static_cast<float*>(b.p.get_data_handle());
-    custom(p_.forward, [sc, pp, N, H, T] { causal_softmax_forward(sc, pp, N * H, T); },
-           Phase::kEltwise);
+    custom(
+        p_.forward, [sc, pp, N, H, T] { causal_softmax_forward(sc, pp, N * H, T); },
+        Phase::kEltwise);
   }
   // The weights the values are averaged with: dropped out and in the activations' type.
   b.p_used = b.p;
@@ -131,7 +132,8 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
     float* g = static_cast<float*>(b.g.get_data_handle());
     float* slope = training_ ? static_cast<float*>(b.slope.get_data_handle()) : nullptr;
     const std::int64_t n = M_ * 4 * C;
-    custom(p_.forward, [f, g, slope, n] { gelu_forward(f, g, slope, n); }, Phase::kEltwise);
+    custom(
+        p_.forward, [f, g, slope, n] { gelu_forward(f, g, slope, n); }, Phase::kEltwise);
   }
   where_ = "h." + std::to_string(l) + ".mlp.c_proj";
   memory mo = temp("branch", {M_, C}, Dt::f32);
@@ -191,15 +193,15 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
                                0.0f),
         attr(), eng_, ghint);
     add(p_.backward, eltwise_backward(gbpd), gbpd.scratchpad_desc(),
-        {{DNNL_ARG_SRC, b.f}, {DNNL_ARG_DIFF_DST, dg}, {DNNL_ARG_DIFF_SRC, df}},
-        Phase::kEltwise);
+        {{DNNL_ARG_SRC, b.f}, {DNNL_ARG_DIFF_DST, dg}, {DNNL_ARG_DIFF_SRC, df}}, Phase::kEltwise);
   } else {
     const float* dgs = static_cast<const float*>(dg.get_data_handle());
     const float* slope = static_cast<const float*>(b.slope.get_data_handle());
     float* dfs = static_cast<float*>(df.get_data_handle());
     const std::int64_t count = M_ * 4 * C;
-    custom(p_.backward, [dgs, slope, dfs, count] { gelu_backward(dgs, slope, dfs, count); },
-           Phase::kEltwise);
+    custom(
+        p_.backward, [dgs, slope, dfs, count] { gelu_backward(dgs, slope, dfs, count); },
+        Phase::kEltwise);
   }
   where_ = "h." + std::to_string(l) + ".mlp.c_fc";
   linear_backward(b.h2, o.c_fc, 4 * C, df, dh);

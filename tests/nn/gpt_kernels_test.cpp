@@ -101,9 +101,8 @@ TEST_P(CausalSoftmaxForward, MatchesTheFloat64Reference) {
   for (std::int64_t row = 0; row < mats * T; ++row) {
     const float range = row / T == 1 ? 80.0f : 8.0f;
     for (std::int64_t j = 0; j < T; ++j)
-      s[static_cast<std::size_t>(row * T + j)] = j <= row % T
-                                                     ? rng.uniform(-range, range)
-                                                     : std::numeric_limits<float>::quiet_NaN();
+      s[static_cast<std::size_t>(row * T + j)] =
+          j <= row % T ? rng.uniform(-range, range) : std::numeric_limits<float>::quiet_NaN();
   }
   std::vector<float> p(s.size(), 1.0f);
   causal_softmax_forward(s.data(), p.data(), mats, T);
