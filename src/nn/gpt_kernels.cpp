@@ -8,7 +8,6 @@
 #include <cstring>
 
 #include "cohort/core/cpu.hpp"
-#include "vec8.hpp"
 
 namespace cohort::nn {
 
@@ -38,11 +37,20 @@ template <class Out>
   }
 }
 
-using detail::F8;
-using detail::load8;
-using detail::splat;
-using detail::store8;
-using detail::U8;
+// Eight floats, in GCC's vector extension (clang has it too): the compiler keeps selects and
+// bit casts in registers, where the same loop in scalar floats stays scalar under the default
+// -ftrapping-math (a comparison may trap, so selects on one are not if-converted). The AVX-512
+// clone runs the same 8-lane operations: the same bits on every CPU.
+using F8 = float __attribute__((vector_size(32)));
+using U8 = std::uint32_t __attribute__((vector_size(32)));
+
+inline F8 load8(const float* p) {
+  F8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, F8 v) { std::memcpy(p, &v, sizeof v); }
+inline F8 splat(float v) { return F8{} + v; }
 
 // exp(y) for y <= 0 (NaN stays NaN): 2^k e^r with k = round(y / ln 2) and |r| <= ln(2) / 2, e^r
 // by Cephes' expf polynomial (within 2 ulp); 0 below about -87.7, where 2^k would leave the

@@ -33,7 +33,6 @@
 
 #include "cohort/nn/dropout.hpp"
 #include "cohort/nn/gpt.hpp"
-#include "cohort/nn/gpt_kernels.hpp"
 #include "gpt_plan.hpp"
 
 namespace cohort::nn::detail {
@@ -164,9 +163,6 @@ class GptPlanBuilder {
     return blocks;
   }
   static constexpr std::int64_t kMinBlockRows = 64, kMaxRowBlocks = 4;
-  // f32 attention on cohort's kernels (attention_scores and the rest, gpt_kernels.hpp), which
-  // walk the causal triangle; otherwise oneDNN's matmuls by row blocks.
-  bool own_attention() const { return !half() && attention_kernels_fit(T_, hs_); }
   memory param(Dims dims, std::size_t offset) {
     memory m(memory::desc(dims, act_, dims.size() == 1 ? Tag::a : Tag::ab), eng_, DNNL_MEMORY_NONE);
     p_.params.push_back({m, offset});

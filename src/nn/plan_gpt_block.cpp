@@ -43,20 +43,11 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   const auto blocks = row_blocks();
   memory scores = temp("scores", {N, H, T, T}, Dt::f32);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const AttentionShape shape{N, H, T, hs};
-  const bool own = own_attention();
-  // S = scale Q K^T: cohort's kernel, or a row block's queries against the keys before its end.
-  if (own) {
-    const float* qkv = static_cast<const float*>(b.qkv.get_data_handle());
-    float* s = static_cast<float*>(scores.get_data_handle());
-    custom(
-        p_.forward, [=] { attention_scores(qkv, s, shape, scale); }, Phase::kMatmul);
-  } else {
-    for (const auto& [r0, r1] : blocks)
-      add_matmul(p_.forward, view(b.qkv, {N, H, r1 - r0, hs}, qkv_strides, r0 * 3 * C),
-                 view(b.qkv, {N, H, hs, r1}, kt_strides, C),
-                 view(scores, {N, H, r1 - r0, r1}, p_strides, r0 * T), scale);
-  }
+  // S = scale Q K^T, a row block's queries against the keys before its end.
+  for (const auto& [r0, r1] : blocks)
+    add_matmul(p_.forward, view(b.qkv, {N, H, r1 - r0, hs}, qkv_strides, r0 * 3 * C),
+               view(b.qkv, {N, H, hs, r1}, kt_strides, C),
+               view(scores, {N, H, r1 - r0, r1}, p_strides, r0 * T), scale);
   // P = the causal softmax: a query sees the keys at and before its position (the entries no
   // block wrote are above the diagonal, and causal_softmax_forward does not read them).
   b.p = kept("p", {N, H, T, T}, Dt::f32);
@@ -86,20 +77,12 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
     b.p_used = kept("p_used", {N, H, T, T}, act_);
     convert(p_.forward, b.p, b.p_used);
   }
-  // Y = P V, by row blocks on oneDNN: P is 0 after a block's last key.
+  // Y = P V by row blocks: P is 0 after a block's last key.
   b.y = kept("y", {M_, C}, act_);
-  if (own) {
-    const float* pu = static_cast<const float*>(b.p_used.get_data_handle());
-    const float* qkv = static_cast<const float*>(b.qkv.get_data_handle());
-    float* y = static_cast<float*>(b.y.get_data_handle());
-    custom(
-        p_.forward, [=] { attention_values(pu, qkv, y, shape); }, Phase::kMatmul);
-  } else {
-    for (const auto& [r0, r1] : blocks)
-      add_matmul(p_.forward, view(b.p_used, {N, H, r1 - r0, r1}, p_strides, r0 * T),
-                 view(b.qkv, {N, H, r1, hs}, qkv_strides, 2 * C),
-                 view(b.y, {N, H, r1 - r0, hs}, {T * C, hs, C, 1}, r0 * C));
-  }
+  for (const auto& [r0, r1] : blocks)
+    add_matmul(p_.forward, view(b.p_used, {N, H, r1 - r0, r1}, p_strides, r0 * T),
+               view(b.qkv, {N, H, r1, hs}, qkv_strides, 2 * C),
+               view(b.y, {N, H, r1 - r0, hs}, {T * C, hs, C, 1}, r0 * C));
 
   // The residual branches: x += dropout(branch), in f32.
   auto residual = [this, &x](const memory& branch, std::size_t layer) {
@@ -240,20 +223,10 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   // dP = dY V^T by row blocks (the entries after a block's last key are not read), through the
   // attention dropout.
   memory dp = temp("d.p", {N, H, T, T}, Dt::f32);
-  const AttentionShape shape{N, H, T, hs};
-  const bool own = own_attention();
-  const float* qkv = static_cast<const float*>(b.qkv.get_data_handle());
-  if (own) {
-    const float* dys = static_cast<const float*>(dy.get_data_handle());
-    float* dps = static_cast<float*>(dp.get_data_handle());
-    custom(
-        p_.backward, [=] { attention_grad_weights(dys, qkv, dps, shape); }, Phase::kMatmul);
-  } else {
-    for (const auto& [r0, r1] : blocks)
-      add_matmul(p_.backward, view(dy, {N, H, r1 - r0, hs}, y_strides, r0 * C),
-                 view(b.qkv, {N, H, hs, r1}, kt_strides, 2 * C),
-                 view(dp, {N, H, r1 - r0, r1}, p_strides, r0 * T));
-  }
+  for (const auto& [r0, r1] : blocks)
+    add_matmul(p_.backward, view(dy, {N, H, r1 - r0, hs}, y_strides, r0 * C),
+               view(b.qkv, {N, H, hs, r1}, kt_strides, 2 * C),
+               view(dp, {N, H, r1 - r0, r1}, p_strides, r0 * T));
   const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
   if (drop_) {
     float* d = static_cast<float*>(dp.get_data_handle());
@@ -265,18 +238,10 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   // dV = P^T dY (P as the forward used it) by key blocks: the queries from a block's first key
   // on.
   memory dqkv = temp("d.qkv", {M_, 3 * C}, act_);
-  float* dqkvs = static_cast<float*>(dqkv.get_data_handle());  // f32 where `own`
-  if (own) {
-    const float* pu = static_cast<const float*>(b.p_used.get_data_handle());
-    const float* dys = static_cast<const float*>(dy.get_data_handle());
-    custom(
-        p_.backward, [=] { attention_grad_values(pu, dys, dqkvs, shape); }, Phase::kMatmul);
-  } else {
-    for (const auto& [c0, c1] : blocks)
-      add_matmul(p_.backward, view(b.p_used, {N, H, c1 - c0, T - c0}, transposed, c0 * T + c0),
-                 view(dy, {N, H, T - c0, hs}, y_strides, c0 * C),
-                 view(dqkv, {N, H, c1 - c0, hs}, qkv_strides, c0 * 3 * C + 2 * C));
-  }
+  for (const auto& [c0, c1] : blocks)
+    add_matmul(p_.backward, view(b.p_used, {N, H, c1 - c0, T - c0}, transposed, c0 * T + c0),
+               view(dy, {N, H, T - c0, hs}, y_strides, c0 * C),
+               view(dqkv, {N, H, c1 - c0, hs}, qkv_strides, c0 * 3 * C + 2 * C));
   // dS = softmax'(P) dP in the activations' type (causal_softmax_backward: oneDNN 2.6's is a
   // reference loop on AVX2; it reads the causal part and writes 0 above the diagonal); the
   // scores' scale goes into the two matmuls after it.
@@ -294,22 +259,15 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
     });
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  // dQ = scale dS K (by row blocks on oneDNN), dK = scale dS^T Q (by key blocks).
-  if (own) {
-    const float* dss = static_cast<const float*>(ds_act.get_data_handle());
-    custom(
-        p_.backward, [=] { attention_grad_queries_keys(dss, qkv, dqkvs, shape, scale); },
-        Phase::kMatmul);
-  } else {
-    for (const auto& [r0, r1] : blocks)
-      add_matmul(p_.backward, view(ds_act, {N, H, r1 - r0, r1}, p_strides, r0 * T),
-                 view(b.qkv, {N, H, r1, hs}, qkv_strides, C),
-                 view(dqkv, {N, H, r1 - r0, hs}, qkv_strides, r0 * 3 * C), scale);
-    for (const auto& [c0, c1] : blocks)
-      add_matmul(p_.backward, view(ds_act, {N, H, c1 - c0, T - c0}, transposed, c0 * T + c0),
-                 view(b.qkv, {N, H, T - c0, hs}, qkv_strides, c0 * 3 * C),
-                 view(dqkv, {N, H, c1 - c0, hs}, qkv_strides, c0 * 3 * C + C), scale);
-  }
+  // dQ = scale dS K by row blocks, dK = scale dS^T Q by key blocks.
+  for (const auto& [r0, r1] : blocks)
+    add_matmul(p_.backward, view(ds_act, {N, H, r1 - r0, r1}, p_strides, r0 * T),
+               view(b.qkv, {N, H, r1, hs}, qkv_strides, C),
+               view(dqkv, {N, H, r1 - r0, hs}, qkv_strides, r0 * 3 * C), scale);
+  for (const auto& [c0, c1] : blocks)
+    add_matmul(p_.backward, view(ds_act, {N, H, c1 - c0, T - c0}, transposed, c0 * T + c0),
+               view(b.qkv, {N, H, T - c0, hs}, qkv_strides, c0 * 3 * C),
+               view(dqkv, {N, H, c1 - c0, hs}, qkv_strides, c0 * 3 * C + C), scale);
 
   where_ = "h." + std::to_string(l) + ".attn.c_attn";
   linear_backward(b.h1, o.c_attn, 3 * C, dqkv, dh);

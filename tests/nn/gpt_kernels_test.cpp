@@ -3,9 +3,6 @@
 // window lengths below, at and above the eight-wide partial sums and not a multiple of eight; the
 // masked entries exactly 0 and never read; the bf16 form the f32 result rounded. gelu_forward
 // and gelu_backward: GELU (erf form) and its slope over the range activations take and beyond.
-// The attention kernels: each of the six products of random windows against float64 sums, the
-// entries above the diagonal neither read nor needed, the other heads' and parts' columns
-// untouched.
 #include "cohort/nn/gpt_kernels.hpp"
 
 #include <gtest/gtest.h>
@@ -176,127 +173,6 @@ TEST(Gelu, ValuesAndSlopesMatchTheFloat64Reference) {
   EXPECT_EQ(g[x.size() - 1], 0.0f);
   EXPECT_EQ(slope[x.size() - 1], 0.0f);
   EXPECT_EQ(g[x.size() - 2], 1e30f);
-}
-
-struct AttentionCase {
-  const char* name;
-  AttentionShape shape;
-};
-
-class AttentionKernels : public ::testing::TestWithParam<AttentionCase> {};
-
-// A float64 product entry and the sum of its terms' magnitudes (the rounding scale).
-struct Sum {
-  double value = 0, magnitude = 0;
-  void add(double a, double b) {
-    value += a * b;
-    magnitude += std::abs(a * b);
-  }
-};
-
-void expect_close(float got, const Sum& want, double scale, const std::string& where) {
-  ASSERT_NEAR(got, scale * want.value, 1e-5 * scale * want.magnitude + 1e-30) << where;
-}
-
-TEST_P(AttentionKernels, MatchTheFloat64Products) {
-  const AttentionShape a = GetParam().shape;
-  const std::int64_t N = a.N, H = a.H, T = a.T, hs = a.hs, C = a.C();
-  std::printf("seed %llu, N %lld H %lld T %lld hs %lld\n", static_cast<unsigned long long>(kSeed),
-              static_cast<long long>(N), static_cast<long long>(H), static_cast<long long>(T),
-              static_cast<long long>(hs));
-  ASSERT_TRUE(attention_kernels_fit(T, hs));
-  Rng rng({kSeed, static_cast<std::uint64_t>(T), static_cast<std::uint64_t>(hs)});
-  auto uniform = [&rng](std::size_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
-    return v;
-  };
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  const auto tt = static_cast<std::size_t>(N * H * T * T);
-  const std::vector<float> qkv = uniform(static_cast<std::size_t>(N * T * 3 * C));
-  const std::vector<float> dy = uniform(static_cast<std::size_t>(N * T * C));
-  std::vector<float> p = uniform(tt), ds = uniform(tt);  // above the diagonal: NaN, not read
-  for (std::size_t r = 0; r < tt / static_cast<std::size_t>(T); ++r)
-    for (std::int64_t j = static_cast<std::int64_t>(r) % T + 1; j < T; ++j)
-      p[r * static_cast<std::size_t>(T) + static_cast<std::size_t>(j)] =
-          ds[r * static_cast<std::size_t>(T) + static_cast<std::size_t>(j)] = nan;
-  const float scale = 0.375f;
-  auto at_qkv = [&](std::int64_t n, std::int64_t t, std::int64_t which, std::int64_t h,
-                    std::int64_t e) {
-    return static_cast<std::size_t>((n * T + t) * 3 * C + which * C + h * hs + e);
-  };
-  auto at_y = [&](std::int64_t n, std::int64_t t, std::int64_t h, std::int64_t e) {
-    return static_cast<std::size_t>((n * T + t) * C + h * hs + e);
-  };
-  auto at_tt = [&](std::int64_t n, std::int64_t h, std::int64_t i, std::int64_t j) {
-    return static_cast<std::size_t>(((n * H + h) * T + i) * T + j);
-  };
-
-  std::vector<float> s(tt), dp(tt), y(dy.size()), dqkv(qkv.size(), 7.0f);
-  attention_scores(qkv.data(), s.data(), a, scale);
-  attention_grad_weights(dy.data(), qkv.data(), dp.data(), a);
-  attention_values(p.data(), qkv.data(), y.data(), a);
-  attention_grad_values(p.data(), dy.data(), dqkv.data(), a);
-  for (std::int64_t n = 0; n < N; ++n)  // the value columns only
-    for (std::int64_t t = 0; t < T; ++t)
-      for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t e = 0; e < hs; ++e)
-          for (std::int64_t which = 0; which < 2; ++which)
-            ASSERT_EQ(dqkv[at_qkv(n, t, which, h, e)], 7.0f) << "dV wrote part " << which;
-  attention_grad_queries_keys(ds.data(), qkv.data(), dqkv.data(), a, scale);
-
-  for (std::int64_t n = 0; n < N; ++n)
-    for (std::int64_t h = 0; h < H; ++h) {
-      const std::string head = "window " + std::to_string(n) + " head " + std::to_string(h);
-      for (std::int64_t i = 0; i < T; ++i)
-        for (std::int64_t j = 0; j <= i; ++j) {
-          Sum qk, dyv;
-          for (std::int64_t e = 0; e < hs; ++e) {
-            qk.add(qkv[at_qkv(n, i, 0, h, e)], qkv[at_qkv(n, j, 1, h, e)]);
-            dyv.add(dy[at_y(n, i, h, e)], qkv[at_qkv(n, j, 2, h, e)]);
-          }
-          const std::string where =
-              head + " (" + std::to_string(i) + ", " + std::to_string(j) + ")";
-          expect_close(s[at_tt(n, h, i, j)], qk, scale, "S " + where);
-          expect_close(dp[at_tt(n, h, i, j)], dyv, 1.0, "dP " + where);
-        }
-      for (std::int64_t t = 0; t < T; ++t)
-        for (std::int64_t e = 0; e < hs; ++e) {
-          Sum pv, dq, dv, dk;
-          for (std::int64_t j = 0; j <= t; ++j) {  // keys up to query t
-            pv.add(p[at_tt(n, h, t, j)], qkv[at_qkv(n, j, 2, h, e)]);
-            dq.add(ds[at_tt(n, h, t, j)], qkv[at_qkv(n, j, 1, h, e)]);
-          }
-          for (std::int64_t i = t; i < T; ++i) {  // queries from key t on
-            dv.add(p[at_tt(n, h, i, t)], dy[at_y(n, i, h, e)]);
-            dk.add(ds[at_tt(n, h, i, t)], qkv[at_qkv(n, i, 0, h, e)]);
-          }
-          const std::string where =
-              head + " position " + std::to_string(t) + " column " + std::to_string(e);
-          expect_close(y[at_y(n, t, h, e)], pv, 1.0, "Y " + where);
-          expect_close(dqkv[at_qkv(n, t, 0, h, e)], dq, scale, "dQ " + where);
-          expect_close(dqkv[at_qkv(n, t, 1, h, e)], dk, scale, "dK " + where);
-          expect_close(dqkv[at_qkv(n, t, 2, h, e)], dv, 1.0, "dV " + where);
-        }
-    }
-}
-
-// Heads of 8 to 64 dimensions (1 to 8 vectors: groups of 4 and a remainder), windows of 8 to 72.
-INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernels,
-                         ::testing::Values(AttentionCase{"T16hs8", {2, 2, 16, 8}},
-                                           AttentionCase{"T64hs32", {1, 4, 64, 32}},
-                                           AttentionCase{"T8hs40", {2, 1, 8, 40}},
-                                           AttentionCase{"T24hs16", {1, 3, 24, 16}},
-                                           AttentionCase{"T72hs64", {1, 2, 72, 64}}),
-                         [](const ::testing::TestParamInfo<AttentionCase>& c) {
-                           return std::string(c.param.name);
-                         });
-
-TEST(AttentionKernels, FitWindowsAndHeadsOfWholeVectors) {
-  EXPECT_TRUE(attention_kernels_fit(64, 32));
-  EXPECT_FALSE(attention_kernels_fit(12, 32));
-  EXPECT_FALSE(attention_kernels_fit(64, 12));
-  EXPECT_FALSE(attention_kernels_fit(1, 8));
 }
 
 }  // namespace gpt_kernels_test

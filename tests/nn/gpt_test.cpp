@@ -255,20 +255,6 @@ INSTANTIATE_TEST_SUITE_P(Windows, GptRowBlocks,
                                                 2}),  // 65, 65, 65, 64 rows
                          [](const auto& p) { return std::string(p.param.name); });
 
-// Windows and heads of whole 8-float vectors: in f32, attention's products run on cohort's
-// kernels (GptPlanBuilder::own_attention, attention_scores and the rest); bf16 keeps oneDNN's.
-class GptOwnAttention : public ::testing::TestWithParam<Case> {};
-
-TEST_P(GptOwnAttention, F32NetMatchesTheReference) { check_f32_net(GetParam()); }
-
-TEST_P(GptOwnAttention, Bf16NetMatchesTheReferenceWithinBf16) { check_bf16_net(GetParam()); }
-
-INSTANTIATE_TEST_SUITE_P(Windows, GptOwnAttention,
-                         ::testing::Values(Case{"Heads8Windows16", "gpt:2-2-16-16", 7, 2},
-                                           Case{"Heads16Dropout", "gpt:2-2-32-8-0.3", 7, 3},
-                                           Case{"Heads8Windows64", "gpt:1-2-16-64", 5, 1}),
-                         [](const auto& p) { return std::string(p.param.name); });
-
 // Embeddings wide enough that rows of 4 KB (multiples of 1,024 floats) meet the f32 weight
 // gradients on dnnl_sgemm (GptPlanBuilder::wide_rows): the MLP's 4 C columns with C = 256
 // (W^T = X^T dY for c_fc, W = dY^T X for its c_proj, both on skewed buffers), and with C = 1024

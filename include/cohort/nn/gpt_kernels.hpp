@@ -7,9 +7,6 @@
 //   runs over whole rows;
 // - GELU and its slope in one sweep: the slope, kept for backward, makes backward one product;
 //   oneDNN's eltwise backward evaluates erf and exp again from the pre-activation.
-// - causal attention's six products in f32: oneDNN 2.6's batched matmul computes each (T, T)
-//   product whole, the half the mask discards included, and ran at 36-44 GFLOP/s on the CPU
-//   recipe's heads (64 x 64 x 32) on AVX2; these walk the causal triangle only.
 // docs/decisions.md ("A language model's own loops") has what they change.
 #pragma once
 
@@ -41,29 +38,5 @@ void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::in
 void gelu_forward(const float* f, float* g, float* slope, std::int64_t n);
 // df = dg * slope, element for element.
 void gelu_backward(const float* dg, const float* slope, float* df, std::int64_t n);
-
-// Causal attention of N windows of T positions and H heads of hs dimensions, in the layouts of
-// a language model's plan: qkv (N, T, 3C) rows, C = H hs, with head h's query, key and value at
-// columns h hs, C + h hs and 2C + h hs; y and dy (N, T, C) with head h at columns h hs; scores,
-// weights and their gradients (N, H, T, T), row-major. Each entry is a sum over positions in
-// ascending order (the same bits for any worker count). Where a (T, T) result is written, only
-// the entries on and below the diagonal are defined (columns go in chunks of 8: some above it
-// are written too); where one is read, only those are read. Needs attention_kernels_fit.
-struct AttentionShape {
-  std::int64_t N = 0, H = 0, T = 0, hs = 0;
-  std::int64_t C() const { return H * hs; }
-};
-bool attention_kernels_fit(std::int64_t T, std::int64_t hs);  // T and hs multiples of 8
-// S = scale Q K^T.
-void attention_scores(const float* qkv, float* s, const AttentionShape& a, float scale);
-// Y = P V, P the attention weights (0 above the diagonal, not read).
-void attention_values(const float* p, const float* qkv, float* y, const AttentionShape& a);
-// dP = dY V^T.
-void attention_grad_weights(const float* dy, const float* qkv, float* dp, const AttentionShape& a);
-// dV = P^T dY, into dqkv's value columns.
-void attention_grad_values(const float* p, const float* dy, float* dqkv, const AttentionShape& a);
-// dQ = scale dS K and dK = scale dS^T Q, into dqkv's query and key columns.
-void attention_grad_queries_keys(const float* ds, const float* qkv, float* dqkv,
-                                 const AttentionShape& a, float scale);
 
 }  // namespace cohort::nn
