@@ -11,12 +11,14 @@ side by side on one machine, Tiny Shakespeare.
       RSS (the child's, from wait4). cohort's rate is the steady one: the tokens of its steps
       after the first --skip over their time (the metrics' elapsed_s, steps only), as the peer's
       excludes its warm-up steps. Prints medians, cohort's roofline fractions and the ratio of
-      cohort's best to PyTorch's best. --baseline BIN runs another cohort build first in each
+      cohort's best to PyTorch's best, of the medians and round by round. --baseline BIN runs another cohort build first in each
       round and prints the per-round ratios; --peer-precisions none leaves the peer out.
   bench/gpt_compare.py curve [--seeds 1,2,3] [--peer [--peer-precisions f32,bf16]]
+                             [--eval-every 250]
       nanoGPT's CPU recipe for 2000 iterations (examples/gpt_char_cpu.toml) in f32 and bf16 per
-      seed: the validation loss (whole split) every 250 iterations against training seconds, the
-      seconds to first reach --target (1.90); with --peer the PyTorch recipe too. --out writes
+      seed: the validation loss (whole split) every --eval-every iterations (250, the recipe's)
+      against training seconds, the seconds to first reach --target (1.90); with --peer the
+      PyTorch recipe too, evaluated at the same iterations. --out writes
       every curve as JSON, --svg draws them (docs/gpt_char_cpu_curves.svg).
 """
 import argparse
@@ -123,6 +125,11 @@ def cmd_tput(a):
         if peer:
             best_p = max(med["PyTorch " + p] for p in peer)
             print(f"  cohort's best / PyTorch's best: {best_c / best_p:.2f}x", flush=True)
+            per_round = [max(c) / max(q) for c, q in
+                         zip(zip(*[runs["cohort " + p] for p in precisions]),
+                             zip(*[runs["PyTorch " + p] for p in peer]))]
+            print(f"  per round: {[round(x, 2) for x in per_round]}, median "
+                  f"{statistics.median(per_round):.2f}x", flush=True)
         if a.baseline:
             for p in precisions:
                 ratios = [x / y for x, y in zip(runs["cohort " + p], runs["baseline " + p])]
@@ -136,7 +143,8 @@ def cohort_curve(a, seed, precision, tmp):
     peer_compare.run([a.cohort, "train", "--config", os.path.join(ROOT, "examples",
                                                                   "gpt_char_cpu.toml"),
                       "--seed", str(seed), "--precision", precision, "--quiet", "--metrics",
-                      metrics, "--summary", summary, "--save", os.path.join(tmp, "c.ckpt")])
+                      metrics, "--summary", summary, "--save", os.path.join(tmp, "c.ckpt"),
+                      "--eval-every", str(a.eval_every)])
     curve = []
     with open(metrics) as f:
         for line in f:
@@ -166,7 +174,8 @@ def cmd_curve(a):
         if a.peer:
             for bf16 in [p == "bf16" for p in peer_precisions(a)]:
                 cmd = ["/usr/bin/python3", PEER, "train", "--text", os.path.join(TEXT, "input.txt"),
-                       "--seed", str(seed), "--threads", "2"] + (["--bf16"] if bf16 else [])
+                       "--seed", str(seed), "--threads", "2", "--eval-every",
+                       str(a.eval_every)] + (["--bf16"] if bf16 else [])
                 out = peer_compare.run(cmd, capture=True, timeout=3600)
                 r = json.loads([l for l in out.splitlines() if l.startswith("RESULT ")][-1][7:])
                 results.append({"who": "PyTorch", "seed": seed,
@@ -242,6 +251,9 @@ def main():
                         "as on CPUs without AVX512_BF16, and slower than its f32)")
     p.add_argument("--peer", action="store_true")
     p.add_argument("--target", type=float, default=1.90)
+    p.add_argument("--eval-every", type=int, default=250,
+                   help="curve: both sides' validation loss every this many iterations (the "
+                        "recipe's 250; fewer place the first reach of --target more finely)")
     p.add_argument("--out", default="")
     p.add_argument("--svg", default="", help="curve: also draw the curves into this SVG")
     p.add_argument("--title", default="nanoGPT's CPU recipe on Tiny Shakespeare")
