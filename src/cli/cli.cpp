@@ -14,6 +14,7 @@
 #include "commands.hpp"
 #include "launch.hpp"
 #include "options.hpp"
+#include "output.hpp"
 
 namespace cohort::cli {
 
@@ -87,6 +88,20 @@ int run_args(std::vector<std::string> args, std::ostream& all_out, std::ostream&
     if (const std::optional<int> code = parse(app, args, out)) return *code;
     if (train_cmd->parsed()) {
       check_train_flags(*train_cmd, train, /*outputs=*/comm.rank() == 0);
+      if (comm.rank() == 0) {  // the rank that writes; --save may name --resume's file
+        const auto& ck = train.checkpoint;
+        const std::string resume = ck.resume == kResumeAuto ? "" : ck.resume;
+        check_outputs_apart({{"--save", ck.save},
+                             {"--summary", train.summary_path},
+                             {"--metrics", train.metrics_path},
+                             {"--trace", train.trace_path}},
+                            {{"--config", train.config_path}}, train.data_dir);
+        check_outputs_apart(
+            {{"--summary", train.summary_path},
+             {"--metrics", train.metrics_path},
+             {"--trace", train.trace_path}},
+            {{"--resume", resume}});
+      }
       if (mode == Mode::kCheckTrain) train.dry_run = true;
       agreeing = true;
       return train_command(train, loaders, out, err, comm);

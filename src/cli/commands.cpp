@@ -78,6 +78,8 @@ std::string logits_npy(const nn::Model& model, const float* weights, const float
 int eval_command(const EvalOptions& o, std::ostream& out) {
   check_output_path("--summary", o.summary_path);
   check_output_path("--logits", o.logits_path);
+  check_outputs_apart({{"--summary", o.summary_path}, {"--logits", o.logits_path}},
+                      {{"--checkpoint", o.checkpoint}}, o.data_dir);
   const checkpoint::Checkpoint ck = checkpoint::load_checkpoint(o.checkpoint);
   const std::size_t block =
       nn::GptModel::is_gpt(ck.model)
@@ -157,6 +159,9 @@ CLI::App* add_plot_command(CLI::App& app, PlotOptions& o) {
 // a name are labelled by their folder too.
 int plot_command(const PlotOptions& o, std::ostream& out) {
   check_output_path("--output", o.output);
+  std::vector<NamedPath> inputs;
+  for (const std::string& f : o.files) inputs.push_back({"the metrics file", f});
+  check_outputs_apart({{"--output", o.output}}, inputs);
   if (o.width < 600)
     throw InputError("--width: expected at least 600 (pixels), found " + std::to_string(o.width));
   std::vector<report::Series> runs;

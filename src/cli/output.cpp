@@ -17,6 +17,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/names.hpp"
 #include "cohort/data/augment.hpp"
+#include "cohort/data/dataset.hpp"
 #include "cohort/version.hpp"
 
 namespace cohort::cli {
@@ -96,6 +97,33 @@ void check_output_path(const std::string& flag, const std::string& path) {
   if (const std::string problem = config::path_problem(config::Type::kFileOut, path);
       !problem.empty())
     throw InputError(flag + ": " + problem);
+}
+
+void check_outputs_apart(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs,
+                         const std::string& data_dir) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const NamedPath& o = outputs[i];
+    if (o.path.empty()) continue;
+    auto refuse = [&](const std::string& which) {
+      throw InputError(o.flag + ": expected a file of its own, found '" + o.path + "', which is " +
+                       which + " (writing it would replace that)");
+    };
+    for (const NamedPath& in : inputs)
+      if (!in.path.empty() && config::same_file(o.path, in.path))
+        refuse(in.flag + "'s file ('" + in.path + "')");
+    for (std::size_t j = 0; j < i; ++j)
+      if (!outputs[j].path.empty() && config::same_file(o.path, outputs[j].path))
+        refuse(outputs[j].flag + "'s file too ('" + outputs[j].path + "')");
+    if (!data_dir.empty()) {
+      fs::path target;
+      try {
+        target = output_target(o.path);
+      } catch (const OutputError&) {
+        continue;  // check_output_path names the loop of links
+      }
+      if (data::is_data_file(data_dir, target)) refuse("data of --data " + data_dir);
+    }
+  }
 }
 
 json config_json(const train::TrainConfig& c, const std::string& data_dir) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cohort/train/trainer.hpp"
 
@@ -17,6 +18,17 @@ using json = nlohmann::ordered_json;
 // An output file must be creatable before any work starts, so a typo costs nothing. Throws
 // InputError "<flag>: expected ..., found ..." ("" is no file: nothing to check).
 void check_output_path(const std::string& flag, const std::string& path);
+
+// A file a command reads or writes, and the flag that named it.
+struct NamedPath {
+  std::string flag, path;
+};
+
+// Refuses (InputError, before any work) an output that would replace one of `inputs`, another
+// output, or a file of the data folder `data_dir` (data::is_data_file; "" for none): outputs are
+// written whole over their files (write_file_atomically), links followed. Empty paths are off.
+void check_outputs_apart(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs,
+                         const std::string& data_dir = "");
 
 // The shortest decimal that reads back as the float (0.05f as "0.05").
 std::string float_text(float f);

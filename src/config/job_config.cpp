@@ -197,6 +197,13 @@ std::string path_problem(Type type, const std::string& text) {
       } catch (const OutputError& error) {
         return expected + "' (" + error.what() + ")";
       }
+      // An output is written to a new file renamed over the old one: a FIFO, device or socket
+      // there would be replaced, not written to.
+      if (const fs::file_status st = fs::status(target, e);
+          fs::exists(st) && !fs::is_regular_file(st))
+        return expected + "', which is " +
+               (fs::is_fifo(st) ? "a FIFO" : fs::is_socket(st) ? "a socket" : "a device") +
+               " (outputs replace a regular file whole)";
       const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
       if (!fs::is_directory(dir, e)) return expected + "' (folder " + dir.string() + " missing)";
       if (::access(dir.c_str(), W_OK) != 0)
@@ -206,6 +213,23 @@ std::string path_problem(Type type, const std::string& text) {
     default:
       return "";
   }
+}
+
+bool same_file(const std::string& output, const std::string& other) {
+  fs::path target;
+  try {
+    target = output_target(output);
+  } catch (const OutputError&) {
+    return false;
+  }
+  std::error_code e1, e2;
+  if (fs::exists(target, e1) && fs::exists(other, e2)) {
+    const bool same = fs::equivalent(target, other, e1);
+    return same && !e1;
+  }
+  const fs::path a = fs::weakly_canonical(fs::absolute(target), e1);
+  const fs::path b = fs::weakly_canonical(fs::absolute(other), e2);
+  return !e1 && !e2 && a == b;
 }
 
 std::string path_problem(const Key& key, const std::string& text) {

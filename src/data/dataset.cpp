@@ -121,6 +121,50 @@ std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& path,
   return bytes;
 }
 
+namespace {
+
+// The files of each format load_data_folder reads directly in its folder; an image folder's are
+// under train/ and test/.
+struct FolderFormat {
+  const char* what;
+  std::vector<std::string> files;
+};
+const std::array<FolderFormat, 4>& folder_formats() {
+  static const std::array<FolderFormat, 4> formats{{
+      {"IDX",
+       {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte",
+        "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte", "t10k-labels-idx1-ubyte.gz"}},
+      {"NumPy", {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}},
+      {"CSV", {"train.csv", "test.csv"}},
+      {"image folder", {"train", "test"}},
+  }};
+  return formats;
+}
+
+}  // namespace
+
+bool is_data_file(const std::filesystem::path& dir, const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code e1, e2;
+  const fs::path folder = fs::weakly_canonical(fs::absolute(dir), e1);
+  const fs::path file = fs::weakly_canonical(fs::absolute(path), e2);
+  if (e1 || e2) return false;
+  const std::string name = file.filename().string();
+  if (file.parent_path() == folder) {
+    for (const char* f : kTextFiles)
+      if (name == f) return true;
+    for (const FolderFormat& format : folder_formats())
+      for (const std::string& f : format.files)
+        if (name == f) return true;
+  }
+  for (const char* images : {"train", "test"}) {
+    const fs::path inside = file.lexically_relative(folder / images);
+    if (!inside.empty() && *inside.begin() != ".." && *inside.begin() != ".") return true;
+  }
+  return false;
+}
+
 Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_classes,
                         std::size_t text_block) {
   require_directory(dir);
@@ -132,19 +176,7 @@ Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_cl
     return text_splits(load_text_folder(dir, text_block), text_block);
   }
   std::error_code ec;
-  struct Set {
-    const char* what;
-    std::vector<std::string> files;
-  };
-  const std::array<Set, 4> sets{{
-      {"IDX",
-       {"train-images-idx3-ubyte", "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte",
-        "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz",
-        "t10k-labels-idx1-ubyte", "t10k-labels-idx1-ubyte.gz"}},
-      {"NumPy", {"train_x.npy", "train_y.npy", "test_x.npy", "test_y.npy"}},
-      {"CSV", {"train.csv", "test.csv"}},
-      {"image folder", {"train", "test"}},
-  }};
+  const auto& sets = folder_formats();
   // A set is present when any of its files is; the loader then names the first missing one.
   std::vector<std::size_t> present;
   for (std::size_t i = 0; i < sets.size(); ++i)

@@ -177,6 +177,10 @@ void check_output(const fs::path& out) {
 
 void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path& out) {
   check_output(out);
+  if (config::same_file(out.string(), checkpoint.string()))
+    throw InputError("-o/--output: expected a file of its own, found '" + out.string() +
+                     "', which is --checkpoint's file ('" + checkpoint.string() +
+                     "') (writing it would replace that)");
   const checkpoint::Checkpoint ck = checkpoint::load_checkpoint(checkpoint);
   const nn::SampleShape input{static_cast<std::int64_t>(ck.input[0]),
                               static_cast<std::int64_t>(ck.input[1]),

@@ -12,7 +12,8 @@
 namespace cohort::config {
 
 // How a value is read and checked. kDir, kFileIn and kFileOut are strings checked against the
-// file system: an existing folder, an existing file, a file in an existing writable folder.
+// file system: an existing folder, an existing file, a file in an existing writable folder (not
+// a FIFO, device or socket: an output replaces its file whole).
 enum class Type { kString, kChoice, kInteger, kFloat, kBool, kDir, kFileIn, kFileOut };
 
 // Numbers: the allowed interval. A max of kNoMax or more is not printed in messages.
@@ -56,6 +57,10 @@ std::string number_problem(const Key& key, double value, const std::string& text
 std::string path_problem(Type type, const std::string& text);
 // path_problem, but a kFileIn key's words (Key::choices) pass as they are.
 std::string path_problem(const Key& key, const std::string& text);
+
+// Whether writing `output` (through its links, as write_file_atomically writes) would replace
+// the file `other` names: the same file when both exist, else the same path.
+bool same_file(const std::string& output, const std::string& other);
 
 // "a, b or c".
 std::string choices_text(const std::vector<std::string>& choices);

@@ -70,6 +70,11 @@ Splits load_image_folder(const std::filesystem::path& dir, std::size_t num_class
 Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_classes = 10,
                         std::size_t text_block = 0);
 
+// Whether `path` (existing or not; links followed) is data load_data_folder(dir) reads or could
+// read: a file of any format's names directly in `dir` (input.txt, train_x.npy, train.csv, ...)
+// or anything under its train/ and test/ folders. The commands refuse such a path as an output.
+bool is_data_file(const std::filesystem::path& dir, const std::filesystem::path& path);
+
 // Checks what every loader promises: both splits non-empty, the same features per sample, the
 // labels of both below `num_classes`, which both get. `test_source` names the test split's
 // file(s) in messages.

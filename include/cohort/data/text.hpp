@@ -51,6 +51,10 @@ TextData read_token_arrays(std::span<const std::uint8_t> train, const std::strin
                            std::span<const std::uint8_t> val, const std::string& val_name,
                            std::size_t block);
 
+// The files a text folder may hold.
+inline constexpr const char* kTextFiles[] = {"input.txt", "val.txt", "train_tokens.npy",
+                                             "val_tokens.npy"};
+
 // Whether `dir` holds text data (input.txt, or train_tokens.npy / val_tokens.npy).
 bool is_text_folder(const std::filesystem::path& dir);
 
