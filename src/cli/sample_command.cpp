@@ -1,6 +1,6 @@
 // `cohort sample`: a language model's checkpoint, a prompt encoded with its vocabulary, and tokens
 // drawn one at a time from the model's next-token distribution (temperature, top-k), each from a
-// stream keyed by (seed, position): the same text for the same seed.
+// stream keyed by (seed, the index of the generated token): the same text for the same seed.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -96,6 +96,15 @@ CLI::App* add_sample_command(CLI::App& app, SampleOptions& o) {
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24))
       ->capture_default_str();
   cmd->add_option("--temperature", o.temperature, "logits / temperature (0: the most likely)")
+      ->check(CLI::Validator(
+          [](const std::string& text) {  // CLI::Range lets NaN through (no comparison fails)
+            double x = 0;
+            const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), x);
+            return ec == std::errc() && end == text.data() + text.size() && std::isfinite(x)
+                       ? std::string()
+                       : "expected a finite number, found " + text;
+          },
+          "FINITE"))
       ->check(CLI::Range(0.0, 100.0))
       ->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "draw from the K most likely tokens (0: from all)")
@@ -133,13 +142,26 @@ int sample_command(const SampleOptions& o, std::ostream& out, std::ostream& err)
     logits = gen.push(t);
     if (!o.prompt.empty()) show(t);
   }
+  // The text is the command's product: each token is flushed as it is drawn, and a write that
+  // fails (a full disk, a reader gone) ends the command with kExitWriteFailed.
+  std::size_t drawn = 0;
+  auto written = [&] {
+    if (!(out << std::flush))
+      throw OutputError("standard output: cannot write the sample (a full disk or a reader gone?) "
+                        "after " + std::to_string(drawn) + " of " + std::to_string(o.tokens) +
+                        " tokens");
+  };
+  written();
   for (std::size_t i = 0; i < o.tokens; ++i) {
     Rng rng({o.seed, 0x5a4dull /* purpose: sampling */, i});
     const std::int32_t t = draw(logits, c.vocab, o.temperature, o.top_k, rng);
     show(t);
+    written();
+    drawn = i + 1;
     if (i + 1 < o.tokens) logits = gen.push(t);
   }
-  out << "\n" << std::flush;
+  out << "\n";
+  written();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!o.quiet)

@@ -1,14 +1,17 @@
 // A language model through the command line: `cohort train` on a folder with input.txt (the
 // first 4,000 characters of Tiny Shakespeare), its checkpoint's vocabulary, and `cohort sample`:
 // the same text for the same seed, another for another seed, the prompt first, greedy decoding
-// at temperature 0, and exit 2 for a prompt character outside the vocabulary or a checkpoint
-// that is not a language model's; `cohort eval` of it: its validation loss in bits, and exit 2
+// at temperature 0, exit 2 for a prompt character outside the vocabulary, a temperature that is
+// not a number or a checkpoint that is not a language model's, exit 74 when the text cannot be
+// written; `cohort eval` of it: its validation loss in bits, and exit 2
 // on data that is not text.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <streambuf>
 #include <string>
 #include <vector>
 
@@ -86,10 +89,51 @@ TEST_F(Sample, RefusesWhatItCannotSample) {
   r = cohort({"sample", "--checkpoint", mlp});
   EXPECT_EQ(r.code, kExitBadInput);
   EXPECT_NE(r.err.find("expected a language model"), std::string::npos) << r.err;
+  // A temperature that is not a number (CLI::Range alone lets NaN through).
+  for (const char* t : {"nan", "-1", "inf"}) {
+    r = cohort({"sample", "--checkpoint", ckpt_, "--temperature", t});
+    EXPECT_EQ(r.code, kExitBadInput) << t;
+    EXPECT_NE(r.err.find("--temperature"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
   // A language model needs text, and text a language model.
   r = cohort({"train", "--data", (dir_ / "text").string(), "--steps", "2", "--quiet"});
   EXPECT_EQ(r.code, kExitBadInput);
   EXPECT_NE(r.err.find("gpt:"), std::string::npos) << r.err;
+}
+
+// Standard output that takes `room` bytes and then fails, as a full disk or a closed pipe.
+class FailingAfter : public std::streambuf {
+ public:
+  explicit FailingAfter(std::size_t room) : room_(room) {}
+  std::size_t taken = 0;
+
+ protected:
+  int_type overflow(int_type c) override {
+    if (taken == room_) return traits_type::eof();
+    ++taken;
+    return c;
+  }
+
+ private:
+  std::size_t room_;
+};
+
+// The text is the product: a write that fails stops the sampling and exits 74 (kExitWriteFailed)
+// saying how far it got, rather than drawing every token for nobody and exiting 0.
+TEST_F(Sample, AnOutputThatFailsStopsTheSamplingWithExit74) {
+  FailingAfter buffer(10);
+  std::ostream out(&buffer);
+  std::ostringstream err;
+  std::vector<std::string> args{"cohort", "sample", "--checkpoint", ckpt_, "--tokens", "100000",
+                                "--temperature", "0"};  // greedy: 1-byte characters here
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  EXPECT_EQ(run(static_cast<int>(argv.size()), argv.data(), out, err), kExitWriteFailed);
+  EXPECT_NE(err.str().find("standard output: cannot write the sample"), std::string::npos)
+      << err.str();
+  EXPECT_NE(err.str().find("after 10 of 100000 tokens"), std::string::npos) << err.str();
+  EXPECT_EQ(buffer.taken, 10u);
 }
 
 TEST_F(Sample, EvalGivesTheValidationLossInBitsOnTextOnly) {

@@ -121,9 +121,9 @@ class GptNet {
 // Generation with a key/value cache, on f32 weights: each token pushed runs one position through
 // every layer (oneDNN inner products for the linear layers; LayerNorm, GELU and the attention
 // over the cached keys and values of the positions before it in plain loops, a few hundred
-// values each), so N tokens cost N one-position passes. Learned positions end at the block: when
-// a window is full, the cache restarts from its last block / 2 tokens (recomputed), which keeps
-// the cost O(N) where recomputing the last block tokens for every new one would be O(N x block).
+// values each). Learned positions end at the block: when a window is full, the cache restarts
+// from its last block / 2 tokens (recomputed), so N tokens cost at most 2N one-position passes,
+// O(N) where recomputing the last block tokens for every new one would be O(N x block).
 // Not thread-safe; the weights must outlive it.
 class GptGenerator {
  public:
