@@ -138,6 +138,40 @@ TEST(GptRun, DefaultLeavesBoundALeafsActivations) {
   EXPECT_EQ(gpt_leaf_windows(huge, nn::Precision::kBf16), 1u);  // never 0
 }
 
+// A model whose one-window leaf plans cannot fit (a window's attention weights grow with
+// block^2) is refused naming --model before anything is allocated, and a --micro-batch that
+// cannot fit names --micro-batch; 1.7 TB for one window here.
+TEST(GptRun, ALeafPlanThatCannotFitIsRefused) {
+  constexpr std::size_t block = 3000;
+  std::ifstream f(std::string(COHORT_FIXTURE_DIR) + "/../tinyshakespeare/input.txt",
+                  std::ios::binary);
+  std::vector<std::uint8_t> bytes(40000);
+  f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  const data::Splits long_windows =
+      data::text_splits(data::read_text(bytes, "input.txt", nullptr, {}, block), block);
+  TrainConfig c = gpt_config("gpt:100-64-64-3000");
+  c.micro_batch = 1;
+  try {
+    Trainer t(c, long_windows);
+    FAIL() << "a 1.7 TB leaf was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--model: expected a language model whose leaf plans"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("block^2"), std::string::npos) << e.what();
+  }
+  c.model = "gpt:1-2-16-3000";  // 516 MiB a window in f32
+  c.micro_batch = 8;
+  c.workers = 1u << 10;
+  try {
+    Trainer t(c, long_windows);
+    FAIL() << "1,024 workers' leaves of 8 windows of 3,000 were accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("--micro-batch: expected leaf plans"), std::string::npos)
+        << e.what();
+  }
+}
+
 // A trace of a language model's run: each leaf's forward starts inside its step, its backward
 // starts where the forward ends and ends inside the step (both spans carry real time).
 TEST(GptRun, TraceSpansEachLeafsForwardAndBackwardInsideItsStep) {

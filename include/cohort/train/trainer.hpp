@@ -158,6 +158,11 @@ inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
 // limited by batch / cores first. In f32, whose activations take about 1.5 times the bytes, half
 // as many values (2 windows of the full recipe).
 inline constexpr std::size_t kLeafActivationValues = std::size_t{12} << 20;
+// The bytes a leaf plan takes per such value, as above: about 20 in bf16 and 30 in f32. The
+// trainer refuses a language model whose leaf plans, one a worker, exceed half the memory.
+constexpr double leaf_bytes_per_activation_value(nn::Precision p) {
+  return p == nn::Precision::kBf16 ? 20.0 : 30.0;
+}
 // Windows in a language model's default leaf: as many as kLeafActivationValues allow in
 // `precision`, at least 1.
 std::size_t gpt_leaf_windows(const nn::GptShape& shape, nn::Precision precision);
