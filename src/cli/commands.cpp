@@ -12,6 +12,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/data/augment.hpp"
 #include "cohort/data/dataset.hpp"
+#include "cohort/data/text.hpp"
 #include "cohort/export/export.hpp"
 #include "cohort/nn/gpt.hpp"
 #include "cohort/nn/net.hpp"
@@ -80,7 +81,7 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   check_output_path("--logits", o.logits_path);
   check_outputs_apart({{"--summary", o.summary_path}, {"--logits", o.logits_path}},
                       {{"--checkpoint", o.checkpoint}}, o.data_dir);
-  const checkpoint::Checkpoint ck = checkpoint::load_checkpoint(o.checkpoint);
+  checkpoint::Checkpoint ck = checkpoint::load_checkpoint(o.checkpoint);
   const std::size_t block =
       nn::GptModel::is_gpt(ck.model)
           ? static_cast<std::size_t>(nn::GptModel::parse(ck.model, 1).shape().block)
@@ -88,6 +89,10 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   if (block != 0 && !o.logits_path.empty())
     throw InputError("--logits: expected a classifier's checkpoint, found a language model's ('" +
                      ck.model + "': its logits are per position; `cohort sample` draws from them)");
+  if (block == 0 && data::is_text_folder(o.data_dir))
+    throw InputError("--data: expected images or tables for " + o.checkpoint + "'s model '" +
+                     ck.model + "', found text in " + o.data_dir +
+                     " (input.txt or token arrays, a language model's data)");
   data::Splits data = data::load_data_folder(o.data_dir, 10, block);
   if (block != 0 && !data.train.text())
     throw InputError(
@@ -107,6 +112,9 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   if (config.optimizer.kind == optim::Kind::kSgd)
     config.optimizer.momentum = ck.state.empty() ? 0.0f : config.optimizer.momentum;
   train::Trainer trainer(config, data);
+  // Evaluation reads the weights, not the training split, whose size may differ from the run's
+  // (a text folder with its own val.txt trains on all of input.txt).
+  ck.train_count = data.train.count;
   trainer.restore(ck, o.checkpoint);
   auto [loss, accuracy] = trainer.evaluate_test();
   const std::string digest =

@@ -32,7 +32,7 @@ void check_window(const std::vector<std::uint32_t>& tokens, const std::string& s
                   std::size_t block) {
   if (tokens.size() < block + 1)
     refuse(source,
-           "at least one window of " + std::to_string(block + 1) + " tokens (--block " +
+           "at least one window of " + std::to_string(block + 1) + " tokens (the model's block " +
                std::to_string(block) + " + 1)",
            std::to_string(tokens.size()) + " tokens");
 }
@@ -130,6 +130,9 @@ TextData read_text(std::span<const std::uint8_t> input, const std::string& input
   std::sort(d.characters.begin(), d.characters.end());
   d.characters.erase(std::unique(d.characters.begin(), d.characters.end()), d.characters.end());
   d.vocab_size = d.characters.size();
+  if (d.vocab_size > kMaxVocab)
+    refuse(input_name + ": vocabulary", "at most " + std::to_string(kMaxVocab) + " distinct characters",
+           std::to_string(d.vocab_size));
   const auto id = [&](std::uint32_t cp) {
     return static_cast<std::uint32_t>(
         std::lower_bound(d.characters.begin(), d.characters.end(), cp) - d.characters.begin());
@@ -173,11 +176,13 @@ TextData read_token_arrays(std::span<const std::uint8_t> train, const std::strin
   d.train_source = train_name;
   d.val_source = val_name;
   std::uint32_t largest = 0;
-  for (const auto* split : {&d.train, &d.val})
-    for (std::uint32_t t : *split) largest = std::max(largest, t);
-  if (largest >= kMaxVocab)
-    refuse(train_name + ", " + val_name, "tokens below " + std::to_string(kMaxVocab),
-           "token " + std::to_string(largest));
+  for (const auto& [split, name] : {std::pair{&d.train, &train_name}, std::pair{&d.val, &val_name}})
+    for (std::size_t i = 0; i < split->size(); ++i) {
+      if ((*split)[i] >= kMaxVocab)
+        refuse(*name + ": token " + std::to_string(i), "a token below " + std::to_string(kMaxVocab),
+               std::to_string((*split)[i]));
+      largest = std::max(largest, (*split)[i]);
+    }
   d.vocab_size = std::size_t{largest} + 1;
   check_window(d.train, d.train_source, block);
   check_window(d.val, d.val_source, block);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <streambuf>
 #include <string>
@@ -96,6 +97,11 @@ TEST_F(Sample, RefusesWhatItCannotSample) {
     EXPECT_NE(r.err.find("--temperature"), std::string::npos) << r.err;
     EXPECT_EQ(r.out, "");
   }
+  // A classifier's checkpoint on text: eval names its --data (it has no --model).
+  r = cohort({"eval", "--checkpoint", mlp, "--data", (dir_ / "text").string()});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find("--data: expected images or tables for " + mlp), std::string::npos)
+      << r.err;
   // A language model needs text, and text a language model.
   r = cohort({"train", "--data", (dir_ / "text").string(), "--steps", "2", "--quiet"});
   EXPECT_EQ(r.code, kExitBadInput);
@@ -146,6 +152,18 @@ TEST_F(Sample, EvalGivesTheValidationLossInBitsOnTextOnly) {
   const auto j = nlohmann::json::parse(std::ifstream(summary));
   EXPECT_EQ(j["val_loss"], j["test_loss"]);
   EXPECT_NEAR(j["val_bpc"].get<double>(), j["val_loss"].get<double>() / std::log(2.0), 1e-12);
+  // A folder with its own val.txt trains on all of input.txt: the training split's size is not
+  // the run's, and evaluation does not depend on it.
+  fs::create_directories(dir_ / "with_val");
+  fs::copy_file(dir_ / "text" / "input.txt", dir_ / "with_val" / "input.txt");
+  {
+    std::ifstream in(dir_ / "text" / "input.txt");
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    std::ofstream(dir_ / "with_val" / "val.txt") << text.substr(text.size() - 500);
+  }
+  r = cohort({"eval", "--checkpoint", ckpt_, "--data", (dir_ / "with_val").string()});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("val loss "), std::string::npos) << r.out;
   // The images a classifier reads are no language model's data: exit 2, nothing evaluated.
   r = cohort({"eval", "--checkpoint", ckpt_, "--data", COHORT_FIXTURE_DIR});
   EXPECT_EQ(r.code, kExitBadInput);

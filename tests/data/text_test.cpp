@@ -136,6 +136,36 @@ TEST(TokenArrays, RefusesSignedFloatAndTwoDimensionalArrays) {
             std::string::npos);
 }
 
+// A token at or past kMaxVocab is refused naming its file and index; the message names the
+// model's block, not a flag, for a split shorter than a window.
+TEST(TokenArrays, ATokenPastTheLargestVocabularyIsRefusedNamingFileAndIndex) {
+  const std::string msg = refusal([] {  // val_tokens.npy[2] = 0x00100000 = kMaxVocab
+    read_token_arrays(npy("<u4", 3, {1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0}), "train_tokens.npy",
+                      npy("<u4", 3, {0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 16, 0}), "val_tokens.npy", 2);
+  });
+  EXPECT_NE(msg.find("val_tokens.npy: token 2: expected a token below 1048576, found 1048576"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(refusal([] {
+              read_token_arrays(npy("|u1", 2, {0, 1}), "train_tokens.npy", npy("|u1", 3, {0, 1, 2}),
+                                "val_tokens.npy", 2);
+            }).find("expected at least one window of 3 tokens (the model's block 2 + 1)"),
+            std::string::npos);
+}
+
+// More distinct characters than kMaxVocab: refused naming input.txt (every code point but the
+// surrogates, 1,112,064 of them, once).
+TEST(Text, AVocabularyPastTheLargestIsRefusedNamingTheFile) {
+  std::string text;
+  for (std::uint32_t cp = 0; cp <= 0x10FFFF; ++cp)
+    if (cp < 0xD800 || cp > 0xDFFF) text += encode_utf8(cp);
+  const std::string msg = refusal([&] { read_text(bytes(text), "input.txt", nullptr, {}, 2); });
+  EXPECT_NE(msg.find("input.txt: vocabulary: expected at most 1048576 distinct characters, found "
+                     "1112064"),
+            std::string::npos)
+      << msg;
+}
+
 // The shipped Tiny Shakespeare (datasets/tinyshakespeare, md5 in datasets/README.md): nanoGPT's
 // shakespeare_char numbers — 65 characters, 1,115,394 of them, 1,003,854 to train.
 TEST(Text, TinyShakespeareHasNanoGptsVocabularyAndSplit) {
