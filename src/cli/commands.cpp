@@ -18,6 +18,7 @@
 #include "cohort/nn/net.hpp"
 #include "cohort/report/plot.hpp"
 #include "cohort/train/trainer.hpp"
+#include "options.hpp"
 #include "output.hpp"
 
 namespace cohort::cli {
@@ -33,7 +34,8 @@ CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
   cmd->add_option("--summary", o.summary_path, "write a JSON summary to this file");
   cmd->add_option("--logits", o.logits_path,
                   "write the test set's logits to this .npy file (float32, (N, classes))");
-  cmd->add_option("--workers", o.workers, "worker replicas (0: one per core)");
+  cmd->add_option("--workers", o.workers, "worker replicas (0: one per core)")
+      ->transform(unsigned_decimal());
   cmd->add_flag("--quiet", o.quiet, "print nothing (write only the --summary file)");
   return cmd;
 }

@@ -333,9 +333,11 @@ CLI::App* add_launch_command(CLI::App& app, LaunchOptions& o) {
       "run a training job and restart it from its newest checkpoint when it fails: cohort "
       "launch [options] -- mpirun -np N cohort train ... --save FILE --save-every K");
   cmd->add_option("--max-restarts", o.max_restarts, "restarts before giving up")
+      ->transform(unsigned_decimal())
       ->check(CLI::Range(std::size_t{0}, std::size_t{1000}))
       ->capture_default_str();
   cmd->add_option("--min-ranks", o.min_ranks, "fewest ranks a restart may run on")
+      ->transform(unsigned_decimal())
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
       ->capture_default_str();
   cmd->add_flag("--shrink", o.shrink,

@@ -66,6 +66,8 @@ struct Field {
       return cmd.add_option_function<std::string>(row.key.flag, store, row.help)
           ->type_name(names)
           ->default_str(text(o));
+    } else if constexpr (std::is_unsigned_v<T>) {
+      return cmd.add_option(row.key.flag, field, row.help)->transform(unsigned_decimal());
     } else {
       return cmd.add_option(row.key.flag, field, row.help);
     }
@@ -351,6 +353,21 @@ CLI::App* add_train_command(CLI::App& app, TrainOptions& o) {
     for (const TrainFlag& row : train_flags())
       if (flag_group(row) == group) row.add(*cmd, o, row)->group(group);
   return cmd;
+}
+
+CLI::Validator unsigned_decimal() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        std::uint64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [stop, ec] = std::from_chars(text.data(), end, value);
+        if (text.empty() || text.front() == '-' || ec != std::errc() || stop != end)
+          return "expected a whole number from 0 to " +
+                 std::to_string(std::numeric_limits<std::uint64_t>::max()) + ", found " + text;
+        text = std::to_string(value);  // decimal, for strtoull's base 0
+        return "";
+      },
+      "");
 }
 
 void check_train_flags(const CLI::App& cmd, const TrainOptions& o, bool outputs) {

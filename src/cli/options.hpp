@@ -75,6 +75,11 @@ const std::vector<TrainFlag>& train_flags();
 // outlive the parse). A flag given twice takes its last value.
 CLI::App* add_train_command(CLI::App& app, TrainOptions& o);
 
+// For every unsigned option: CLI11 2.1 reads one with strtoull, so "-1" wraps to 2^64 - 1, a
+// number past that saturates and "010" is octal. This takes decimal digits that fit in 64 bits
+// (leading zeros dropped: an Option::transform, which rewrites the text) and refuses the rest.
+CLI::Validator unsigned_decimal();
+
 // After parsing: each flag that was given (on the command line or by the config) checked against
 // its row — a number against its range, a path against its type. Throws InputError
 // "<flag>: expected ..., found ...". outputs = false: the paths of files written (--summary,

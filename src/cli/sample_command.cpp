@@ -16,6 +16,7 @@
 #include "cohort/data/text.hpp"
 #include "cohort/nn/gpt.hpp"
 #include "commands.hpp"
+#include "options.hpp"
 
 namespace cohort::cli {
 
@@ -93,6 +94,7 @@ CLI::App* add_sample_command(CLI::App& app, SampleOptions& o) {
   cmd->add_option("--checkpoint", o.checkpoint, "the checkpoint")->required();
   cmd->add_option("--prompt", o.prompt, "the text to continue (default: a newline)");
   cmd->add_option("--tokens", o.tokens, "tokens to generate")
+      ->transform(unsigned_decimal())
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24))
       ->capture_default_str();
   cmd->add_option("--temperature", o.temperature, "logits / temperature (0: the most likely)")
@@ -108,9 +110,12 @@ CLI::App* add_sample_command(CLI::App& app, SampleOptions& o) {
       ->check(CLI::Range(0.0, 100.0))
       ->capture_default_str();
   cmd->add_option("--top-k", o.top_k, "draw from the K most likely tokens (0: from all)")
+      ->transform(unsigned_decimal())
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 20))
       ->capture_default_str();
-  cmd->add_option("--seed", o.seed, "the draws' stream")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "the draws' stream")
+      ->transform(unsigned_decimal())
+      ->capture_default_str();
   cmd->add_flag("--quiet", o.quiet, "no rate line on stderr");
   return cmd;
 }

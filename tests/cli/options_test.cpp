@@ -161,6 +161,38 @@ INSTANTIATE_TEST_SUITE_P(CliOptions, RangedFlag,
                          })),
                          RowName());
 
+// CLI11 2.1 reads unsigned options with strtoull: "-1" would wrap to 2^64 - 1 and a number past
+// that saturate. Every integer flag refuses both (exit 2 naming it); "010" is ten, not octal.
+class IntegerFlag : public testing::TempDirTest, public ::testing::WithParamInterface<TrainFlag> {};
+
+TEST_P(IntegerFlag, RefusesANegativeOrTooLargeValueNamingIt) {
+  const TrainFlag& row = GetParam();
+  for (const std::string value : {"-1", "18446744073709551616", "0x10"}) {
+    Result r = cohort({"train", "--data", COHORT_FIXTURE_DIR, row.key.flag, value, "--dry-run"});
+    EXPECT_EQ(r.code, kExitBadInput) << row.key.flag << " " << value;
+    EXPECT_NE(r.err.find(row.key.flag + ": expected a whole number"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(CliOptions, IntegerFlag,
+                         ::testing::ValuesIn(rows_where([](const TrainFlag& r) {
+                           return r.key.type == Type::kInteger;
+                         })),
+                         RowName());
+
+TEST(CliOptions, UnsignedValuesAreDecimal) {
+  Result r = cohort({"train", "--data", COHORT_FIXTURE_DIR, "--seed", "010", "--dry-run"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find(" seed=10 "), std::string::npos) << r.out;
+  for (const char* flag : {"--seed", "--tokens", "--top-k"}) {
+    r = cohort({"sample", "--checkpoint", "unread.ckpt", flag, "-1"});
+    EXPECT_EQ(r.code, kExitBadInput) << flag;
+    EXPECT_NE(r.err.find(std::string(flag) + ": expected a whole number"), std::string::npos)
+        << r.err;
+  }
+}
+
 TEST(CliOptions, FlagsAndKeysAreUnique) {
   std::set<std::string> flags, keys;
   for (const TrainFlag& row : train_flags()) {
