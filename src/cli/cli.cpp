@@ -96,11 +96,10 @@ int run_args(std::vector<std::string> args, std::ostream& all_out, std::ostream&
                              {"--metrics", train.metrics_path},
                              {"--trace", train.trace_path}},
                             {{"--config", train.config_path}}, train.data_dir);
-        check_outputs_apart(
-            {{"--summary", train.summary_path},
-             {"--metrics", train.metrics_path},
-             {"--trace", train.trace_path}},
-            {{"--resume", resume}});
+        check_outputs_apart({{"--summary", train.summary_path},
+                             {"--metrics", train.metrics_path},
+                             {"--trace", train.trace_path}},
+                            {{"--resume", resume}});
       }
       if (mode == Mode::kCheckTrain) train.dry_run = true;
       agreeing = true;

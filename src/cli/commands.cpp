@@ -29,7 +29,8 @@ CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
   CLI::App* cmd =
       app.add_subcommand("eval", "evaluate a checkpoint on the test (validation) split");
   cmd->add_option("--checkpoint", o.checkpoint, "the checkpoint to evaluate")->required();
-  cmd->add_option("--data", o.data_dir, "the data folder, as for train --data")
+  cmd->add_option("--data", o.data_dir,
+                  "the data folder, as for train --data (text for a language model's checkpoint)")
       ->capture_default_str();
   cmd->add_option("--summary", o.summary_path, "write a JSON summary to this file");
   cmd->add_option("--logits", o.logits_path,

@@ -187,7 +187,8 @@ std::vector<TrainFlag> make_table() {
           "global batch size (samples; a language model's windows)"),
       number_flag<&O::config, &TC::micro_batch>(
           "--micro-batch", "run.micro_batch", {0, k2to24},
-          "rows per leaf of the reduction tree (0: batch / cores, rounded up)"),
+          "rows per leaf of the reduction tree (0: batch / cores, rounded up, capped for "
+          "convolutions, bn and language models)"),
       number_flag<&O::config, &TC::epochs>("--epochs", "run.epochs", {0, 1e6},
                                            "epochs over the training set"),
       number_flag<&O::config, &TC::steps>("--steps", "run.steps", {0, 1e15},
@@ -208,8 +209,8 @@ std::vector<TrainFlag> make_table() {
           "weight decay (SGD, Adam: L2 on the gradient; AdamW: decoupled)"),
       bool_flag<&O::config, &TC::no_decay_norm_bias>(
           "--no-decay-norm-bias", "optimizer.no_decay_norm_bias",
-          "no weight decay on bn scales and shifts and on biases (default: every tensor decays, "
-          "as in torch.optim)"),
+          "no weight decay on bn scales and shifts, LayerNorm weights and biases (default: every "
+          "tensor decays, as in torch.optim)"),
       number_flag<&O::config, &TC::optimizer, &OC::beta1>("--beta1", "optimizer.beta1", kFraction,
                                                           "Adam(W): first moment decay"),
       number_flag<&O::config, &TC::optimizer, &OC::beta2>("--beta2", "optimizer.beta2", kFraction,
@@ -242,7 +243,7 @@ std::vector<TrainFlag> make_table() {
       choice_flag<&O::config, &TC::weight_grads>(
           "--weight-grads", "run.weight_grads",
           "linear layers' weight gradients over the whole batch at the root, right before the "
-          "optimizer, or per leaf, summed by the reducer"),
+          "optimizer, or per leaf, summed by the reducer (language models: always per leaf)"),
       choice_flag<&O::config, &TC::precision>(
           "--precision", "run.precision",
           "the replicas' arithmetic: f32, or bf16 (bf16 forward and backward-data on a bf16 copy "

@@ -99,8 +99,8 @@ void check_output_path(const std::string& flag, const std::string& path) {
     throw InputError(flag + ": " + problem);
 }
 
-void check_outputs_apart(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs,
-                         const std::string& data_dir) {
+void check_outputs_apart(const std::vector<NamedPath>& outputs,
+                         const std::vector<NamedPath>& inputs, const std::string& data_dir) {
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const NamedPath& o = outputs[i];
     if (o.path.empty()) continue;

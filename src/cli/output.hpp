@@ -27,8 +27,8 @@ struct NamedPath {
 // Refuses (InputError, before any work) an output that would replace one of `inputs`, another
 // output, or a file of the data folder `data_dir` (data::is_data_file; "" for none): outputs are
 // written whole over their files (write_file_atomically), links followed. Empty paths are off.
-void check_outputs_apart(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs,
-                         const std::string& data_dir = "");
+void check_outputs_apart(const std::vector<NamedPath>& outputs,
+                         const std::vector<NamedPath>& inputs, const std::string& data_dir = "");
 
 // The shortest decimal that reads back as the float (0.05f as "0.05").
 std::string float_text(float f);

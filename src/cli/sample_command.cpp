@@ -152,9 +152,10 @@ int sample_command(const SampleOptions& o, std::ostream& out, std::ostream& err)
   std::size_t drawn = 0;
   auto written = [&] {
     if (!(out << std::flush))
-      throw OutputError("standard output: cannot write the sample (a full disk or a reader gone?) "
-                        "after " + std::to_string(drawn) + " of " + std::to_string(o.tokens) +
-                        " tokens");
+      throw OutputError(
+          "standard output: cannot write the sample (a full disk or a reader gone?) "
+          "after " +
+          std::to_string(drawn) + " of " + std::to_string(o.tokens) + " tokens");
   };
   written();
   for (std::size_t i = 0; i < o.tokens; ++i) {

@@ -202,7 +202,9 @@ std::string path_problem(Type type, const std::string& text) {
       if (const fs::file_status st = fs::status(target, e);
           fs::exists(st) && !fs::is_regular_file(st))
         return expected + "', which is " +
-               (fs::is_fifo(st) ? "a FIFO" : fs::is_socket(st) ? "a socket" : "a device") +
+               (fs::is_fifo(st)     ? "a FIFO"
+                : fs::is_socket(st) ? "a socket"
+                                    : "a device") +
                " (outputs replace a regular file whole)";
       const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
       if (!fs::is_directory(dir, e)) return expected + "' (folder " + dir.string() + " missing)";

@@ -131,7 +131,8 @@ TextData read_text(std::span<const std::uint8_t> input, const std::string& input
   d.characters.erase(std::unique(d.characters.begin(), d.characters.end()), d.characters.end());
   d.vocab_size = d.characters.size();
   if (d.vocab_size > kMaxVocab)
-    refuse(input_name + ": vocabulary", "at most " + std::to_string(kMaxVocab) + " distinct characters",
+    refuse(input_name + ": vocabulary",
+           "at most " + std::to_string(kMaxVocab) + " distinct characters",
            std::to_string(d.vocab_size));
   const auto id = [&](std::uint32_t cp) {
     return static_cast<std::uint32_t>(

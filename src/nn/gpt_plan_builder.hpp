@@ -5,11 +5,11 @@
 // backward). Not an interface: one builder lives for one build_gpt_plan call.
 //
 // The steps are oneDNN 2.6 primitives (inner products for the linear layers and the tied head,
-// batched matmuls over strided views for attention, layer normalization, softmax forward, the erf
-// GELU) and cohort's loops where oneDNN 2.6 has no primitive (the embedding gather and its
-// scatter-add, the causal mask, dropout, residual adds, the conversions between f32 and bf16) or
-// only a reference one on AVX2 (the causal softmax's backward, nn/gpt_kernels.hpp), as the two
-// step lists of a detail::Plan.
+// batched matmuls over strided views for attention, layer normalization, the erf GELU in bf16,
+// reorders between f32 and bf16) and cohort's loops (the embedding gather and its scatter-add,
+// dropout, residual adds; nn/gpt_kernels.hpp: the causal softmax forward and backward, which read
+// only the causal part, and in f32 the GELU with its slope), as the two step lists of a
+// detail::Plan. Some weight gradients run on dnnl_sgemm or OpenBLAS's sgemm (plan_gpt.cpp).
 //
 // Rows: the M = N x block positions, (N, T, C) row-major. The residual stream x is f32 in both
 // precisions (as PyTorch's autocast keeps it); LayerNorm runs in f32 (oneDNN 2.6 gives it one

@@ -251,12 +251,15 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
     const float* dps = static_cast<const float*>(dp.get_data_handle());
     void* out = ds_act.get_data_handle();
     const bool half = this->half();
-    custom(p_.backward, [=] {
-      if (half)
-        causal_softmax_backward(pp, dps, static_cast<bf16*>(out), N * H, T);
-      else
-        causal_softmax_backward(pp, dps, static_cast<float*>(out), N * H, T);
-    });
+    custom(
+        p_.backward,
+        [=] {
+          if (half)
+            causal_softmax_backward(pp, dps, static_cast<bf16*>(out), N * H, T);
+          else
+            causal_softmax_backward(pp, dps, static_cast<float*>(out), N * H, T);
+        },
+        Phase::kEltwise);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   // dQ = scale dS K by row blocks, dK = scale dS^T Q by key blocks.

@@ -138,10 +138,11 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
     const double plans = static_cast<double>(c.workers) * static_cast<double>(c.micro_batch) *
                          values * leaf_bytes_per_activation_value(c.precision);
     if (const double memory = physical_memory(); memory > 0 && plans > memory / 2) {
-      const std::string need =
-          std::to_string(static_cast<long long>(plans / (1 << 20))) + " MiB for " +
-          std::to_string(c.workers) + (c.workers == 1 ? " worker's leaf of " : " workers' leaves of ") +
-          std::to_string(c.micro_batch) + (c.micro_batch == 1 ? " window" : " windows");
+      const std::string need = std::to_string(static_cast<long long>(plans / (1 << 20))) +
+                               " MiB for " + std::to_string(c.workers) +
+                               (c.workers == 1 ? " worker's leaf of " : " workers' leaves of ") +
+                               std::to_string(c.micro_batch) +
+                               (c.micro_batch == 1 ? " window" : " windows");
       const std::string fit = "fit in half of this machine's " +
                               std::to_string(static_cast<long long>(memory / (1 << 20))) + " MiB";
       if (c.micro_batch > 1)

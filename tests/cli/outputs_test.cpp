@@ -51,9 +51,8 @@ TEST_F(Cli, AnOutputNamingAnInputOrAnotherOutputIsRefusedAndTheFileKept) {
                  {"-o/--output", "--checkpoint"});
   expect_refused({"export", "--checkpoint", ckpt, "--format", "safetensors", "-o", link}, ckpt,
                  {"-o/--output", "--checkpoint"});
-  expect_refused(
-      {"eval", "--checkpoint", ckpt, "--data", COHORT_FIXTURE_DIR, "--summary", link}, ckpt,
-      {"--summary", "--checkpoint"});
+  expect_refused({"eval", "--checkpoint", ckpt, "--data", COHORT_FIXTURE_DIR, "--summary", link},
+                 ckpt, {"--summary", "--checkpoint"});
 
   // train: an output onto --resume's file, onto another output, onto the config.
   expect_refused(quick({"--resume", ckpt, "--summary", ckpt}), ckpt, {"--summary", "--resume"});
@@ -114,7 +113,8 @@ TEST_F(Cli, AFifoOrDeviceIsNotReplacedByAnOutput) {
   EXPECT_EQ(r.code, kExitBadInput);
   EXPECT_NE(r.err.find("which is a FIFO"), std::string::npos) << r.err;
   EXPECT_TRUE(fs::is_fifo(fifo));
-  r = cohort({"eval", "--checkpoint", ckpt, "--data", COHORT_FIXTURE_DIR, "--summary", "/dev/null"});
+  r = cohort(
+      {"eval", "--checkpoint", ckpt, "--data", COHORT_FIXTURE_DIR, "--summary", "/dev/null"});
   EXPECT_EQ(r.code, kExitBadInput);
   EXPECT_NE(r.err.find("which is a device"), std::string::npos) << r.err;
   EXPECT_TRUE(fs::is_character_file("/dev/null"));

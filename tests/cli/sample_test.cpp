@@ -100,8 +100,7 @@ TEST_F(Sample, RefusesWhatItCannotSample) {
   // A classifier's checkpoint on text: eval names its --data (it has no --model).
   r = cohort({"eval", "--checkpoint", mlp, "--data", (dir_ / "text").string()});
   EXPECT_EQ(r.code, kExitBadInput);
-  EXPECT_NE(r.err.find("--data: expected images or tables for " + mlp), std::string::npos)
-      << r.err;
+  EXPECT_NE(r.err.find("--data: expected images or tables for " + mlp), std::string::npos) << r.err;
   // A language model needs text, and text a language model.
   r = cohort({"train", "--data", (dir_ / "text").string(), "--steps", "2", "--quiet"});
   EXPECT_EQ(r.code, kExitBadInput);
@@ -131,7 +130,8 @@ TEST_F(Sample, AnOutputThatFailsStopsTheSamplingWithExit74) {
   FailingAfter buffer(10);
   std::ostream out(&buffer);
   std::ostringstream err;
-  std::vector<std::string> args{"cohort", "sample", "--checkpoint", ckpt_, "--tokens", "100000",
+  std::vector<std::string> args{"cohort",        "sample",   "--checkpoint",
+                                ckpt_,           "--tokens", "100000",
                                 "--temperature", "0"};  // greedy: 1-byte characters here
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
