@@ -195,6 +195,12 @@ void check_resume(const TrainConfig& unresolved, const nn::Model& model, const d
                      " (resume with the checkpoint's value, or start a new run)");
   };
   if (c.model != config.model) mismatch("--model", "'" + config.model + "'", "'" + c.model + "'");
+  // Before the parameters: a language model's count follows from its vocabulary.
+  const std::uint64_t vocab = model.gpt() ? data.train.num_classes : 0;
+  if (c.vocab != vocab)
+    mismatch("vocabulary", std::to_string(vocab) + " tokens", std::to_string(c.vocab));
+  if (c.characters != data.characters)
+    mismatch("vocabulary's characters", "this text's", "another text's");
   if (c.weights.size() != model.layout().total())
     mismatch("parameters", std::to_string(model.layout().total()) + " floats",
              std::to_string(c.weights.size()));
@@ -212,11 +218,6 @@ void check_resume(const TrainConfig& unresolved, const nn::Model& model, const d
            ")";
   };
   if (c.input != shape) mismatch("input shape (C, H, W)", text(shape), text(c.input));
-  const std::uint64_t vocab = model.gpt() ? data.train.num_classes : 0;
-  if (c.vocab != vocab)
-    mismatch("vocabulary", std::to_string(vocab) + " tokens", std::to_string(c.vocab));
-  if (c.characters != data.characters)
-    mismatch("vocabulary's characters", "this text's", "another text's");
   if (c.train_count != data.train.count)
     mismatch("training set size", std::to_string(data.train.count), std::to_string(c.train_count));
   if (c.optimizer != optim::to_string(config.optimizer.kind))

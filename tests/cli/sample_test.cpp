@@ -7,6 +7,7 @@
 // on data that is not text.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -164,6 +165,21 @@ TEST_F(Sample, EvalGivesTheValidationLossInBitsOnTextOnly) {
   r = cohort({"eval", "--checkpoint", ckpt_, "--data", (dir_ / "with_val").string()});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("val loss "), std::string::npos) << r.out;
+  // Text of another vocabulary: refused naming the vocabulary (before the parameter count that
+  // follows from it), one more character or the same count of others.
+  for (const auto& [name, edit] : {std::pair{"one_more", "{"}, std::pair{"others", "@"}}) {
+    fs::create_directories(dir_ / name);
+    std::ifstream in(dir_ / "text" / "input.txt");
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    if (std::string(name) == "others")  // every 'a' becomes '@': as many characters, not the same
+      std::replace(text.begin(), text.end(), 'a', '@');
+    else
+      text += edit;
+    std::ofstream(dir_ / name / "input.txt") << text;
+    r = cohort({"eval", "--checkpoint", ckpt_, "--data", (dir_ / name).string()});
+    EXPECT_EQ(r.code, kExitBadInput) << name;
+    EXPECT_NE(r.err.find(ckpt_ + ": vocabulary"), std::string::npos) << r.err;
+  }
   // The images a classifier reads are no language model's data: exit 2, nothing evaluated.
   r = cohort({"eval", "--checkpoint", ckpt_, "--data", COHORT_FIXTURE_DIR});
   EXPECT_EQ(r.code, kExitBadInput);
