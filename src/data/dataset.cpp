@@ -159,6 +159,7 @@ bool is_data_file(const std::filesystem::path& dir, const std::filesystem::path&
         if (name == f) return true;
   }
   for (const char* images : {"train", "test"}) {
+    if (!fs::is_directory(folder / images, e1)) continue;
     const fs::path inside = file.lexically_relative(folder / images);
     if (!inside.empty() && *inside.begin() != ".." && *inside.begin() != ".") return true;
   }

@@ -2,11 +2,14 @@
 #include "cohort/data/dataset.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
 
 #include "cohort/core/rng.hpp"
@@ -128,6 +131,30 @@ TEST(AssembleBatch, Bf16RowsAreTheF32RowsRounded) {
       ASSERT_EQ(x16[i].bits, to_bf16(x[i]).bits)
           << (images ? "images" : "float features") << ", element " << i;
   }
+}
+
+// The files a data folder's loaders read, present or not, links followed; an image folder's
+// train/ and test/ trees only where they are folders.
+TEST(DataFiles, AreEveryFormatsNamesInTheFolderAndTheImageTrees) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("cohort_data_files_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "runs");
+  for (const char* f :
+       {"input.txt", "val_tokens.npy", "train-images-idx3-ubyte.gz", "test_y.npy", "train.csv"})
+    EXPECT_TRUE(is_data_file(dir, dir / f)) << f;
+  EXPECT_TRUE(is_data_file(dir, dir / "runs" / ".." / "input.txt"));
+  EXPECT_FALSE(is_data_file(dir, dir / "summary.json"));
+  EXPECT_FALSE(is_data_file(dir, dir / "runs" / "input.txt"));
+  EXPECT_FALSE(is_data_file(dir, dir / "train" / "cat" / "1.png"));  // no train/ folder
+  fs::create_directories(dir / "train" / "cat");
+  EXPECT_TRUE(is_data_file(dir, dir / "train" / "cat" / "1.png"));
+  EXPECT_TRUE(is_data_file(dir, dir / "train" / "new.json"));
+  std::ofstream(dir / "input.txt") << "text";
+  fs::create_symlink(dir / "input.txt", dir / "runs" / "link.txt");
+  EXPECT_TRUE(is_data_file(dir, dir / "runs" / "link.txt")) << "a link to a data file";
+  fs::remove_all(dir);
 }
 
 }  // namespace dataset_test
