@@ -7,8 +7,11 @@
 
 #include <optional>
 #include <ostream>
+#include <string>
+#include <vector>
 
 #include "agreement.hpp"
+#include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/dist/comm.hpp"
 #include "commands.hpp"
@@ -19,6 +22,32 @@
 namespace cohort::cli {
 
 namespace {
+
+// The files `cohort train` writes, apart from what it reads and from each other (on the rank
+// that writes them): --save (and its --keep copies), --summary, --metrics (a stream) and --trace
+// against --config, the data and --resume, whose file --save may name (it continues the run).
+void check_train_outputs(const TrainOptions& train) {
+  const auto& ck = train.checkpoint;
+  std::vector<NamedPath> outputs{{"--save", ck.save}};
+  if (!ck.save.empty() && ck.keep > 1) {
+    std::string target;
+    try {
+      target = output_target(ck.save).string();
+    } catch (const OutputError&) {  // check_train_flags named it
+    }
+    for (std::size_t k = 1; k < ck.keep && !target.empty(); ++k) {
+      const std::string copy = target + "." + std::to_string(k);
+      outputs.push_back({"--save", copy, false, "--save's copy (--keep)"});
+    }
+  }
+  const std::vector<NamedPath> others{{"--summary", train.summary_path},
+                                      {"--metrics", train.metrics_path, true},
+                                      {"--trace", train.trace_path}};
+  outputs.insert(outputs.end(), others.begin(), others.end());
+  check_outputs_apart(outputs, {{"--config", train.config_path}}, train.data_dir);
+  const std::string resume = ck.resume == kResumeAuto ? "" : ck.resume;
+  check_outputs_apart(others, {{"--resume", resume}});
+}
 
 // kCheckTrain: only `train` exists and it is a dry run whatever the flags say.
 enum class Mode { kRun, kCheckTrain };
@@ -88,19 +117,7 @@ int run_args(std::vector<std::string> args, std::ostream& all_out, std::ostream&
     if (const std::optional<int> code = parse(app, args, out)) return *code;
     if (train_cmd->parsed()) {
       check_train_flags(*train_cmd, train, /*outputs=*/comm.rank() == 0);
-      if (comm.rank() == 0) {  // the rank that writes; --save may name --resume's file
-        const auto& ck = train.checkpoint;
-        const std::string resume = ck.resume == kResumeAuto ? "" : ck.resume;
-        check_outputs_apart({{"--save", ck.save},
-                             {"--summary", train.summary_path},
-                             {"--metrics", train.metrics_path},
-                             {"--trace", train.trace_path}},
-                            {{"--config", train.config_path}}, train.data_dir);
-        check_outputs_apart({{"--summary", train.summary_path},
-                             {"--metrics", train.metrics_path},
-                             {"--trace", train.trace_path}},
-                            {{"--resume", resume}});
-      }
+      if (comm.rank() == 0) check_train_outputs(train);
       if (mode == Mode::kCheckTrain) train.dry_run = true;
       agreeing = true;
       return train_command(train, loaders, out, err, comm);

@@ -387,15 +387,19 @@ void check_train_flags(const CLI::App& cmd, const TrainOptions& o, bool outputs)
 
 std::vector<std::string> with_config_flags(std::vector<std::string> args, const Loaders& loaders) {
   if (args.size() < 2 || args[1] != "train") return args;
+  std::vector<std::string> paths;
   for (std::size_t i = 2; i < args.size(); ++i) {
-    std::string path;
-    if (args[i] == "--config" && i + 1 < args.size()) path = args[i + 1];
-    if (args[i].rfind("--config=", 0) == 0) path = args[i].substr(9);
-    if (path.empty()) continue;
-    const std::vector<std::string> flags = loaders.config(path);
-    args.insert(args.begin() + 2, flags.begin(), flags.end());
-    break;
+    if (args[i] == "--config" && i + 1 < args.size()) paths.push_back(args[i + 1]);
+    if (args[i].rfind("--config=", 0) == 0) paths.push_back(args[i].substr(9));
   }
+  if (paths.size() > 1)
+    throw InputError("--config: expected one job file, found " + std::to_string(paths.size()) +
+                     " ('" + paths[0] + "', '" + paths[1] + "'" +
+                     (paths.size() > 2 ? ", ..." : "") +
+                     "): flags override a file's keys, not another file's");
+  if (paths.empty() || paths[0].empty()) return args;
+  const std::vector<std::string> flags = loaders.config(paths[0]);
+  args.insert(args.begin() + 2, flags.begin(), flags.end());
   return args;
 }
 

@@ -88,7 +88,8 @@ void check_train_flags(const CLI::App& cmd, const TrainOptions& o, bool outputs 
 
 // `cohort train --config FILE ...`: the file's keys (read by `loaders.config`) become flags
 // placed before the command line's own, so that with take-the-last-value options the command
-// line overrides the file. Other commands' arguments are returned unchanged.
+// line overrides the file; a second --config is refused (InputError). Other commands' arguments
+// are returned unchanged.
 std::vector<std::string> with_config_flags(std::vector<std::string> args, const Loaders& loaders);
 
 }  // namespace cohort::cli

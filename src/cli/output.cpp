@@ -104,6 +104,9 @@ void check_outputs_apart(const std::vector<NamedPath>& outputs,
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const NamedPath& o = outputs[i];
     if (o.path.empty()) continue;
+    if (!o.streamed)
+      if (const std::string problem = config::replace_problem(o.path); !problem.empty())
+        throw InputError(o.flag + ": " + problem);
     auto refuse = [&](const std::string& which) {
       throw InputError(o.flag + ": expected a file of its own, found '" + o.path + "', which is " +
                        which + " (writing it would replace that)");
@@ -113,7 +116,8 @@ void check_outputs_apart(const std::vector<NamedPath>& outputs,
         refuse(in.flag + "'s file ('" + in.path + "')");
     for (std::size_t j = 0; j < i; ++j)
       if (!outputs[j].path.empty() && config::same_file(o.path, outputs[j].path))
-        refuse(outputs[j].flag + "'s file too ('" + outputs[j].path + "')");
+        refuse((outputs[j].what.empty() ? outputs[j].flag + "'s file" : outputs[j].what) +
+               " too ('" + outputs[j].path + "')");
     if (!data_dir.empty()) {
       fs::path target;
       try {

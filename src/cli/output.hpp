@@ -19,14 +19,19 @@ using json = nlohmann::ordered_json;
 // InputError "<flag>: expected ..., found ..." ("" is no file: nothing to check).
 void check_output_path(const std::string& flag, const std::string& path);
 
-// A file a command reads or writes, and the flag that named it.
+// A file a command reads or writes, and the flag that named it. `streamed`: an output written as
+// a stream (--metrics), not renamed into place; `what`: how a message names it, if not
+// "<flag>'s file".
 struct NamedPath {
   std::string flag, path;
+  bool streamed = false;
+  std::string what = "";
 };
 
 // Refuses (InputError, before any work) an output that would replace one of `inputs`, another
-// output, or a file of the data folder `data_dir` (data::is_data_file; "" for none): outputs are
-// written whole over their files (write_file_atomically), links followed. Empty paths are off.
+// output, or a file of the data folder `data_dir` (data::is_data_file; "" for none), links
+// followed; and an output written whole (write_file_atomically) over a FIFO, device, socket or
+// folder (config::replace_problem). Empty paths are off.
 void check_outputs_apart(const std::vector<NamedPath>& outputs,
                          const std::vector<NamedPath>& inputs, const std::string& data_dir = "");
 

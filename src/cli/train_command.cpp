@@ -84,6 +84,7 @@ nn::Model model_of(const Checked& in) {
 void check_config(Checked& in) {
   const nn::Model model = model_of(in);
   train::validate(in.config, model, *in.data);
+  train::check_training_memory(in.config, model);
   if (in.resume) {
     train::check_resume(in.config, model, *in.data, *in.resume, in.resume_path);
     // --augment lives in the checkpoint's effective config, not its META: a resume with other

@@ -197,15 +197,6 @@ std::string path_problem(Type type, const std::string& text) {
       } catch (const OutputError& error) {
         return expected + "' (" + error.what() + ")";
       }
-      // An output is written to a new file renamed over the old one: a FIFO, device or socket
-      // there would be replaced, not written to.
-      if (const fs::file_status st = fs::status(target, e);
-          fs::exists(st) && !fs::is_regular_file(st))
-        return expected + "', which is " +
-               (fs::is_fifo(st)     ? "a FIFO"
-                : fs::is_socket(st) ? "a socket"
-                                    : "a device") +
-               " (outputs replace a regular file whole)";
       const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
       if (!fs::is_directory(dir, e)) return expected + "' (folder " + dir.string() + " missing)";
       if (::access(dir.c_str(), W_OK) != 0)
@@ -215,6 +206,24 @@ std::string path_problem(Type type, const std::string& text) {
     default:
       return "";
   }
+}
+
+std::string replace_problem(const std::string& text) {
+  fs::path target;
+  try {
+    target = output_target(text);
+  } catch (const OutputError& error) {
+    return "expected a file, found '" + text + "' (" + error.what() + ")";
+  }
+  std::error_code e;
+  const fs::file_status st = fs::status(target, e);
+  if (e || !fs::exists(st) || fs::is_regular_file(st)) return "";
+  return "expected a regular file to replace, found '" + text + "', which is " +
+         (fs::is_directory(st) ? "a folder"
+          : fs::is_fifo(st)    ? "a FIFO"
+          : fs::is_socket(st)  ? "a socket"
+                               : "a device") +
+         " (the output is written to a new file renamed over it)";
 }
 
 bool same_file(const std::string& output, const std::string& other) {
@@ -229,9 +238,10 @@ bool same_file(const std::string& output, const std::string& other) {
     const bool same = fs::equivalent(target, other, e1);
     return same && !e1;
   }
-  const fs::path a = fs::weakly_canonical(fs::absolute(target), e1);
-  const fs::path b = fs::weakly_canonical(fs::absolute(other), e2);
-  return !e1 && !e2 && a == b;
+  const fs::path a = fs::weakly_canonical(fs::absolute(target, e1), e1);
+  if (e1) return false;
+  const fs::path b = fs::weakly_canonical(fs::absolute(other, e2), e2);
+  return !e2 && a == b;
 }
 
 std::string path_problem(const Key& key, const std::string& text) {

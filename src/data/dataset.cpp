@@ -1,6 +1,7 @@
 // Dataset loading and validation, epoch ordering, batch assembly.
 #include "cohort/data/dataset.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <fstream>
@@ -146,21 +147,28 @@ const std::array<FolderFormat, 4>& folder_formats() {
 
 bool is_data_file(const std::filesystem::path& dir, const std::filesystem::path& path) {
   namespace fs = std::filesystem;
-  std::error_code e1, e2;
-  const fs::path folder = fs::weakly_canonical(fs::absolute(dir), e1);
-  const fs::path file = fs::weakly_canonical(fs::absolute(path), e2);
-  if (e1 || e2) return false;
-  const std::string name = file.filename().string();
-  if (file.parent_path() == folder) {
-    for (const char* f : kTextFiles)
-      if (name == f) return true;
-    for (const FolderFormat& format : folder_formats())
-      for (const std::string& f : format.files)
-        if (name == f) return true;
-  }
+  std::error_code e;
+  std::vector<std::string> names(std::begin(kTextFiles), std::end(kTextFiles));
+  for (const FolderFormat& format : folder_formats())
+    names.insert(names.end(), format.files.begin(), format.files.end());
+  // A data file that is there, through links (a folder of links to the data elsewhere).
+  if (fs::exists(path, e))
+    for (const std::string& name : names)
+      if (fs::exists(dir / name, e) && fs::equivalent(dir / name, path, e) && !e) return true;
+  // A name the loader would read, there or not.
+  const fs::path folder = fs::weakly_canonical(fs::absolute(dir, e), e);
+  if (e) return false;
+  const fs::path file = fs::weakly_canonical(fs::absolute(path, e), e);
+  if (e) return false;
+  if (file.parent_path() == folder &&
+      std::find(names.begin(), names.end(), file.filename().string()) != names.end())
+    return true;
+  // Anything under an image folder's train/ or test/, wherever a link takes them.
   for (const char* images : {"train", "test"}) {
-    if (!fs::is_directory(folder / images, e1)) continue;
-    const fs::path inside = file.lexically_relative(folder / images);
+    if (!fs::is_directory(folder / images, e)) continue;
+    const fs::path tree = fs::weakly_canonical(folder / images, e);
+    if (e) continue;
+    const fs::path inside = file.lexically_relative(tree);
     if (!inside.empty() && *inside.begin() != ".." && *inside.begin() != ".") return true;
   }
   return false;

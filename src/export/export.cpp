@@ -168,9 +168,9 @@ namespace {
 // The output's folder must exist and be writable before anything is encoded.
 void check_output(const fs::path& out) {
   if (out.empty()) throw InputError("-o/--output: expected a file name, found ''");
-  if (const std::string problem = config::path_problem(config::Type::kFileOut, out.string());
-      !problem.empty())
-    throw InputError("-o/--output: " + problem);
+  for (const std::string& problem : {config::path_problem(config::Type::kFileOut, out.string()),
+                                     config::replace_problem(out.string())})
+    if (!problem.empty()) throw InputError("-o/--output: " + problem);
 }
 
 }  // namespace

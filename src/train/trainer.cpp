@@ -126,6 +126,7 @@ void Trainer::Impl::gather_owned(float* array) {
 // Epochs of steps from the current step (0, or a checkpoint's) to --steps or --epochs; evaluation
 // after each epoch; observers between steps.
 Summary Trainer::Impl::run(Observer& observer) {
+  check_training_memory(config, model);
   run_observer = &observer;
   const std::uint64_t bytes_at_start = comm.bytes_sent();
   // Text: each row of each batch a keyed draw of a window (nanoGPT's sampling); otherwise a

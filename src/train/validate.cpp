@@ -129,28 +129,6 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
             std::to_string(c.batch) + " need " +
             std::to_string(static_cast<long long>(leaf_bytes / (1 << 20))) +
             " MiB; raise --micro-batch");
-  // A language model's leaf plan holds its windows' activations, which grow with block^2 (the
-  // attention weights): refuse a model or leaf whose plans, one a worker, cannot fit.
-  if (model.gpt()) {
-    const nn::GptShape& g = model.gpt()->shape();
-    const double values = static_cast<double>(g.block) * static_cast<double>(g.layers) *
-                          static_cast<double>(g.embd + g.heads * g.block);
-    const double plans = static_cast<double>(c.workers) * static_cast<double>(c.micro_batch) *
-                         values * leaf_bytes_per_activation_value(c.precision);
-    if (const double memory = physical_memory(); memory > 0 && plans > memory / 2) {
-      const std::string need = std::to_string(static_cast<long long>(plans / (1 << 20))) +
-                               " MiB for " + std::to_string(c.workers) +
-                               (c.workers == 1 ? " worker's leaf of " : " workers' leaves of ") +
-                               std::to_string(c.micro_batch) +
-                               (c.micro_batch == 1 ? " window" : " windows");
-      const std::string fit = "fit in half of this machine's " +
-                              std::to_string(static_cast<long long>(memory / (1 << 20))) + " MiB";
-      if (c.micro_batch > 1)
-        bad("--micro-batch", "leaf plans that " + fit, std::to_string(c.micro_batch) + ": " + need);
-      bad("--model", "a language model whose leaf plans " + fit,
-          "'" + model.spec() + "': " + need + " (a window's attention weights grow with block^2)");
-    }
-  }
   optim::validate(c.optimizer);
   optim::validate(c.schedule, optim::scaled_base_lr(c.schedule, c.optimizer.lr, c.batch));
   if (!(std::isfinite(c.clip_norm) && c.clip_norm >= 0))
@@ -183,6 +161,35 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
           "--precision bf16: this CPU has no AVX512_BF16 (native bf16 dot products); oneDNN would "
           "emulate bf16 at several times the cost of f32. Use --precision f32, or "
           "--allow-emulated-bf16 to run it anyway");
+  }
+}
+
+void check_training_memory(const TrainConfig& config, const nn::Model& model) {
+  auto bad = [](const std::string& flag, const std::string& expected, const std::string& found) {
+    throw InputError(flag + ": expected " + expected + ", found " + found);
+  };
+  const TrainConfig c = resolve_defaults(config, model);
+  // A language model's leaf plan holds its windows' activations, which grow with block^2 (the
+  // attention weights): refuse a model or leaf whose plans, one a worker, cannot fit.
+  if (model.gpt()) {
+    const nn::GptShape& g = model.gpt()->shape();
+    const double values = static_cast<double>(g.block) * static_cast<double>(g.layers) *
+                          static_cast<double>(g.embd + g.heads * g.block);
+    const double plans = static_cast<double>(c.workers) * static_cast<double>(c.micro_batch) *
+                         values * leaf_bytes_per_activation_value(c.precision);
+    if (const double memory = physical_memory(); memory > 0 && plans > memory / 2) {
+      const std::string need = std::to_string(static_cast<long long>(plans / (1 << 20))) +
+                               " MiB for " + std::to_string(c.workers) +
+                               (c.workers == 1 ? " worker's leaf of " : " workers' leaves of ") +
+                               std::to_string(c.micro_batch) +
+                               (c.micro_batch == 1 ? " window" : " windows");
+      const std::string fit = "fit in half of this machine's " +
+                              std::to_string(static_cast<long long>(memory / (1 << 20))) + " MiB";
+      if (c.micro_batch > 1)
+        bad("--micro-batch", "leaf plans that " + fit, std::to_string(c.micro_batch) + ": " + need);
+      bad("--model", "a language model whose leaf plans " + fit,
+          "'" + model.spec() + "': " + need + " (a window's attention weights grow with block^2)");
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // Outputs never replace what the user saved: an output naming an input (the checkpoint, the
-// config, the data, a metrics file), another output, or a FIFO or device is refused before any
-// work (exit 2), and the file it named is left as it was.
+// config, the data, through links too, a metrics file), another output or --save's --keep copies,
+// or a FIFO or device it would be renamed over, is refused before any work (exit 2), and the
+// file it named is left as it was.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -70,6 +71,13 @@ TEST_F(Cli, AnOutputNamingAnInputOrAnotherOutputIsRefusedAndTheFileKept) {
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_EQ(checkpoint::load_checkpoint(ckpt).step, 12u);
 
+  // --save's older copies (--keep) are outputs too, and one --config is read, not two.
+  expect_refused(quick({"--save", ckpt, "--keep", "3", "--summary", ckpt + ".2"}), ckpt,
+                 {"--summary", "--save's copy (--keep)"});
+  r = cohort(quick({"--config", config, "--config", metrics, "--dry-run"}));
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find("--config: expected one job file, found 2"), std::string::npos) << r.err;
+
   // plot onto one of the metrics files it reads.
   ASSERT_EQ(cohort(quick({"--quiet", "--metrics", metrics, "--log-every", "2"})).code, kExitOk);
   expect_refused({"plot", metrics, "-o", metrics}, metrics, {"--output", "metrics file"});
@@ -93,6 +101,18 @@ TEST_F(Cli, AnOutputNamingADataFileIsRefused) {
   expect_refused({"eval", "--checkpoint", ckpt, "--data", data.string(), "--summary",
                   (data / "t10k-images-idx3-ubyte.gz").string()},
                  data / "t10k-images-idx3-ubyte.gz", {"--summary", "data of --data"});
+  // A folder of links to the data elsewhere: the files behind the links are the data.
+  const fs::path store = dir_ / "store", linked = dir_ / "linked";
+  fs::create_directories(store);
+  fs::create_directories(linked);
+  for (const auto& f : fs::directory_iterator(data)) {
+    if (!f.is_regular_file()) continue;
+    fs::copy_file(f.path(), store / f.path().filename());
+    fs::create_symlink(store / f.path().filename(), linked / f.path().filename());
+  }
+  expect_refused(quick({"--data", linked.string(), "--summary",
+                        (linked / "train-labels-idx1-ubyte.gz").string()}),
+                 store / "train-labels-idx1-ubyte.gz", {"--summary", "data of --data"});
   // Beside the data, under another name, is fine.
   EXPECT_EQ(cohort(quick({"--quiet", "--steps", "2", "--data", data.string(), "--summary",
                           (data / "summary.json").string()}))
@@ -113,6 +133,9 @@ TEST_F(Cli, AFifoOrDeviceIsNotReplacedByAnOutput) {
   EXPECT_EQ(r.code, kExitBadInput);
   EXPECT_NE(r.err.find("which is a FIFO"), std::string::npos) << r.err;
   EXPECT_TRUE(fs::is_fifo(fifo));
+  // The metrics are a stream, written to the FIFO, not renamed over it (a dry run opens nothing).
+  r = cohort(quick({"--metrics", fifo, "--dry-run"}));
+  EXPECT_EQ(r.code, kExitOk) << r.err;
   r = cohort(
       {"eval", "--checkpoint", ckpt, "--data", COHORT_FIXTURE_DIR, "--summary", "/dev/null"});
   EXPECT_EQ(r.code, kExitBadInput);

@@ -139,8 +139,8 @@ TEST(GptRun, DefaultLeavesBoundALeafsActivations) {
 }
 
 // A model whose one-window leaf plans cannot fit (a window's attention weights grow with
-// block^2) is refused naming --model before anything is allocated, and a --micro-batch that
-// cannot fit names --micro-batch; 1.7 TB for one window here.
+// block^2) is refused by run(), naming --model, before its first step allocates them, and a
+// --micro-batch that cannot fit names --micro-batch; 1.7 TB for one window here.
 TEST(GptRun, ALeafPlanThatCannotFitIsRefused) {
   constexpr std::size_t block = 3000;
   std::ifstream f(std::string(COHORT_FIXTURE_DIR) + "/../tinyshakespeare/input.txt",
@@ -151,8 +151,10 @@ TEST(GptRun, ALeafPlanThatCannotFitIsRefused) {
       data::text_splits(data::read_text(bytes, "input.txt", nullptr, {}, block), block);
   TrainConfig c = gpt_config("gpt:100-64-64-3000");
   c.micro_batch = 1;
+  testing::Recorder rec;
   try {
-    Trainer t(c, long_windows);
+    Trainer t(c, long_windows);  // evaluation alone builds no leaf plan: accepted
+    t.run(rec);
     FAIL() << "a 1.7 TB leaf was accepted";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("--model: expected a language model whose leaf plans"),
@@ -163,8 +165,10 @@ TEST(GptRun, ALeafPlanThatCannotFitIsRefused) {
   c.model = "gpt:1-2-16-3000";  // 516 MiB a window in f32
   c.micro_batch = 8;
   c.workers = 1u << 10;
+  const nn::Model small = nn::Model::parse(
+      c.model, {1, 1, block + 1}, static_cast<std::int64_t>(long_windows.train.num_classes));
   try {
-    Trainer t(c, long_windows);
+    check_training_memory(c, small);
     FAIL() << "1,024 workers' leaves of 8 windows of 3,000 were accepted";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("--micro-batch: expected leaf plans"), std::string::npos)

@@ -12,8 +12,7 @@
 namespace cohort::config {
 
 // How a value is read and checked. kDir, kFileIn and kFileOut are strings checked against the
-// file system: an existing folder, an existing file, a file in an existing writable folder (not
-// a FIFO, device or socket: an output replaces its file whole).
+// file system: an existing folder, an existing file, a file in an existing writable folder.
 enum class Type { kString, kChoice, kInteger, kFloat, kBool, kDir, kFileIn, kFileOut };
 
 // Numbers: the allowed interval. A max of kNoMax or more is not printed in messages.
@@ -57,6 +56,11 @@ std::string number_problem(const Key& key, double value, const std::string& text
 std::string path_problem(Type type, const std::string& text);
 // path_problem, but a kFileIn key's words (Key::choices) pass as they are.
 std::string path_problem(const Key& key, const std::string& text);
+
+// "" when `text` (through its links) names nothing yet or a regular file, which an output written
+// whole (write_file_atomically: a new file renamed over it) may replace; else "expected ...,
+// found ..." for a FIFO, device, socket or folder, which such an output would destroy.
+std::string replace_problem(const std::string& text);
 
 // Whether writing `output` (through its links, as write_file_atomically writes) would replace
 // the file `other` names: the same file when both exist, else the same path.

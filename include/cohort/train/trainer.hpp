@@ -158,8 +158,8 @@ inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
 // limited by batch / cores first. In f32, whose activations take about 1.5 times the bytes, half
 // as many values (2 windows of the full recipe).
 inline constexpr std::size_t kLeafActivationValues = std::size_t{12} << 20;
-// The bytes a leaf plan takes per such value, as above: about 20 in bf16 and 30 in f32. The
-// trainer refuses a language model whose leaf plans, one a worker, exceed half the memory.
+// The bytes a leaf plan takes per such value, as above: about 20 in bf16 and 30 in f32
+// (check_training_memory).
 constexpr double leaf_bytes_per_activation_value(nn::Precision p) {
   return p == nn::Precision::kBf16 ? 20.0 : 30.0;
 }
@@ -173,6 +173,11 @@ inline constexpr std::size_t kEvalTokens = 2048;
 // Throws InputError (naming the flag, expected and found value) for a config that cannot run on
 // `data`, before any work starts: nothing is sized from a config this has not accepted.
 void validate(const TrainConfig& config, const nn::Model& model, const data::Splits& data);
+// Throws InputError naming --model or --micro-batch when a language model's leaf plans, one a
+// worker (leaf_bytes_per_activation_value), would take more than half this machine's memory.
+// Training only: Trainer::run checks it before its first step, the command line before any work;
+// evaluation builds no leaf plan.
+void check_training_memory(const TrainConfig& config, const nn::Model& model);
 // The shape of one sample of `set` as a model's input: (C, H, W) for images, (1, 1, features)
 // for tabular data.
 nn::SampleShape input_shape(const data::Dataset& set);
