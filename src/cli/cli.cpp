@@ -28,25 +28,25 @@ namespace {
 // against --config, the data and --resume, whose file --save may name (it continues the run).
 void check_train_outputs(const TrainOptions& train) {
   const auto& ck = train.checkpoint;
+  const std::vector<NamedPath> others{{"--summary", train.summary_path},
+                                      {"--metrics", train.metrics_path, true},
+                                      {"--trace", train.trace_path}};
   std::vector<NamedPath> outputs{{"--save", ck.save}};
+  outputs.insert(outputs.end(), others.begin(), others.end());
+  check_outputs_apart(outputs, {{"--config", train.config_path}}, train.data_dir);
+  // --save's older copies are the run's too, but not apart from --save: a save interrupted
+  // between its hard link and its rename leaves FILE and FILE.1 one file, and a restart resumes.
+  std::vector<NamedPath> kept{{"--resume", ck.resume == kResumeAuto ? "" : ck.resume}};
   if (!ck.save.empty() && ck.keep > 1) {
     std::string target;
     try {
       target = output_target(ck.save).string();
     } catch (const OutputError&) {  // check_train_flags named it
     }
-    for (std::size_t k = 1; k < ck.keep && !target.empty(); ++k) {
-      const std::string copy = target + "." + std::to_string(k);
-      outputs.push_back({"--save", copy, false, "--save's copy (--keep)"});
-    }
+    for (std::size_t k = 1; k < ck.keep && !target.empty(); ++k)
+      kept.push_back({"--save", target + "." + std::to_string(k), false, "--save's copy (--keep)"});
   }
-  const std::vector<NamedPath> others{{"--summary", train.summary_path},
-                                      {"--metrics", train.metrics_path, true},
-                                      {"--trace", train.trace_path}};
-  outputs.insert(outputs.end(), others.begin(), others.end());
-  check_outputs_apart(outputs, {{"--config", train.config_path}}, train.data_dir);
-  const std::string resume = ck.resume == kResumeAuto ? "" : ck.resume;
-  check_outputs_apart(others, {{"--resume", resume}});
+  check_outputs_apart(others, kept);
 }
 
 // kCheckTrain: only `train` exists and it is a dry run whatever the flags say.

@@ -113,11 +113,10 @@ void check_outputs_apart(const std::vector<NamedPath>& outputs,
     };
     for (const NamedPath& in : inputs)
       if (!in.path.empty() && config::same_file(o.path, in.path))
-        refuse(in.flag + "'s file ('" + in.path + "')");
+        refuse((in.what.empty() ? in.flag + "'s file" : in.what) + " ('" + in.path + "')");
     for (std::size_t j = 0; j < i; ++j)
       if (!outputs[j].path.empty() && config::same_file(o.path, outputs[j].path))
-        refuse((outputs[j].what.empty() ? outputs[j].flag + "'s file" : outputs[j].what) +
-               " too ('" + outputs[j].path + "')");
+        refuse(outputs[j].flag + "'s file too ('" + outputs[j].path + "')");
     if (!data_dir.empty()) {
       fs::path target;
       try {
