@@ -145,7 +145,8 @@ std::string encode_onnx(const nn::Model& model, const Weights& w, const Metadata
 // spec (parsed for samples of the checkpoint's input shape), encodes it and writes `out` through
 // a temporary file in the same folder and a rename. InputError naming the file or flag: a bad
 // checkpoint, weights or statistics that do not match the spec, an output folder that does not
-// exist or cannot be written.
+// exist or cannot be written, an `out` that is the checkpoint's file (through links too) or a
+// FIFO or device the rename would replace.
 void export_checkpoint(const std::filesystem::path& checkpoint, Format format,
                        const std::filesystem::path& out);
 
