@@ -114,10 +114,14 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   config.optimizer.kind = optim::parse_kind(ck.optimizer, o.checkpoint + ": optimizer");
   if (config.optimizer.kind == optim::Kind::kSgd)
     config.optimizer.momentum = ck.state.empty() ? 0.0f : config.optimizer.momentum;
-  train::Trainer trainer(config, data);
   // Evaluation reads the weights, not the training split, whose size may differ from the run's
-  // (a text folder with its own val.txt trains on all of input.txt).
+  // (a text folder with its own val.txt trains on all of input.txt, a folder may hold fewer
+  // training rows than the run's batch): the split and the batch drawn from it go unchecked.
   ck.train_count = data.train.count;
+  ck.batch = config.batch =
+      std::min<std::uint64_t>(ck.batch, std::max<std::size_t>(1, data.train.count));
+  ck.micro_batch = config.micro_batch = std::min<std::uint64_t>(ck.micro_batch, ck.batch);
+  train::Trainer trainer(config, data);
   trainer.restore(ck, o.checkpoint);
   auto [loss, accuracy] = trainer.evaluate_test();
   const std::string digest =
@@ -169,6 +173,7 @@ CLI::App* add_plot_command(CLI::App& app, PlotOptions& o) {
 // Every file is read and checked before the SVG is written (atomically). Runs whose files share
 // a name are labelled by their folder too.
 int plot_command(const PlotOptions& o, std::ostream& out) {
+  if (o.output.empty()) throw InputError("-o/--output: expected a file name, found ''");
   check_output_path("--output", o.output);
   std::vector<NamedPath> inputs;
   for (const std::string& f : o.files) inputs.push_back({"the metrics file", f});

@@ -46,7 +46,8 @@ namespace {
 std::filesystem::path find_file(const std::filesystem::path& dir, const std::string& stem) {
   for (const char* suffix : {".gz", ""}) {
     auto p = dir / (stem + suffix);
-    if (std::filesystem::exists(p)) return p;
+    std::error_code ec;  // a link loop is there: read_file_bytes names it
+    if (std::filesystem::exists(std::filesystem::symlink_status(p, ec))) return p;
   }
   throw InputError(dir.string() + ": " + stem + "[.gz]: expected an existing file, found none " +
                    "(install Debian's dataset-fashion-mnist or pass --data DIR)");
@@ -107,7 +108,9 @@ std::vector<std::uint8_t> read_file_bytes(const std::filesystem::path& path,
   };
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status)) fail("an existing file", "no such file");
+  if (!std::filesystem::exists(status))
+    fail("an existing file",
+         ec && ec != std::errc::no_such_file_or_directory ? ec.message() : "no such file");
   if (!std::filesystem::is_regular_file(status))
     fail("a regular file", "a directory or special file");
   const std::uint64_t size = std::filesystem::file_size(path, ec);

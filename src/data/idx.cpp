@@ -33,7 +33,9 @@ class Reader {
   explicit Reader(const std::filesystem::path& path) : path_(path) {
     std::error_code ec;
     auto status = std::filesystem::status(path, ec);
-    if (ec || !std::filesystem::exists(status)) fail("file", "an existing file", "no such file");
+    if (!std::filesystem::exists(status))
+      fail("file", "an existing file",
+           ec && ec != std::errc::no_such_file_or_directory ? ec.message() : "no such file");
     if (std::filesystem::is_directory(status)) fail("file", "a regular file", "a directory");
     if (!std::filesystem::is_regular_file(status)) fail("file", "a regular file", "a special file");
     file_bytes_ = std::filesystem::file_size(path, ec);

@@ -158,7 +158,10 @@ std::vector<std::filesystem::path> class_folders(const std::filesystem::path& sp
   if (!std::filesystem::is_directory(split, ec))
     throw InputError(split.string() + ": split folder: expected a folder of class folders, found " +
                      (std::filesystem::exists(split, ec) ? "a file" : "nothing"));
-  auto classes = sorted_entries(split, [](const auto& e) { return e.is_directory(); });
+  auto classes = sorted_entries(split, [](const auto& e) {
+    std::error_code loop;  // a link loop is no folder (below, no image: read_file_bytes names it)
+    return e.is_directory(loop);
+  });
   if (classes.empty())
     throw InputError(split.string() + ": split folder: expected class folders, found none");
   return classes;
@@ -178,8 +181,10 @@ Dataset load_split(const std::filesystem::path& split, const std::vector<std::st
                        std::to_string(class_names.size()) + " folders of train/), found '" + cls +
                        "'");
     const auto label = static_cast<std::uint32_t>(known - class_names.begin());
-    const auto files = sorted_entries(
-        folder, [](const auto& e) { return !e.is_directory() && image_extension(e.path()); });
+    const auto files = sorted_entries(folder, [](const auto& e) {
+      std::error_code loop;
+      return !e.is_directory(loop) && image_extension(e.path());
+    });
     if (files.empty())
       throw InputError(folder.string() +
                        ": class folder: expected at least one .png or .jpg "

@@ -87,9 +87,10 @@ std::uint64_t whole_number(const Place& at, const json& line, const char* name, 
 }
 
 double finite_number(const Place& at, const json& line, const char* name) {
-  const char* expected = "a finite number";
+  // Bounded so that an axis over the values and its ticks stay finite (nice_scale).
+  const char* expected = "a number of magnitude at most 1e300";
   const json& value = field(at, line, name, expected);
-  if (!value.is_number() || !std::isfinite(value.get<double>()))
+  if (!value.is_number() || !(std::abs(value.get<double>()) <= 1e300))
     at.fail(name, expected, shown(value));
   return value.get<double>();
 }

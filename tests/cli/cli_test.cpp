@@ -393,7 +393,32 @@ TEST_F(Cli, PlotDrawsTheMetricsOfOneOrMoreRuns) {
   EXPECT_NE(r.err.find(bad + ":2"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(svg2));
   EXPECT_EQ(cohort({"plot", ma, "-o", (dir_ / "nowhere/x.svg").string()}).code, kExitBadInput);
+  EXPECT_EQ(cohort({"plot", ma, "-o", ""}).code, kExitBadInput);  // not a failed write (74)
+  // A loss past 1e300 would overflow the axis (its ticks ran without end): refused.
+  const auto huge = (dir_ / "huge.jsonl").string();
+  std::ofstream(huge) << "{\"kind\":\"step\",\"step\":1,\"loss\":-1.7e308}\n"
+                      << "{\"kind\":\"step\",\"step\":2,\"loss\":1}\n";
+  r = cohort({"plot", huge, "-o", svg2});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find(huge + ":1: loss: expected a number of magnitude at most 1e300"),
+            std::string::npos)
+      << r.err;
   EXPECT_EQ(cohort({"plot", (dir_ / "absent.jsonl").string(), "-o", svg2}).code, kExitBadInput);
+}
+
+// A data file that is a loop of links is bad input naming it (exit 2), not an internal error.
+TEST_F(Cli, ALoopOfLinksInTheDataIsBadInput) {
+  const fs::path data = dir_ / "data";
+  fs::create_directories(data);
+  for (const auto& f : fs::directory_iterator(COHORT_FIXTURE_DIR))
+    fs::copy_file(f.path(), data / f.path().filename());
+  const fs::path labels = data / "t10k-labels-idx1-ubyte.gz";
+  fs::remove(labels);
+  fs::create_symlink(labels.filename(), labels);
+  Result r = cohort(quick({"--data", data.string()}));
+  EXPECT_EQ(r.code, kExitBadInput) << r.err;
+  EXPECT_NE(r.err.find(labels.string() + ": file: expected an existing file"), std::string::npos)
+      << r.err;
 }
 
 TEST_F(Cli, ExampleConfigsParse) {

@@ -165,6 +165,24 @@ TEST_F(Sample, EvalGivesTheValidationLossInBitsOnTextOnly) {
   r = cohort({"eval", "--checkpoint", ckpt_, "--data", (dir_ / "with_val").string()});
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("val loss "), std::string::npos) << r.out;
+  // A training split smaller than the run's batch: evaluation draws no batch from it.
+  {
+    const std::string big = (dir_ / "b64.ckpt").string();
+    ASSERT_EQ(cohort({"train", "--data", (dir_ / "text").string(), "--model", "gpt:1-2-16-8",
+                      "--batch", "64", "--steps", "2", "--quiet", "--save", big})
+                  .code,
+              0);
+    std::ifstream in(dir_ / "text" / "input.txt");
+    std::string text((std::istreambuf_iterator<char>(in)), {}), distinct = text;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    fs::create_directories(dir_ / "few");
+    std::ofstream(dir_ / "few" / "input.txt") << distinct << distinct.substr(0, 9);
+    std::ofstream(dir_ / "few" / "val.txt") << text.substr(0, 500);
+    ASSERT_LT(distinct.size() + 9 - 8, 64u);  // training windows: fewer than the batch
+    r = cohort({"eval", "--checkpoint", big, "--data", (dir_ / "few").string()});
+    EXPECT_EQ(r.code, 0) << r.err;
+  }
   // Text of another vocabulary: refused naming the vocabulary (before the parameter count that
   // follows from it), one more character or the same count of others.
   for (const auto& [name, edit] : {std::pair{"one_more", "{"}, std::pair{"others", "@"}}) {
