@@ -369,7 +369,8 @@ int launch_command(const LaunchOptions& o, const Loaders& loaders, std::ostream&
   if (job.ranks < o.min_ranks)
     throw InputError("cohort launch: --min-ranks: expected at most the job's " +
                      std::to_string(job.ranks) + " ranks, found " + std::to_string(o.min_ranks));
-  std::optional<fs::path> scratch_hosts;  // a hostfile without a failed host, removed at the end
+  // A hostfile without a failed host (created by mkstemp beside --save), removed at the end.
+  std::optional<fs::path> scratch_hosts;
   struct Remove {
     std::optional<fs::path>& path;
     ~Remove() {
@@ -403,8 +404,16 @@ int launch_command(const LaunchOptions& o, const Loaders& loaders, std::ostream&
     std::size_t ranks = job.ranks;
     std::string dropped;
     if (!failure.node.empty()) {
-      if (!scratch_hosts && job.hostfile_at && !job.hosts_at)
-        scratch_hosts = fs::path(ck.save).string() + ".hosts";
+      if (!scratch_hosts && job.hostfile_at && !job.hosts_at) {
+        // A name of its own beside --save (the same paths on every node), never a user's file.
+        std::string name = fs::path(ck.save).string() + ".hosts.XXXXXX";
+        const int fd = ::mkstemp(name.data());
+        if (fd < 0)
+          throw OutputError(name + ": cannot create the hostfile without node " + failure.node +
+                            ": " + std::strerror(errno));
+        ::close(fd);
+        scratch_hosts = fs::path(name);
+      }
       if (const std::optional<std::size_t> slots =
               drop_host(job, failure.node, scratch_hosts ? *scratch_hosts : fs::path())) {
         dropped = " without node " + failure.node;

@@ -9,6 +9,7 @@
 
 #include <climits>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -172,6 +173,29 @@ TEST_F(Launch, AJobThatKeepsFailingEndsWithItsStatusWhenTheRestartsRunOut) {
   EXPECT_EQ(lines[2], "cohort launch: the job exited with status " + std::to_string(r.code) +
                           "; no restarts left (--max-restarts 2)");
   EXPECT_EQ(r.code, kExitInternal);
+}
+
+// The hostfile without a failed node is a file of the launch's own (mkstemp beside --save),
+// removed at the end: a user's file of any name beside the checkpoint is never touched.
+TEST_F(Launch, TheHostfileLeftAfterAFailedNodeIsAFileOfItsOwn) {
+  const fs::path mpirun = dir_ / "mpirun", hosts = dir_ / "hosts";
+  std::ofstream(mpirun) << "#!/bin/sh\necho 'process rank 1 with PID 999 on node nodeB exited on "
+                           "signal 9 (Killed).' >&2\nexit 1\n";
+  fs::permissions(mpirun, fs::perms::owner_all);
+  std::ofstream(hosts) << "nodeA slots=1\nnodeB slots=1\n";
+  const fs::path mine = dir_ / "run.ckpt.hosts";
+  std::ofstream(mine) << "my notes\n";
+  Args a{"launch",    "--max-restarts", "1",          "--", mpirun.string(), "-np", "2",
+         "-hostfile", hosts.string(),   COHORT_BINARY};
+  Args train = quick({"--quiet", "--save", (dir_ / "run.ckpt").string(), "--save-every", "4"});
+  a.insert(a.end(), train.begin(), train.end());
+  Result r = cohort(a);
+  EXPECT_NE(r.err.find("without node nodeB"), std::string::npos) << r.err;
+  std::ifstream in(mine);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), {}), "my notes\n");
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().rfind("run.ckpt.hosts.", 0), std::string::npos)
+        << e.path() << " left behind";
 }
 
 TEST_F(Launch, RefusesBeforeRunningAnything) {
