@@ -44,6 +44,16 @@ std::size_t conv_micro_batch(const nn::Model& model, nn::Precision precision,
   return bytes > l2_bytes ? kConvMicroBatch / 2 : kConvMicroBatch;
 }
 
+namespace {
+
+// The refusal of a config value: "<flag>: expected <expected>, found <found>".
+[[noreturn]] void bad(const std::string& flag, const std::string& expected,
+                      const std::string& found) {
+  throw InputError(flag + ": expected " + expected + ", found " + found);
+}
+
+}  // namespace
+
 std::size_t gpt_leaf_windows(const nn::GptShape& s, nn::Precision precision) {
   const auto per_window =
       static_cast<std::size_t>(s.block * s.layers * (s.embd + s.heads * s.block));
@@ -86,9 +96,6 @@ TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
 }
 
 void validate(const TrainConfig& config, const nn::Model& model, const data::Splits& data) {
-  auto bad = [](const std::string& flag, const std::string& expected, const std::string& found) {
-    throw InputError(flag + ": expected " + expected + ", found " + found);
-  };
   const TrainConfig c = resolve_defaults(config, model);
   if (c.workers > kMaxWorkers)
     bad("--workers", "1 .. " + std::to_string(kMaxWorkers) + " (0: one per core)",
@@ -165,9 +172,6 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
 }
 
 void check_training_memory(const TrainConfig& config, const nn::Model& model) {
-  auto bad = [](const std::string& flag, const std::string& expected, const std::string& found) {
-    throw InputError(flag + ": expected " + expected + ", found " + found);
-  };
   const TrainConfig c = resolve_defaults(config, model);
   // A language model's leaf plan holds its windows' activations, which grow with block^2 (the
   // attention weights): refuse a model or leaf whose plans, one a worker, cannot fit.

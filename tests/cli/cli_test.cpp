@@ -408,10 +408,7 @@ TEST_F(Cli, PlotDrawsTheMetricsOfOneOrMoreRuns) {
 
 // A data file that is a loop of links is bad input naming it (exit 2), not an internal error.
 TEST_F(Cli, ALoopOfLinksInTheDataIsBadInput) {
-  const fs::path data = dir_ / "data";
-  fs::create_directories(data);
-  for (const auto& f : fs::directory_iterator(COHORT_FIXTURE_DIR))
-    fs::copy_file(f.path(), data / f.path().filename());
+  const fs::path data = fixture_copy();
   const fs::path labels = data / "t10k-labels-idx1-ubyte.gz";
   fs::remove(labels);
   fs::create_symlink(labels.filename(), labels);

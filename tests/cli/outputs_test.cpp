@@ -91,10 +91,7 @@ TEST_F(Cli, AnOutputNamingAnInputOrAnotherOutputIsRefusedAndTheFileKept) {
 }
 
 TEST_F(Cli, AnOutputNamingADataFileIsRefused) {
-  const fs::path data = dir_ / "data";
-  fs::create_directories(data);
-  for (const auto& f : fs::directory_iterator(COHORT_FIXTURE_DIR))
-    fs::copy_file(f.path(), data / f.path().filename());
+  const fs::path data = fixture_copy();
   const fs::path labels = data / "train-labels-idx1-ubyte.gz";
   expect_refused(quick({"--data", data.string(), "--metrics", labels.string()}), labels,
                  {"--metrics", "data of --data"});

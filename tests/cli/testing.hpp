@@ -57,6 +57,14 @@ class Cli : public TempDirTest {
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
+  // A copy of the fixture data (datasets/fixture) in dir_/name, for tests that change it.
+  std::filesystem::path fixture_copy(const std::string& name = "data") {
+    const std::filesystem::path data = dir_ / name;
+    std::filesystem::create_directories(data);
+    for (const auto& f : std::filesystem::directory_iterator(COHORT_FIXTURE_DIR))
+      std::filesystem::copy_file(f.path(), data / f.path().filename());
+    return data;
+  }
 };
 
 }  // namespace cohort::cli::testing

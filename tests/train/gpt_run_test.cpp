@@ -23,16 +23,19 @@ namespace gpt_run_test {
 
 constexpr std::size_t kBlock = 16;
 
-// The first 40,000 characters of datasets/tinyshakespeare/input.txt, split 90/10.
+// The first 40,000 characters of datasets/tinyshakespeare/input.txt, split 90/10, as windows
+// of `block` + 1 tokens.
+data::Splits shakespeare(std::size_t block) {
+  std::ifstream f(std::string(COHORT_FIXTURE_DIR) + "/../tinyshakespeare/input.txt",
+                  std::ios::binary);
+  std::vector<std::uint8_t> bytes(40000);
+  f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  EXPECT_TRUE(f) << "datasets/tinyshakespeare/input.txt";
+  return data::text_splits(data::read_text(bytes, "input.txt", nullptr, {}, block), block);
+}
+
 const data::Splits& text() {
-  static const data::Splits splits = [] {
-    std::ifstream f(std::string(COHORT_FIXTURE_DIR) + "/../tinyshakespeare/input.txt",
-                    std::ios::binary);
-    std::vector<std::uint8_t> bytes(40000);
-    f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    EXPECT_TRUE(f) << "datasets/tinyshakespeare/input.txt";
-    return data::text_splits(data::read_text(bytes, "input.txt", nullptr, {}, kBlock), kBlock);
-  }();
+  static const data::Splits splits = shakespeare(kBlock);
   return splits;
 }
 
@@ -143,12 +146,7 @@ TEST(GptRun, DefaultLeavesBoundALeafsActivations) {
 // --micro-batch that cannot fit names --micro-batch; 1.7 TB for one window here.
 TEST(GptRun, ALeafPlanThatCannotFitIsRefused) {
   constexpr std::size_t block = 3000;
-  std::ifstream f(std::string(COHORT_FIXTURE_DIR) + "/../tinyshakespeare/input.txt",
-                  std::ios::binary);
-  std::vector<std::uint8_t> bytes(40000);
-  f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  const data::Splits long_windows =
-      data::text_splits(data::read_text(bytes, "input.txt", nullptr, {}, block), block);
+  const data::Splits long_windows = shakespeare(block);
   TrainConfig c = gpt_config("gpt:100-64-64-3000");
   c.micro_batch = 1;
   testing::Recorder rec;
