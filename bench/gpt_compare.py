@@ -82,9 +82,9 @@ def peer_tput(a, case, bf16):
     return result["tokens_per_second"], rss
 
 
-def cohort_precisions():
+def cohort_precisions(binary):
     """f32 and bf16, or f32 alone where oneDNN has no bf16 kernels on this CPU (no AVX-512)."""
-    return ("f32",) if peer_compare.bf16_none() else ("f32", "bf16")
+    return ("f32",) if peer_compare.bf16_none(binary) else ("f32", "bf16")
 
 
 def peer_precisions(a):
@@ -95,7 +95,7 @@ def peer_precisions(a):
 def cmd_tput(a):
     tmp = os.path.join(ROOT, "runs", "gpt_compare")
     os.makedirs(tmp, exist_ok=True)
-    precisions = cohort_precisions()
+    precisions = cohort_precisions(a.cohort)
     peer = peer_precisions(a)
     builds = ([("baseline", a.baseline)] if a.baseline else []) + [("cohort", a.cohort)]
     for case in a.cases.split(","):
@@ -164,7 +164,7 @@ def cmd_curve(a):
     os.makedirs(tmp, exist_ok=True)
     results = []
     for seed in [int(s) for s in a.seeds.split(",")]:
-        for precision in cohort_precisions():
+        for precision in cohort_precisions(a.cohort):
             curve = cohort_curve(a, seed, precision, tmp)
             results.append({"who": "cohort", "seed": seed, "precision": precision,
                             "curve": curve})

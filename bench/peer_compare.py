@@ -45,10 +45,10 @@ MPI_RANKS = 2  # the mpi case is 2 ranks x 1 worker, as the peer's DDP is 2 proc
 DDP_PORTS = itertools.count(29511)  # a fresh rendezvous port per DDP run: no TIME_WAIT clash
 
 
-def cohort_version():
-    """`cohort --version` as a dict: "cohort" and "oneDNN" (versions), "isa" (oneDNN's dispatched
+def cohort_version(binary=None):
+    """`cohort --version` of binary (default COHORT) as a dict: "cohort" and "oneDNN" (versions), "isa" (oneDNN's dispatched
     ISA on this CPU), "bf16" (none, emulated or native: whether the CPU has AVX512_BF16)."""
-    out = subprocess.run([COHORT, "--version"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([binary or COHORT, "--version"], capture_output=True, text=True, check=True).stdout
     info = {}
     for line in out.splitlines():
         key, _, rest = line.partition(" ")
@@ -60,9 +60,9 @@ def cohort_version():
     return info
 
 
-def bf16_none():
+def bf16_none(binary=None):
     """Whether `cohort --version` says oneDNN has no bf16 kernels on this CPU (no AVX-512)."""
-    return cohort_version().get("bf16") == "none"
+    return cohort_version(binary).get("bf16") == "none"
 
 
 def run(cmd, env=None, capture=False, timeout=None):

@@ -18,7 +18,7 @@ inline void store(bf16* out, float v) { *out = to_bf16(v); }
 
 template <class Out>
 [[gnu::always_inline]] inline void backward_rows(const float* p, const float* dp, Out* ds,
-                                                 std::int64_t mats, std::int64_t T) {
+                                                 std::int64_t mats, std::int64_t T, float scale) {
   for (std::int64_t r = 0; r < mats * T; ++r) {
     const std::int64_t n = r % T + 1;  // the row's unmasked entries
     const float* pr = p + r * T;
@@ -32,7 +32,7 @@ template <class Out>
     for (; j < n; ++j) rest += pr[j] * dr[j];
     const float dot = ((part[0] + part[1]) + (part[2] + part[3])) +
                       ((part[4] + part[5]) + (part[6] + part[7])) + rest;
-    for (j = 0; j < n; ++j) store(out + j, pr[j] * (dr[j] - dot));
+    for (j = 0; j < n; ++j) store(out + j, scale * (pr[j] * (dr[j] - dot)));
     for (; j < T; ++j) store(out + j, 0.0f);
   }
 }
@@ -115,7 +115,9 @@ template <bool kSlope>
 }  // namespace
 
 COHORT_CLONES_AVX512
-void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::int64_t T) {
+void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::int64_t T,
+                            float scale) {
+  const F8 scale8 = splat(scale);
   for (std::int64_t r = 0; r < mats * T; ++r) {
     const std::int64_t n = r % T + 1;  // the row's unmasked entries
     const std::int64_t whole = n / 8 * 8;
@@ -129,18 +131,20 @@ void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::in
     float top = sr[0];
     for (int k = 0; k < 8; ++k) top = top < top8[k] ? top8[k] : top;
     for (std::int64_t j = whole; j < n; ++j) top = top < sr[j] ? sr[j] : top;
+    // The largest scaled score is the largest score scaled (scale > 0; rounding is monotone).
+    top *= scale;
     F8 part = {};
     for (std::int64_t j = 0; j < whole; j += 8) {
-      const F8 e = exp_nonpositive(load8(sr + j) - top);
+      const F8 e = exp_nonpositive(load8(sr + j) * scale8 - top);
       store8(out + j, e);
       part += e;
     }
     float rest = 0.0f;
     if (whole < n) {
-      float in[8], e[8];  // the last n mod 8 scores, through a full vector
-      std::fill(in, in + 8, top);
+      float in[8], e[8];                 // the last n mod 8 scores, through a full vector
+      std::fill(in, in + 8, sr[whole]);  // the unused lanes: a score of the row
       std::memcpy(in, sr + whole, static_cast<std::size_t>(n - whole) * sizeof(float));
-      store8(e, exp_nonpositive(load8(in) - top));
+      store8(e, exp_nonpositive(load8(in) * scale8 - top));
       for (std::int64_t j = whole; j < n; ++j) rest += out[j] = e[j - whole];
     }
     const float sum = ((part[0] + part[1]) + (part[2] + part[3])) +
@@ -166,14 +170,14 @@ void gelu_backward(const float* dg, const float* slope, float* df, std::int64_t 
 
 COHORT_CLONES_AVX512
 void causal_softmax_backward(const float* p, const float* dp, float* ds, std::int64_t mats,
-                             std::int64_t T) {
-  backward_rows(p, dp, ds, mats, T);
+                             std::int64_t T, float scale) {
+  backward_rows(p, dp, ds, mats, T, scale);
 }
 
 COHORT_CLONES_AVX512
 void causal_softmax_backward(const float* p, const float* dp, bf16* ds, std::int64_t mats,
-                             std::int64_t T) {
-  backward_rows(p, dp, ds, mats, T);
+                             std::int64_t T, float scale) {
+  backward_rows(p, dp, ds, mats, T, scale);
 }
 
 }  // namespace cohort::nn

@@ -174,10 +174,9 @@ class GptPlanBuilder {
     p_.grads.push_back({m, offset});
     return m;
   }
-  dnnl::primitive_attr attr(float scale = 1.0f) const {
+  dnnl::primitive_attr attr() const {
     dnnl::primitive_attr a;
     a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (scale != 1.0f) a.set_output_scales(0, {scale});
     return a;
   }
   void add(std::vector<Exec>& list, dnnl::primitive prim, const memory::desc& scratch,
@@ -217,11 +216,12 @@ class GptPlanBuilder {
   void ln_backward(const LnSaved& s, const memory& diff_dst, const memory& diff_src);
   dnnl::inner_product_forward::primitive_desc linear_pd(const memory::desc& src, std::int64_t O,
                                                         const memory::desc& dst);
-  // dst = scale x src weights, a batched matmul on (strided) views, appended to `list`.
+  // dst = src weights, a batched matmul on (strided) views, appended to `list`. No output scale:
+  // oneDNN 2.6.3's bf16 gemm-based matmul runs several times slower with one (gpt_kernels.hpp).
   void add_matmul(std::vector<Exec>& list, const memory& src, const memory& weights,
-                  const memory& dst, float scale = 1.0f) {
+                  const memory& dst) {
     const dnnl::matmul::primitive_desc pd(
-        dnnl::matmul::desc(src.get_desc(), weights.get_desc(), dst.get_desc()), attr(scale), eng_);
+        dnnl::matmul::desc(src.get_desc(), weights.get_desc(), dst.get_desc()), attr(), eng_);
     add(list, dnnl::matmul(pd), pd.scratchpad_desc(),
         {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}}, Phase::kMatmul);
   }

@@ -42,20 +42,21 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   const Dims p_strides{H * T * T, T * T, T, 1};
   const auto blocks = row_blocks();
   memory scores = temp("scores", {N, H, T, T}, Dt::f32);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  // S = scale Q K^T, a row block's queries against the keys before its end.
+  // S = Q K^T, a row block's queries against the keys before its end.
   for (const auto& [r0, r1] : blocks)
     add_matmul(p_.forward, view(b.qkv, {N, H, r1 - r0, hs}, qkv_strides, r0 * 3 * C),
                view(b.qkv, {N, H, hs, r1}, kt_strides, C),
-               view(scores, {N, H, r1 - r0, r1}, p_strides, r0 * T), scale);
-  // P = the causal softmax: a query sees the keys at and before its position (the entries no
-  // block wrote are above the diagonal, and causal_softmax_forward does not read them).
+               view(scores, {N, H, r1 - r0, r1}, p_strides, r0 * T));
+  // P = the causal softmax of S / sqrt(hs): a query sees the keys at and before its position (the
+  // entries no block wrote are above the diagonal, and causal_softmax_forward does not read
+  // them). The scale is the softmax's, not the matmul's (gpt_kernels.hpp).
   b.p = kept("p", {N, H, T, T}, Dt::f32);
   {
     const float* sc = static_cast<const float*>(scores.get_data_handle());
     float* pp = static_cast<float*>(b.p.get_data_handle());
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     custom(
-        p_.forward, [sc, pp, N, H, T] { causal_softmax_forward(sc, pp, N * H, T); },
+        p_.forward, [sc, pp, N, H, T, scale] { causal_softmax_forward(sc, pp, N * H, T, scale); },
         Phase::kEltwise);
   }
   // The weights the values are averaged with: dropped out and in the activations' type.
@@ -242,35 +243,35 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
     add_matmul(p_.backward, view(b.p_used, {N, H, c1 - c0, T - c0}, transposed, c0 * T + c0),
                view(dy, {N, H, T - c0, hs}, y_strides, c0 * C),
                view(dqkv, {N, H, c1 - c0, hs}, qkv_strides, c0 * 3 * C + 2 * C));
-  // dS = softmax'(P) dP in the activations' type (causal_softmax_backward: oneDNN 2.6's is a
-  // reference loop on AVX2; it reads the causal part and writes 0 above the diagonal); the
-  // scores' scale goes into the two matmuls after it.
+  // dS = scale softmax'(P) dP, the gradient of the unscaled scores, in the activations' type
+  // (causal_softmax_backward: oneDNN 2.6's is a reference loop on AVX2; it reads the causal part
+  // and writes 0 above the diagonal).
   const memory ds_act = temp("d.s", {N, H, T, T}, act_);
   {
     const float* pp = static_cast<const float*>(b.p.get_data_handle());
     const float* dps = static_cast<const float*>(dp.get_data_handle());
     void* out = ds_act.get_data_handle();
     const bool half = this->half();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
     custom(
         p_.backward,
         [=] {
           if (half)
-            causal_softmax_backward(pp, dps, static_cast<bf16*>(out), N * H, T);
+            causal_softmax_backward(pp, dps, static_cast<bf16*>(out), N * H, T, scale);
           else
-            causal_softmax_backward(pp, dps, static_cast<float*>(out), N * H, T);
+            causal_softmax_backward(pp, dps, static_cast<float*>(out), N * H, T, scale);
         },
         Phase::kEltwise);
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  // dQ = scale dS K by row blocks, dK = scale dS^T Q by key blocks.
+  // dQ = dS K by row blocks, dK = dS^T Q by key blocks.
   for (const auto& [r0, r1] : blocks)
     add_matmul(p_.backward, view(ds_act, {N, H, r1 - r0, r1}, p_strides, r0 * T),
                view(b.qkv, {N, H, r1, hs}, qkv_strides, C),
-               view(dqkv, {N, H, r1 - r0, hs}, qkv_strides, r0 * 3 * C), scale);
+               view(dqkv, {N, H, r1 - r0, hs}, qkv_strides, r0 * 3 * C));
   for (const auto& [c0, c1] : blocks)
     add_matmul(p_.backward, view(ds_act, {N, H, c1 - c0, T - c0}, transposed, c0 * T + c0),
                view(b.qkv, {N, H, T - c0, hs}, qkv_strides, c0 * 3 * C),
-               view(dqkv, {N, H, c1 - c0, hs}, qkv_strides, c0 * 3 * C + C), scale);
+               view(dqkv, {N, H, c1 - c0, hs}, qkv_strides, c0 * 3 * C + C));
 
   where_ = "h." + std::to_string(l) + ".attn.c_attn";
   linear_backward(b.h1, o.c_attn, 3 * C, dqkv, dh);

@@ -1,7 +1,8 @@
 // A language model's own kernels against float64 references. causal_softmax_forward and
 // causal_softmax_backward: causal softmax rows of random scores and a random output gradient,
-// window lengths below, at and above the eight-wide partial sums and not a multiple of eight; the
-// masked entries exactly 0 and never read; the bf16 form the f32 result rounded. gelu_forward
+// window lengths below, at and above the eight-wide partial sums and not a multiple of eight, at
+// the scales 1, 1/8 (a head size of 64) and 1/sqrt(32) (not a power of two); the masked entries
+// exactly 0 and never read; the bf16 form the f32 result rounded. gelu_forward
 // and gelu_backward: GELU (erf form) and its slope over the range activations take and beyond.
 #include "cohort/nn/gpt_kernels.hpp"
 
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cohort/core/rng.hpp"
@@ -44,12 +46,16 @@ Rows random_rows(std::int64_t mats, std::int64_t T, std::uint64_t seed) {
   return r;
 }
 
-class CausalSoftmaxBackward : public ::testing::TestWithParam<std::int64_t> {};
+// A window length and the scores' scale.
+using Window = std::tuple<std::int64_t, float>;
+
+class CausalSoftmaxBackward : public ::testing::TestWithParam<Window> {};
 
 TEST_P(CausalSoftmaxBackward, MatchesTheFloat64Reference) {
-  const std::int64_t T = GetParam(), mats = 3;
-  std::printf("seed %llu, T %lld\n", static_cast<unsigned long long>(kSeed),
-              static_cast<long long>(T));
+  const auto [T, scale] = GetParam();
+  const std::int64_t mats = 3;
+  std::printf("seed %llu, T %lld, scale %.9g\n", static_cast<unsigned long long>(kSeed),
+              static_cast<long long>(T), static_cast<double>(scale));
   const Rows r = random_rows(mats, T, kSeed);
   // Unmasked entries past the row: the loop must not read them (NaN would spread).
   std::vector<float> dp = r.dp;
@@ -57,9 +63,9 @@ TEST_P(CausalSoftmaxBackward, MatchesTheFloat64Reference) {
     for (std::int64_t j = row % T + 1; j < T; ++j)
       dp[static_cast<std::size_t>(row * T + j)] = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> ds(r.p.size(), 1.0f);
-  causal_softmax_backward(r.p.data(), dp.data(), ds.data(), mats, T);
+  causal_softmax_backward(r.p.data(), dp.data(), ds.data(), mats, T, scale);
   std::vector<bf16> ds16(r.p.size(), bf16{0x3f80});
-  causal_softmax_backward(r.p.data(), dp.data(), ds16.data(), mats, T);
+  causal_softmax_backward(r.p.data(), dp.data(), ds16.data(), mats, T, scale);
   for (std::int64_t row = 0; row < mats * T; ++row) {
     const std::int64_t n = row % T + 1;
     double dot = 0;
@@ -69,11 +75,11 @@ TEST_P(CausalSoftmaxBackward, MatchesTheFloat64Reference) {
     }
     for (std::int64_t j = 0; j < T; ++j) {
       const std::size_t at = static_cast<std::size_t>(row * T + j);
-      const double want = j < n ? r.p[at] * (r.dp[at] - dot) : 0.0;
+      const double want = j < n ? scale * (r.p[at] * (r.dp[at] - dot)) : 0.0;
       if (j >= n) {
         ASSERT_EQ(ds[at], 0.0f) << "row " << row << ", column " << j << " (masked)";
       } else {
-        ASSERT_NEAR(ds[at], want, 2e-6 * (std::abs(want) + r.p[at]))
+        ASSERT_NEAR(ds[at], want, 2e-6 * (std::abs(want) + scale * r.p[at]))
             << "row " << row << ", column " << j;
       }
       ASSERT_EQ(ds16[at].bits, to_bf16(ds[at]).bits) << "row " << row << ", column " << j;
@@ -81,21 +87,31 @@ TEST_P(CausalSoftmaxBackward, MatchesTheFloat64Reference) {
   }
 }
 
-std::string window_name(const ::testing::TestParamInfo<std::int64_t>& w) {
-  return "T" + std::to_string(w.param);
+const float kRsqrt32 = 1.0f / std::sqrt(32.0f);
+
+std::string window_name(const ::testing::TestParamInfo<Window>& w) {
+  const float scale = std::get<1>(w.param);
+  return "T" + std::to_string(std::get<0>(w.param)) + "_Scale" +
+         (scale == 1.0f     ? "1"
+          : scale == 0.125f ? "OneEighth"
+                            : "Rsqrt32");
 }
 
-INSTANTIATE_TEST_SUITE_P(Windows, CausalSoftmaxBackward, ::testing::Values(1, 7, 8, 13, 64),
-                         window_name);
+const auto kWindows = ::testing::Combine(::testing::Values(1, 7, 8, 13, 64),
+                                         ::testing::Values(1.0f, 0.125f, kRsqrt32));
 
-class CausalSoftmaxForward : public ::testing::TestWithParam<std::int64_t> {};
+INSTANTIATE_TEST_SUITE_P(Windows, CausalSoftmaxBackward, kWindows, window_name);
+
+class CausalSoftmaxForward : public ::testing::TestWithParam<Window> {};
 
 // Scores in [-8, 8), and in one matrix in [-80, 80) (exponents far below the row's largest);
-// the masked entries NaN, which must be neither read nor kept.
+// the masked entries NaN, which must be neither read nor kept. The reference is the softmax of
+// the scaled scores each rounded to float, as the kernel's contract says.
 TEST_P(CausalSoftmaxForward, MatchesTheFloat64Reference) {
-  const std::int64_t T = GetParam(), mats = 3;
-  std::printf("seed %llu, T %lld\n", static_cast<unsigned long long>(kSeed),
-              static_cast<long long>(T));
+  const auto [T, scale] = GetParam();
+  const std::int64_t mats = 3;
+  std::printf("seed %llu, T %lld, scale %.9g\n", static_cast<unsigned long long>(kSeed),
+              static_cast<long long>(T), static_cast<double>(scale));
   Rng rng({kSeed, static_cast<std::uint64_t>(T), 1});
   std::vector<float> s(static_cast<std::size_t>(mats * T * T));
   for (std::int64_t row = 0; row < mats * T; ++row) {
@@ -105,10 +121,12 @@ TEST_P(CausalSoftmaxForward, MatchesTheFloat64Reference) {
           j <= row % T ? rng.uniform(-range, range) : std::numeric_limits<float>::quiet_NaN();
   }
   std::vector<float> p(s.size(), 1.0f);
-  causal_softmax_forward(s.data(), p.data(), mats, T);
+  causal_softmax_forward(s.data(), p.data(), mats, T, scale);
+  std::vector<float> scaled(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) scaled[i] = scale * s[i];
   for (std::int64_t row = 0; row < mats * T; ++row) {
     const std::int64_t n = row % T + 1;
-    const float* sr = s.data() + row * T;
+    const float* sr = scaled.data() + row * T;
     double top = sr[0], sum = 0;
     for (std::int64_t k = 1; k < n; ++k) top = std::max<double>(top, sr[k]);
     for (std::int64_t k = 0; k < n; ++k) sum += std::exp(sr[k] - top);
@@ -136,8 +154,7 @@ TEST_P(CausalSoftmaxForward, MatchesTheFloat64Reference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Windows, CausalSoftmaxForward, ::testing::Values(1, 7, 8, 13, 64),
-                         window_name);
+INSTANTIATE_TEST_SUITE_P(Windows, CausalSoftmaxForward, kWindows, window_name);
 
 // GELU(x) = x Phi(x) and its slope Phi(x) + x phi(x) in float64.
 double gelu64(double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); }

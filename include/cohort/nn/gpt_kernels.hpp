@@ -5,6 +5,9 @@
 // - the causal softmax's forward: it reads only the entries the causal mask keeps and writes 0
 //   above the diagonal, where oneDNN's softmax needs the masked scores set to -inf first and then
 //   runs over whole rows;
+// - both take attention's 1/sqrt(head size) scale, which the matmuls around them would otherwise
+//   apply as output scales: oneDNN 2.6.3's bf16 gemm-based matmul runs several times slower with
+//   them (docs/decisions.md, "Attention's scale in the softmax");
 // - GELU and its slope in one sweep: the slope, kept for backward, makes backward one product;
 //   oneDNN's eltwise backward evaluates erf and exp again from the pre-activation.
 // docs/decisions.md ("A language model's own loops") has what they change.
@@ -16,21 +19,24 @@
 
 namespace cohort::nn {
 
-// For `mats` row-major (T, T) matrices of a causal softmax: p its output (row i has its i + 1
-// first entries unmasked, the rest 0), dp the output's gradient. Writes the input's gradient
-//   ds[i][j] = p[i][j] * (dp[i][j] - sum_{k <= i} p[i][k] * dp[i][k])   for j <= i,
-//   ds[i][j] = 0                                                         for j > i,
+// For `mats` row-major (T, T) matrices of a causal softmax of scaled scores, softmax(scale s):
+// p its output (row i has its i + 1 first entries unmasked, the rest 0), dp the output's
+// gradient. Writes the gradient of the unscaled scores s
+//   ds[i][j] = scale * (p[i][j] * (dp[i][j] - sum_{k <= i} p[i][k] * dp[i][k]))   for j <= i,
+//   ds[i][j] = 0                                                                   for j > i,
 // the sum taken in eight interleaved partial sums (k mod 8) added pairwise, then the remainder:
 // a fixed order, the same bits at any vector width. The bf16 form rounds the f32 result.
 void causal_softmax_backward(const float* p, const float* dp, float* ds, std::int64_t mats,
-                             std::int64_t T);
+                             std::int64_t T, float scale);
 void causal_softmax_backward(const float* p, const float* dp, bf16* ds, std::int64_t mats,
-                             std::int64_t T);
+                             std::int64_t T, float scale);
 
-// For `mats` row-major (T, T) matrices of scores s: p = softmax of each row i over its i + 1
-// first entries (the rest of s is not read), 0 after them. The row's largest score is
-// subtracted; the sum of the exponentials is taken in eight interleaved partial sums as above.
-void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::int64_t T);
+// For `mats` row-major (T, T) matrices of scores s: p = softmax of each row i of scale s (scale >
+// 0, each product rounded to float) over its i + 1 first entries (the rest of s is not read), 0
+// after them. The row's largest scaled score is subtracted; the sum of the exponentials is taken
+// in eight interleaved partial sums as above.
+void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::int64_t T,
+                            float scale);
 
 // g = GELU(f) = f Phi(f) (the erf form, nanoGPT's nn.GELU()) for n values, and, unless `slope`
 // is null, slope = GELU'(f) = Phi(f) + f phi(f). Phi by Abramowitz and Stegun 7.1.26 (erf to
