@@ -50,6 +50,20 @@ inline F8 load8(const float* p) {
   return v;
 }
 inline void store8(float* p, F8 v) { std::memcpy(p, &v, sizeof v); }
+// bf16: widened exactly; rounded to nearest even, NaN kept a quiet NaN, as to_bf16 (bf16.hpp).
+using H8 = std::uint16_t __attribute__((vector_size(16)));
+inline F8 load8(const bf16* p) {
+  H8 h;
+  std::memcpy(&h, p, sizeof h);
+  return std::bit_cast<F8>(__builtin_convertvector(h, U8) << 16);
+}
+inline void store8(bf16* p, F8 v) {
+  const U8 u = std::bit_cast<U8>(v);
+  const U8 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const U8 bits = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
+  const H8 h = __builtin_convertvector(bits, H8);
+  std::memcpy(p, &h, sizeof h);
+}
 inline F8 splat(float v) { return F8{} + v; }
 
 // exp(y) for y <= 0 (NaN stays NaN): 2^k e^r with k = round(y / ln 2) and |r| <= ln(2) / 2, e^r
@@ -91,9 +105,8 @@ inline F8 splat(float v) { return F8{} + v; }
   slope = (x * 0.39894228040143268f) * e + phi;
 }
 
-template <bool kSlope>
-[[gnu::always_inline]] inline void gelu_rows(const float* f, float* g, float* slope,
-                                             std::int64_t n) {
+template <bool kSlope, class T>
+[[gnu::always_inline]] inline void gelu_rows(const T* f, T* g, T* slope, std::int64_t n) {
   F8 gv, sv;
   std::int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -102,14 +115,14 @@ template <bool kSlope>
     if constexpr (kSlope) store8(slope + i, sv);
   }
   if (i == n) return;
-  float in[8] = {}, out[8], out_slope[8];  // the last n mod 8, through a full vector
-  std::memcpy(in, f + i, static_cast<std::size_t>(n - i) * sizeof(float));
+  T in[8] = {}, out[8], out_slope[8];  // the last n mod 8, through a full vector
+  std::memcpy(in, f + i, static_cast<std::size_t>(n - i) * sizeof(T));
   gelu8(load8(in), gv, sv);
   store8(out, gv);
   store8(out_slope, sv);
-  std::memcpy(g + i, out, static_cast<std::size_t>(n - i) * sizeof(float));
+  std::memcpy(g + i, out, static_cast<std::size_t>(n - i) * sizeof(T));
   if constexpr (kSlope)
-    std::memcpy(slope + i, out_slope, static_cast<std::size_t>(n - i) * sizeof(float));
+    std::memcpy(slope + i, out_slope, static_cast<std::size_t>(n - i) * sizeof(T));
 }
 
 }  // namespace
@@ -164,8 +177,23 @@ void gelu_forward(const float* f, float* g, float* slope, std::int64_t n) {
 }
 
 COHORT_CLONES_AVX512
+void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n) {
+  if (slope)
+    gelu_rows<true>(f, g, slope, n);
+  else
+    gelu_rows<false>(f, g, slope, n);
+}
+
+COHORT_CLONES_AVX512
 void gelu_backward(const float* dg, const float* slope, float* df, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) df[i] = dg[i] * slope[i];
+}
+
+COHORT_CLONES_AVX512
+void gelu_backward(const bf16* dg, const bf16* slope, bf16* df, std::int64_t n) {
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store8(df + i, load8(dg + i) * load8(slope + i));
+  for (; i < n; ++i) df[i] = to_bf16(to_float(dg[i]) * to_float(slope[i]));
 }
 
 COHORT_CLONES_AVX512

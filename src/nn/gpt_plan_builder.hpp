@@ -5,11 +5,12 @@
 // backward). Not an interface: one builder lives for one build_gpt_plan call.
 //
 // The steps are oneDNN 2.6 primitives (inner products for the linear layers and the tied head,
-// batched matmuls over strided views for attention, layer normalization, the erf GELU in bf16,
-// reorders between f32 and bf16) and cohort's loops (the embedding gather and its scatter-add,
-// dropout, residual adds; nn/gpt_kernels.hpp: the causal softmax forward and backward, which read
-// only the causal part, and in f32 the GELU with its slope), as the two step lists of a
-// detail::Plan. Some weight gradients run on dnnl_sgemm or OpenBLAS's sgemm (plan_gpt.cpp).
+// batched matmuls over strided views for attention, layer normalization, reorders between f32
+// and bf16) and cohort's loops (the embedding gather and its scatter-add, dropout, residual adds;
+// nn/gpt_kernels.hpp: the causal softmax forward and backward, which read only the causal part
+// and apply attention's scale, and the GELU with its slope), as the two step lists of a
+// detail::Plan. Some weight gradients run on dnnl_sgemm or OpenBLAS's sgemm in f32, and on
+// oneDNN's matmul in bf16 where its kernel is AMX's (plan_gpt.cpp).
 //
 // Rows: the M = N x block positions, (N, T, C) row-major. The residual stream x is f32 in both
 // precisions (as PyTorch's autocast keeps it); LayerNorm runs in f32 (oneDNN 2.6 gives it one
@@ -82,7 +83,7 @@ class GptPlanBuilder {
   struct BlockSaved {
     LnSaved ln1, ln2;
     memory h1, qkv, p, p_used, y, x_mid, h2, f, g;
-    memory slope;  // f32 training plans: GELU's slope at f (gelu_forward), in place of f
+    memory slope;  // training plans: GELU's slope at f (gelu_forward), in place of f
   };
 
   bool half() const { return act_ == Dt::bf16; }

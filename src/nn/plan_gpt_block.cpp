@@ -114,27 +114,30 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   b.ln2 = ln_forward(b.x_mid, o.ln_2, h2_f32);
   b.h2 = as_act(p_.forward, h2_f32, {M_, C}, "h2");
   where_ = "h." + std::to_string(l) + ".mlp.c_fc";
-  // f32: GELU by gelu_forward, which keeps its slope for backward in place of f; bf16: oneDNN's
-  // eltwise (its jit kernels on AVX512_BF16 CPUs), backward from f.
-  b.f = half() ? kept("f", {M_, 4 * C}, act_) : temp("f", {M_, 4 * C}, act_);
+  // GELU by gelu_forward, which keeps its slope for backward in place of f (in the activations'
+  // type).
+  b.f = temp("f", {M_, 4 * C}, act_);
   linear(b.h2, o.c_fc, 4 * C, b.f);
   where_ = "h." + std::to_string(l) + ".mlp.gelu";
   b.g = kept("g", {M_, 4 * C}, act_, skew(4 * C));  // c_proj's X
-  if (half()) {
-    eltwise_forward::primitive_desc gpd(
-        eltwise_forward::desc(prop_kind::forward_training, algorithm::eltwise_gelu_erf,
-                              b.f.get_desc(), 0.0f, 0.0f),
-        attr(), eng_);
-    add(p_.forward, eltwise_forward(gpd), gpd.scratchpad_desc(),
-        {{DNNL_ARG_SRC, b.f}, {DNNL_ARG_DST, b.g}}, Phase::kEltwise);
-  } else {
-    if (training_) b.slope = plain({M_, 4 * C}, Dt::f32);
-    const float* f = static_cast<const float*>(b.f.get_data_handle());
-    float* g = static_cast<float*>(b.g.get_data_handle());
-    float* slope = training_ ? static_cast<float*>(b.slope.get_data_handle()) : nullptr;
+  if (training_) b.slope = plain({M_, 4 * C}, act_);
+  {
+    void* f = b.f.get_data_handle();
+    void* g = b.g.get_data_handle();
+    void* slope = training_ ? b.slope.get_data_handle() : nullptr;
     const std::int64_t n = M_ * 4 * C;
+    const bool half = this->half();
     custom(
-        p_.forward, [f, g, slope, n] { gelu_forward(f, g, slope, n); }, Phase::kEltwise);
+        p_.forward,
+        [f, g, slope, n, half] {
+          if (half)
+            gelu_forward(static_cast<const bf16*>(f), static_cast<bf16*>(g),
+                         static_cast<bf16*>(slope), n);
+          else
+            gelu_forward(static_cast<const float*>(f), static_cast<float*>(g),
+                         static_cast<float*>(slope), n);
+        },
+        Phase::kEltwise);
   }
   where_ = "h." + std::to_string(l) + ".mlp.c_proj";
   memory mo = temp("branch", {M_, C}, Dt::f32);
@@ -184,24 +187,22 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   linear_backward(b.g, o.mlp_proj, C, dmo, dg);
   where_ = "h." + std::to_string(l) + ".mlp.gelu";
   memory df = temp("d.f", {M_, 4 * C}, act_, skew(4 * C));  // c_fc's dY
-  if (half()) {
-    eltwise_forward::primitive_desc ghint(
-        eltwise_forward::desc(prop_kind::forward_training, algorithm::eltwise_gelu_erf,
-                              b.f.get_desc(), 0.0f, 0.0f),
-        attr(), eng_);
-    eltwise_backward::primitive_desc gbpd(
-        eltwise_backward::desc(algorithm::eltwise_gelu_erf, df.get_desc(), b.f.get_desc(), 0.0f,
-                               0.0f),
-        attr(), eng_, ghint);
-    add(p_.backward, eltwise_backward(gbpd), gbpd.scratchpad_desc(),
-        {{DNNL_ARG_SRC, b.f}, {DNNL_ARG_DIFF_DST, dg}, {DNNL_ARG_DIFF_SRC, df}}, Phase::kEltwise);
-  } else {
-    const float* dgs = static_cast<const float*>(dg.get_data_handle());
-    const float* slope = static_cast<const float*>(b.slope.get_data_handle());
-    float* dfs = static_cast<float*>(df.get_data_handle());
+  {
+    const void* dgs = dg.get_data_handle();
+    const void* slope = b.slope.get_data_handle();
+    void* dfs = df.get_data_handle();
     const std::int64_t count = M_ * 4 * C;
+    const bool half = this->half();
     custom(
-        p_.backward, [dgs, slope, dfs, count] { gelu_backward(dgs, slope, dfs, count); },
+        p_.backward,
+        [dgs, slope, dfs, count, half] {
+          if (half)
+            gelu_backward(static_cast<const bf16*>(dgs), static_cast<const bf16*>(slope),
+                          static_cast<bf16*>(dfs), count);
+          else
+            gelu_backward(static_cast<const float*>(dgs), static_cast<const float*>(slope),
+                          static_cast<float*>(dfs), count);
+        },
         Phase::kEltwise);
   }
   where_ = "h." + std::to_string(l) + ".mlp.c_fc";

@@ -2,8 +2,9 @@
 // causal_softmax_backward: causal softmax rows of random scores and a random output gradient,
 // window lengths below, at and above the eight-wide partial sums and not a multiple of eight, at
 // the scales 1, 1/8 (a head size of 64) and 1/sqrt(32) (not a power of two); the masked entries
-// exactly 0 and never read; the bf16 form the f32 result rounded. gelu_forward
-// and gelu_backward: GELU (erf form) and its slope over the range activations take and beyond.
+// exactly 0 and never read; the bf16 form the f32 result rounded. gelu_forward and
+// gelu_backward: GELU (erf form) and its slope over the range activations take and beyond; their
+// bf16 forms the f32 results rounded.
 #include "cohort/nn/gpt_kernels.hpp"
 
 #include <gtest/gtest.h>
@@ -190,6 +191,38 @@ TEST(Gelu, ValuesAndSlopesMatchTheFloat64Reference) {
   EXPECT_EQ(g[x.size() - 1], 0.0f);
   EXPECT_EQ(slope[x.size() - 1], 0.0f);
   EXPECT_EQ(g[x.size() - 2], 1e30f);
+}
+
+// The bf16 forms are the f32 ones on the same (bf16) values, rounded: values and slopes, and the
+// backward's product of bf16 gradient and slope; every length mod 8 (the last values go through
+// a full vector), a NaN kept a NaN.
+TEST(Gelu, Bf16IsTheF32KernelRounded) {
+  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  Rng rng({kSeed, 3});
+  for (std::int64_t n = 1; n <= 40; ++n) {
+    std::vector<bf16> x(static_cast<std::size_t>(n)), dg(x.size());
+    for (auto& v : x) v = to_bf16(rng.uniform(-6.0f, 6.0f));
+    for (auto& v : dg) v = to_bf16(rng.uniform(-1.0f, 1.0f));
+    if (n == 13) x[5] = to_bf16(std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> xf(x.size()), g(x.size()), slope(x.size());
+    to_float(x.data(), xf.data(), x.size());
+    gelu_forward(xf.data(), g.data(), slope.data(), n);
+    std::vector<bf16> g16(x.size()), slope16(x.size()), g16_only(x.size()), df16(x.size());
+    gelu_forward(x.data(), g16.data(), slope16.data(), n);
+    gelu_forward(x.data(), g16_only.data(), nullptr, n);
+    gelu_backward(dg.data(), slope16.data(), df16.data(), n);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(g16[i].bits, to_bf16(g[i]).bits) << "n " << n << ", x = " << xf[i];
+      ASSERT_EQ(slope16[i].bits, to_bf16(slope[i]).bits) << "n " << n << ", x = " << xf[i];
+      ASSERT_EQ(g16_only[i].bits, g16[i].bits) << "n " << n << ", x = " << xf[i];
+      ASSERT_EQ(df16[i].bits, to_bf16(to_float(dg[i]) * to_float(slope16[i])).bits)
+          << "n " << n << ", x = " << xf[i];
+    }
+    if (n == 13) {
+      EXPECT_TRUE(std::isnan(to_float(g16[5])));
+      EXPECT_TRUE(std::isnan(to_float(df16[5])));
+    }
+  }
 }
 
 }  // namespace gpt_kernels_test

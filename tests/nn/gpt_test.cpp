@@ -281,10 +281,14 @@ INSTANTIATE_TEST_SUITE_P(Embeddings, GptWideRows,
 // (GptPlanBuilder::small_weight_grad, 2^25 multiply-adds) where oneDNN's inner product is
 // gemm-based (f32 on AVX2 CPUs): c_attn (768 x 128 x 384) and the MLP's two (768 x 128 x 512) on
 // oneDNN, the attention's c_proj (768 x 128 x 128) and the head on OpenBLAS. The shapes above
-// are all below the bound.
+// are all below the bound. In bf16 on AMX CPUs these rows are enough for the weight gradients'
+// matmuls to run AMX's kernel (GptPlanBuilder::linear_backward); the shapes above, of 10 to 15
+// rows, keep the inner product's.
 class GptWeightGradPaths : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GptWeightGradPaths, F32NetMatchesTheReference) { check_f32_net(GetParam()); }
+
+TEST_P(GptWeightGradPaths, Bf16NetMatchesTheReferenceWithinBf16) { check_bf16_net(GetParam()); }
 
 INSTANTIATE_TEST_SUITE_P(Leaves, GptWeightGradPaths,
                          ::testing::Values(Case{"BothSidesOfTheBound", "gpt:1-2-128-64", 7, 12}),

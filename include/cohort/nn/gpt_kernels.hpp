@@ -8,8 +8,8 @@
 // - both take attention's 1/sqrt(head size) scale, which the matmuls around them would otherwise
 //   apply as output scales: oneDNN 2.6.3's bf16 gemm-based matmul runs several times slower with
 //   them (docs/decisions.md, "Attention's scale in the softmax");
-// - GELU and its slope in one sweep: the slope, kept for backward, makes backward one product;
-//   oneDNN's eltwise backward evaluates erf and exp again from the pre-activation.
+// - GELU and its slope in one sweep, f32 and bf16: the slope, kept for backward, makes backward
+//   one product; oneDNN's eltwise backward evaluates erf and exp again from the pre-activation.
 // docs/decisions.md ("A language model's own loops") has what they change.
 #pragma once
 
@@ -44,5 +44,9 @@ void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::in
 void gelu_forward(const float* f, float* g, float* slope, std::int64_t n);
 // df = dg * slope, element for element.
 void gelu_backward(const float* dg, const float* slope, float* df, std::int64_t n);
+// The same in bf16: f widened, g and the slope the f32 form's values rounded; df the f32 product
+// of dg and slope rounded. oneDNN 2.6.3's bf16 gelu_erf backward evaluates erf and exp again.
+void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n);
+void gelu_backward(const bf16* dg, const bf16* slope, bf16* df, std::int64_t n);
 
 }  // namespace cohort::nn
