@@ -37,89 +37,129 @@ template <class Out>
   }
 }
 
-// Eight floats, in GCC's vector extension (clang has it too): the compiler keeps selects and
-// bit casts in registers, where the same loop in scalar floats stays scalar under the default
-// -ftrapping-math (a comparison may trap, so selects on one are not if-converted). The AVX-512
-// clone runs the same 8-lane operations: the same bits on every CPU.
+// Floats in GCC's vector extension (clang has it too): the compiler keeps selects and bit casts
+// in registers, where the same loop in scalar floats stays scalar under the default
+// -ftrapping-math (a comparison may trap, so selects on one are not if-converted). The softmax
+// sums in eight lanes, and the AVX-512 clone runs the same 8-lane operations: the same bits on
+// every CPU. GELU, element by element, runs 16 lanes (one AVX-512 register, two AVX2 ones):
+// the same bits at any width.
+// (GCC's -Wpsabi notes that a 64-byte vector passed by value has another ABI without AVX-512:
+// these helpers are inline and file-local, never called across that boundary.)
+#pragma GCC diagnostic ignored "-Wpsabi"
 using F8 = float __attribute__((vector_size(32)));
 using U8 = std::uint32_t __attribute__((vector_size(32)));
+using H8 = std::uint16_t __attribute__((vector_size(16)));
+using F16 = float __attribute__((vector_size(64)));
+using U16 = std::uint32_t __attribute__((vector_size(64)));
+using H16 = std::uint16_t __attribute__((vector_size(32)));
+template <class V>
+struct Lanes;
+template <>
+struct Lanes<F8> {
+  using U = U8;
+  using H = H8;
+};
+template <>
+struct Lanes<F16> {
+  using U = U16;
+  using H = H16;
+};
+template <class V>
+constexpr std::int64_t kLanes = sizeof(V) / sizeof(float);
 
-inline F8 load8(const float* p) {
-  F8 v;
+template <class V>
+inline V load(const float* p) {
+  V v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void store8(float* p, F8 v) { std::memcpy(p, &v, sizeof v); }
-// bf16: widened exactly; rounded to nearest even, NaN kept a quiet NaN, as to_bf16 (bf16.hpp).
-using H8 = std::uint16_t __attribute__((vector_size(16)));
-inline F8 load8(const bf16* p) {
-  H8 h;
-  std::memcpy(&h, p, sizeof h);
-  return std::bit_cast<F8>(__builtin_convertvector(h, U8) << 16);
+inline F8 load8(const float* p) { return load<F8>(p); }
+template <class V>
+inline void store(float* p, V v) {
+  std::memcpy(p, &v, sizeof v);
 }
-inline void store8(bf16* p, F8 v) {
-  const U8 u = std::bit_cast<U8>(v);
-  const U8 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const U8 bits = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
-  const H8 h = __builtin_convertvector(bits, H8);
+inline void store8(float* p, F8 v) { store(p, v); }
+// bf16: widened exactly; rounded to nearest even, NaN kept a quiet NaN, as to_bf16 (bf16.hpp).
+template <class V>
+inline V load(const bf16* p) {
+  using U = typename Lanes<V>::U;
+  typename Lanes<V>::H h;
+  std::memcpy(&h, p, sizeof h);
+  return std::bit_cast<V>(__builtin_convertvector(h, U) << 16);
+}
+template <class V>
+inline void store(bf16* p, V v) {
+  using U = typename Lanes<V>::U;
+  const U u = std::bit_cast<U>(v);
+  const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const U bits = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
+  const auto h = __builtin_convertvector(bits, typename Lanes<V>::H);
   std::memcpy(p, &h, sizeof h);
 }
-inline F8 splat(float v) { return F8{} + v; }
+template <class V = F8>
+inline V splat(float v) {
+  return V{} + v;
+}
 
 // exp(y) for y <= 0 (NaN stays NaN): 2^k e^r with k = round(y / ln 2) and |r| <= ln(2) / 2, e^r
 // by Cephes' expf polynomial (within 2 ulp); 0 below about -87.7, where 2^k would leave the
 // normal floats.
-[[gnu::always_inline]] inline F8 exp_nonpositive(F8 y) {
-  y = y < -88.0f ? splat(-88.0f) : y;                         // k >= -127
-  const F8 shifted = y * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: rounds to integer
-  const F8 k = shifted - 12582912.0f;
-  const F8 r = (y - k * 0.693359375f) + k * 2.12194440e-4f;  // ln 2 in two parts
-  F8 q = splat(1.9875691500e-4f);
+template <class V>
+[[gnu::always_inline]] inline V exp_nonpositive(V y) {
+  using U = typename Lanes<V>::U;
+  y = y < -88.0f ? splat<V>(-88.0f) : y;                     // k >= -127
+  const V shifted = y * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: rounds to integer
+  const V k = shifted - 12582912.0f;
+  const V r = (y - k * 0.693359375f) + k * 2.12194440e-4f;  // ln 2 in two parts
+  V q = splat<V>(1.9875691500e-4f);
   q = q * r + 1.3981999507e-3f;
   q = q * r + 8.3334519073e-3f;
   q = q * r + 4.1665795894e-2f;
   q = q * r + 1.6666665459e-1f;
   q = q * r + 5.0000001201e-1f;
-  const F8 er = (q * r) * r + r + 1.0f;
+  const V er = (q * r) * r + r + 1.0f;
   // The shift's bits are 0x4b400000 + k: 2^k's are (k + 127) << 23, 0 (the float 0) at -127.
-  const U8 bits = ((std::bit_cast<U8>(shifted) - 0x4b400000u) + 127u) << 23;
-  return er * std::bit_cast<F8>(bits);
+  const U bits = ((std::bit_cast<U>(shifted) - 0x4b400000u) + 127u) << 23;
+  return er * std::bit_cast<V>(bits);
 }
 
 // GELU's values x Phi(x) and slopes Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi): the
 // exponential is erfc's factor as well.
-[[gnu::always_inline]] inline void gelu8(F8 x, F8& g, F8& slope) {
-  const U8 magnitude = std::bit_cast<U8>(x) & 0x7fffffffu;
-  const F8 z = std::bit_cast<F8>(magnitude) * 0.70710678118654752f;  // |x| / sqrt(2)
-  const F8 e = exp_nonpositive(-z * z);                              // exp(-x^2 / 2)
-  const F8 t = 1.0f / (z * 0.3275911f + 1.0f);
-  F8 q = splat(1.061405429f);
+template <class V>
+[[gnu::always_inline]] inline void gelu_lanes(V x, V& g, V& slope) {
+  using U = typename Lanes<V>::U;
+  const U magnitude = std::bit_cast<U>(x) & 0x7fffffffu;
+  const V z = std::bit_cast<V>(magnitude) * 0.70710678118654752f;  // |x| / sqrt(2)
+  const V e = exp_nonpositive(-z * z);                             // exp(-x^2 / 2)
+  const V t = 1.0f / (z * 0.3275911f + 1.0f);
+  V q = splat<V>(1.061405429f);
   q = q * t - 1.453152027f;
   q = q * t + 1.421413741f;
   q = q * t - 0.284496736f;
   q = q * t + 0.254829592f;
-  const F8 tail = 0.5f * (q * t) * e;  // Phi(-|x|) = erfc(|x| / sqrt(2)) / 2
-  const F8 upper = 1.0f - tail;
-  const F8 phi = x < 0.0f ? tail : upper;
+  const V tail = 0.5f * (q * t) * e;  // Phi(-|x|) = erfc(|x| / sqrt(2)) / 2
+  const V upper = 1.0f - tail;
+  const V phi = x < 0.0f ? tail : upper;
   g = x * phi;
   slope = (x * 0.39894228040143268f) * e + phi;
 }
 
 template <bool kSlope, class T>
 [[gnu::always_inline]] inline void gelu_rows(const T* f, T* g, T* slope, std::int64_t n) {
-  F8 gv, sv;
+  constexpr std::int64_t W = kLanes<F16>;
+  F16 gv, sv;
   std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    gelu8(load8(f + i), gv, sv);
-    store8(g + i, gv);
-    if constexpr (kSlope) store8(slope + i, sv);
+  for (; i + W <= n; i += W) {
+    gelu_lanes(load<F16>(f + i), gv, sv);
+    store(g + i, gv);
+    if constexpr (kSlope) store(slope + i, sv);
   }
   if (i == n) return;
-  T in[8] = {}, out[8], out_slope[8];  // the last n mod 8, through a full vector
+  T in[W] = {}, out[W], out_slope[W];  // the last n mod 16, through a full vector
   std::memcpy(in, f + i, static_cast<std::size_t>(n - i) * sizeof(T));
-  gelu8(load8(in), gv, sv);
-  store8(out, gv);
-  store8(out_slope, sv);
+  gelu_lanes(load<F16>(in), gv, sv);
+  store(out, gv);
+  store(out_slope, sv);
   std::memcpy(g + i, out, static_cast<std::size_t>(n - i) * sizeof(T));
   if constexpr (kSlope)
     std::memcpy(slope + i, out_slope, static_cast<std::size_t>(n - i) * sizeof(T));
@@ -192,7 +232,7 @@ void gelu_backward(const float* dg, const float* slope, float* df, std::int64_t 
 COHORT_CLONES_AVX512
 void gelu_backward(const bf16* dg, const bf16* slope, bf16* df, std::int64_t n) {
   std::int64_t i = 0;
-  for (; i + 8 <= n; i += 8) store8(df + i, load8(dg + i) * load8(slope + i));
+  for (; i + 16 <= n; i += 16) store(df + i, load<F16>(dg + i) * load<F16>(slope + i));
   for (; i < n; ++i) df[i] = to_bf16(to_float(dg[i]) * to_float(slope[i]));
 }
 
