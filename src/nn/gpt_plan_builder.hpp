@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <optional>
@@ -83,7 +84,8 @@ class GptPlanBuilder {
   struct BlockSaved {
     LnSaved ln1, ln2;
     memory h1, qkv, p, p_used, y, x_mid, h2, f, g;
-    memory slope;  // training plans: GELU's slope at f (gelu_forward), in place of f
+    memory q, k, v;  // dense attention (dense_attention()): q, k and v split from qkv
+    memory slope;    // training plans: GELU's slope at f (gelu_forward), in place of f
   };
 
   bool half() const { return act_ == Dt::bf16; }
@@ -164,6 +166,39 @@ class GptPlanBuilder {
     return blocks;
   }
   static constexpr std::int64_t kMinBlockRows = 64, kMaxRowBlocks = 4;
+  // Whether attention runs on dense q, k and v ((M, C) each, split from qkv after c_attn and
+  // merged into its gradient before c_attn's backward) over whole windows: where oneDNN runs
+  // that matmul on AMX (bf16 on AMX CPUs), whose kernel takes such operands and not the strided
+  // views of qkv or the row blocks' (docs/decisions.md, "Attention on AMX"). Decided once a plan.
+  bool dense_attention();
+  // The heads of a (M, ...) buffer whose rows are `row_stride` apart, from `column` on: rows
+  // [r0, r0 + rows) of each window as (N, H, rows, hs), or with `transposed` (N, H, hs, rows).
+  memory heads(const memory& base, std::int64_t row_stride, std::int64_t column, std::int64_t r0,
+               std::int64_t rows, bool transposed = false) {
+    const Dims dims = transposed ? Dims{N_, H_, hs_, rows} : Dims{N_, H_, rows, hs_};
+    const Dims strides = transposed ? Dims{T_ * row_stride, hs_, 1, row_stride}
+                                    : Dims{T_ * row_stride, hs_, row_stride, 1};
+    return view(base, dims, strides, r0 * row_stride + column);
+  }
+  // `parts` (M, C) each = the three C-column parts of `whole` (M, 3C), or back (`merge`).
+  void split_qkv(std::vector<Exec>& list, const memory& whole, const memory (&parts)[3],
+                 bool merge) {
+    const std::size_t row = static_cast<std::size_t>(C_) * memory::data_type_size(act_);
+    auto* w = static_cast<char*>(whole.get_data_handle());
+    char* pt[3];
+    for (int i = 0; i < 3; ++i) pt[i] = static_cast<char*>(parts[i].get_data_handle());
+    custom(list, [=, M = M_] {
+      for (std::int64_t m = 0; m < M; ++m)
+        for (int i = 0; i < 3; ++i) {
+          char* a = w + (3 * m + i) * static_cast<std::int64_t>(row);
+          char* b = pt[i] + m * static_cast<std::int64_t>(row);
+          if (merge)
+            std::memcpy(a, b, row);
+          else
+            std::memcpy(b, a, row);
+        }
+    });
+  }
   memory param(Dims dims, std::size_t offset) {
     memory m(memory::desc(dims, act_, dims.size() == 1 ? Tag::a : Tag::ab), eng_, DNNL_MEMORY_NONE);
     p_.params.push_back({m, offset});
@@ -249,6 +284,12 @@ class GptPlanBuilder {
   std::optional<dnnl::layer_normalization_backward::primitive_desc> ln_bwd_;
   std::map<std::string, memory> temps_;
   std::map<std::size_t, memory> blocked_weights_;  // by offset: forward's copy in its layout
+  std::optional<bool> dense_attention_;
 };
+
+// Whether oneDNN runs `pd` on AMX (its implementation's name says so: "brg:avx512_core_amx").
+inline bool amx_kernel(const dnnl::primitive_desc_base& pd) {
+  return std::string(pd.impl_info_str()).find("amx") != std::string::npos;
+}
 
 }  // namespace cohort::nn::detail

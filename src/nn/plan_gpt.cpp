@@ -84,10 +84,6 @@ bool gemm_based(const dnnl::primitive_desc_base& pd) {
   const std::string impl = pd.impl_info_str();
   return impl.starts_with("x64:gemm") || impl.starts_with("gemm");
 }
-// Whether oneDNN runs `pd` on AMX (its implementation's name says "amx": "brg:avx512_core_amx").
-bool amx_kernel(const dnnl::primitive_desc_base& pd) {
-  return std::string(pd.impl_info_str()).find("amx") != std::string::npos;
-}
 // make(tag) builds an inner product's primitive descriptor with its weights (or their gradient)
 // in `tag`: oneDNN's choice (any), or the plain (out, in) layout where that choice is gemm-based.
 template <class Make>

@@ -34,18 +34,30 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   b.ln1 = ln_forward(x, o.ln_1, h1_f32);
   b.h1 = as_act(p_.forward, h1_f32, {M_, C}, "h1");
   where_ = "h." + std::to_string(l) + ".attn.c_attn";
-  b.qkv = kept("qkv", {M_, 3 * C}, act_);
+  const bool dense = dense_attention();
+  b.qkv = dense ? temp("qkv", {M_, 3 * C}, act_) : kept("qkv", {M_, 3 * C}, act_);
   linear(b.h1, o.c_attn, 3 * C, b.qkv);
 
   where_ = "h." + std::to_string(l) + ".attn";
-  const Dims qkv_strides{T * 3 * C, hs, 3 * C, 1}, kt_strides{T * 3 * C, hs, 1, 3 * C};
+  if (dense) {
+    b.q = kept("q", {M_, C}, act_);
+    b.k = kept("k", {M_, C}, act_);
+    b.v = kept("v", {M_, C}, act_);
+    split_qkv(p_.forward, b.qkv, {b.q, b.k, b.v}, false);
+  }
+  // q, k or v (which: 0, 1, 2) of every head, rows [r0, r0 + rows) of each window.
+  auto part = [&](int which, std::int64_t r0, std::int64_t rows, bool transposed = false) {
+    const memory* one[] = {&b.q, &b.k, &b.v};
+    return dense ? heads(*one[which], C, 0, r0, rows, transposed)
+                 : heads(b.qkv, 3 * C, which * C, r0, rows, transposed);
+  };
   const Dims p_strides{H * T * T, T * T, T, 1};
-  const auto blocks = row_blocks();
+  const std::vector<std::pair<std::int64_t, std::int64_t>> blocks =
+      dense ? std::vector<std::pair<std::int64_t, std::int64_t>>{{0, T}} : row_blocks();
   memory scores = temp("scores", {N, H, T, T}, Dt::f32);
   // S = Q K^T, a row block's queries against the keys before its end.
   for (const auto& [r0, r1] : blocks)
-    add_matmul(p_.forward, view(b.qkv, {N, H, r1 - r0, hs}, qkv_strides, r0 * 3 * C),
-               view(b.qkv, {N, H, hs, r1}, kt_strides, C),
+    add_matmul(p_.forward, part(0, r0, r1 - r0), part(1, 0, r1, true),
                view(scores, {N, H, r1 - r0, r1}, p_strides, r0 * T));
   // P = the causal softmax of S / sqrt(hs): a query sees the keys at and before its position (the
   // entries no block wrote are above the diagonal, and causal_softmax_forward does not read
@@ -81,9 +93,8 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   // Y = P V by row blocks: P is 0 after a block's last key.
   b.y = kept("y", {M_, C}, act_);
   for (const auto& [r0, r1] : blocks)
-    add_matmul(p_.forward, view(b.p_used, {N, H, r1 - r0, r1}, p_strides, r0 * T),
-               view(b.qkv, {N, H, r1, hs}, qkv_strides, 2 * C),
-               view(b.y, {N, H, r1 - r0, hs}, {T * C, hs, C, 1}, r0 * C));
+    add_matmul(p_.forward, view(b.p_used, {N, H, r1 - r0, r1}, p_strides, r0 * T), part(2, 0, r1),
+               heads(b.y, C, 0, r0, r1 - r0));
 
   // The residual branches: x += dropout(branch), in f32.
   auto residual = [this, &x](const memory& branch, std::size_t layer) {
@@ -218,16 +229,29 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   linear_backward(b.y, o.attn_proj, C, da, dy);
 
   where_ = "h." + std::to_string(l) + ".attn";
-  const Dims qkv_strides{T * 3 * C, hs, 3 * C, 1}, kt_strides{T * 3 * C, hs, 1, 3 * C};
-  const Dims y_strides{T * C, hs, C, 1}, p_strides{H * T * T, T * T, T, 1};
+  const bool dense = dense_attention();
+  // q, k or v of every head as block_forward's `part`, and their gradients' parts.
+  memory dqkv = temp("d.qkv", {M_, 3 * C}, act_);
+  memory dparts[3];
+  if (dense)
+    for (int i = 0; i < 3; ++i) dparts[i] = temp("d.qkv." + std::to_string(i), {M_, C}, act_);
+  auto part = [&](int which, std::int64_t r0, std::int64_t rows, bool transposed = false) {
+    const memory* one[] = {&b.q, &b.k, &b.v};
+    return dense ? heads(*one[which], C, 0, r0, rows, transposed)
+                 : heads(b.qkv, 3 * C, which * C, r0, rows, transposed);
+  };
+  auto dpart = [&](int which, std::int64_t r0, std::int64_t rows) {
+    return dense ? heads(dparts[which], C, 0, r0, rows) : heads(dqkv, 3 * C, which * C, r0, rows);
+  };
+  const Dims p_strides{H * T * T, T * T, T, 1};
   const Dims transposed{H * T * T, T * T, 1, T};
-  const auto blocks = row_blocks();
+  const std::vector<std::pair<std::int64_t, std::int64_t>> blocks =
+      dense ? std::vector<std::pair<std::int64_t, std::int64_t>>{{0, T}} : row_blocks();
   // dP = dY V^T by row blocks (the entries after a block's last key are not read), through the
   // attention dropout.
   memory dp = temp("d.p", {N, H, T, T}, Dt::f32);
   for (const auto& [r0, r1] : blocks)
-    add_matmul(p_.backward, view(dy, {N, H, r1 - r0, hs}, y_strides, r0 * C),
-               view(b.qkv, {N, H, hs, r1}, kt_strides, 2 * C),
+    add_matmul(p_.backward, heads(dy, C, 0, r0, r1 - r0), part(2, 0, r1, true),
                view(dp, {N, H, r1 - r0, r1}, p_strides, r0 * T));
   const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
   if (drop_) {
@@ -239,11 +263,9 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   }
   // dV = P^T dY (P as the forward used it) by key blocks: the queries from a block's first key
   // on.
-  memory dqkv = temp("d.qkv", {M_, 3 * C}, act_);
   for (const auto& [c0, c1] : blocks)
     add_matmul(p_.backward, view(b.p_used, {N, H, c1 - c0, T - c0}, transposed, c0 * T + c0),
-               view(dy, {N, H, T - c0, hs}, y_strides, c0 * C),
-               view(dqkv, {N, H, c1 - c0, hs}, qkv_strides, c0 * 3 * C + 2 * C));
+               heads(dy, C, 0, c0, T - c0), dpart(2, c0, c1 - c0));
   // dS = scale softmax'(P) dP, the gradient of the unscaled scores, in the activations' type
   // (causal_softmax_backward: oneDNN 2.6's is a reference loop on AVX2; it reads the causal part
   // and writes 0 above the diagonal).
@@ -266,13 +288,12 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   }
   // dQ = dS K by row blocks, dK = dS^T Q by key blocks.
   for (const auto& [r0, r1] : blocks)
-    add_matmul(p_.backward, view(ds_act, {N, H, r1 - r0, r1}, p_strides, r0 * T),
-               view(b.qkv, {N, H, r1, hs}, qkv_strides, C),
-               view(dqkv, {N, H, r1 - r0, hs}, qkv_strides, r0 * 3 * C));
+    add_matmul(p_.backward, view(ds_act, {N, H, r1 - r0, r1}, p_strides, r0 * T), part(1, 0, r1),
+               dpart(0, r0, r1 - r0));
   for (const auto& [c0, c1] : blocks)
     add_matmul(p_.backward, view(ds_act, {N, H, c1 - c0, T - c0}, transposed, c0 * T + c0),
-               view(b.qkv, {N, H, T - c0, hs}, qkv_strides, c0 * 3 * C),
-               view(dqkv, {N, H, c1 - c0, hs}, qkv_strides, c0 * 3 * C + C));
+               part(0, c0, T - c0), dpart(1, c0, c1 - c0));
+  if (dense) split_qkv(p_.backward, dqkv, dparts, true);
 
   where_ = "h." + std::to_string(l) + ".attn.c_attn";
   linear_backward(b.h1, o.c_attn, 3 * C, dqkv, dh);
@@ -280,6 +301,18 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   where_ = "h." + std::to_string(l) + ".ln_1";
   ln_backward(b.ln1, dh_f32, dln);
   accumulate(dln);
+}
+
+bool GptPlanBuilder::dense_attention() {
+  if (!dense_attention_) {
+    using namespace dnnl;
+    const memory::desc q({N_, H_, T_, hs_}, act_, Dims{T_ * C_, hs_, C_, 1});
+    const memory::desc kt({N_, H_, hs_, T_}, act_, Dims{T_ * C_, hs_, 1, C_});
+    const memory::desc scores({N_, H_, T_, T_}, Dt::f32, Tag::abcd);
+    dense_attention_ =
+        half() && amx_kernel(matmul::primitive_desc(matmul::desc(q, kt, scores), attr(), eng_));
+  }
+  return *dense_attention_;
 }
 
 }  // namespace cohort::nn::detail
