@@ -171,9 +171,9 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
   }
   if (half()) {
     // W (O, I) = dY^T X as a matmul on dY's transposed view, written plain: where its kernel is
-    // AMX's, it runs 1.2-1.6x faster than the inner product's backward-weights kernel, which also
-    // writes a blocked layout to reorder (docs/decisions.md, "bf16 weight gradients as
-    // matmuls").
+    // AMX's, it runs faster than the inner product's backward-weights kernel, which also writes a
+    // blocked layout to reorder (docs/decisions.md, "Language models' bf16 weight gradients on
+    // AMX").
     const matmul::primitive_desc mpd(
         matmul::desc(memory::desc({O, M_}, act_, Dims{1, O}), src.get_desc(), dw.get_desc()),
         attr(), eng_);

@@ -21,7 +21,7 @@ ScheduleKind parse_schedule(const std::string& name, const std::string& flag = "
 const char* to_string(ScheduleKind kind);
 
 // The defaults are `cohort train`'s recipe: a linear warmup over 200 updates, then cosine decay
-// to 0 over the run (docs/decisions.md, "The default recipe").
+// to 0 over the run (docs/decisions.md, "Default recipe").
 struct ScheduleConfig {
   ScheduleKind kind = ScheduleKind::kCosine;
   std::uint64_t warmup_steps = 200;  // lr rises linearly to the base over these updates
