@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -34,6 +35,70 @@ template <class Out>
                       ((part[4] + part[5]) + (part[6] + part[7])) + rest;
     for (j = 0; j < n; ++j) store(out + j, scale * (pr[j] * (dr[j] - dot)));
     for (; j < T; ++j) store(out + j, 0.0f);
+  }
+}
+
+// The sum of term(j) for j < n in eight interleaved partial sums (j mod 8) added pairwise, then
+// the remainder: a fixed order, the same bits at any vector width.
+template <class Term>
+[[gnu::always_inline]] inline float sum8(std::int64_t n, Term term) {
+  float part[8] = {};
+  std::int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) part[k] += term(j + k);
+  float rest = 0.0f;
+  for (; j < n; ++j) rest += term(j);
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7])) +
+         rest;
+}
+
+inline float load1(const float* p) { return *p; }
+inline float load1(const bf16* p) { return to_float(*p); }
+
+template <class Out>
+[[gnu::always_inline]] inline void layer_norm_rows(const float* x, const float* gamma, Out* y,
+                                                   float* mean, float* rstd, std::int64_t rows,
+                                                   std::int64_t C, float eps) {
+  const float inv_c = 1.0f / static_cast<float>(C);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    const float mu = sum8(C, [xr](std::int64_t j) { return xr[j]; }) * inv_c;
+    const float var = sum8(C,
+                           [xr, mu](std::int64_t j) {
+                             const float d = xr[j] - mu;
+                             return d * d;
+                           }) *
+                      inv_c;
+    const float rs = 1.0f / std::sqrt(var + eps);
+    mean[r] = mu;
+    rstd[r] = rs;
+    Out* yr = y + r * C;
+    for (std::int64_t j = 0; j < C; ++j) store(yr + j, (xr[j] - mu) * rs * gamma[j]);
+  }
+}
+
+template <class In>
+[[gnu::always_inline]] inline void layer_norm_backward_rows(const float* x, const float* gamma,
+                                                            const float* mean, const float* rstd,
+                                                            const In* dy, float* dx,
+                                                            bool accumulate, float* dgamma,
+                                                            std::int64_t rows, std::int64_t C) {
+  const float inv_c = 1.0f / static_cast<float>(C);
+  std::fill(dgamma, dgamma + C, 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    const In* dyr = dy + r * C;
+    float* dxr = dx + r * C;
+    const float mu = mean[r], rs = rstd[r];
+    auto xhat = [=](std::int64_t j) { return (xr[j] - mu) * rs; };
+    auto g = [=](std::int64_t j) { return load1(dyr + j) * gamma[j]; };
+    const float a = sum8(C, g) * inv_c;
+    const float b = sum8(C, [&](std::int64_t j) { return g(j) * xhat(j); }) * inv_c;
+    for (std::int64_t j = 0; j < C; ++j) {
+      const float d = rs * ((g(j) - a) - xhat(j) * b);
+      dxr[j] = accumulate ? dxr[j] + d : d;
+      dgamma[j] += load1(dyr + j) * xhat(j);
+    }
   }
 }
 
@@ -246,6 +311,32 @@ COHORT_CLONES_AVX512
 void causal_softmax_backward(const float* p, const float* dp, bf16* ds, std::int64_t mats,
                              std::int64_t T, float scale) {
   backward_rows(p, dp, ds, mats, T, scale);
+}
+
+COHORT_CLONES_AVX512
+void layer_norm_forward(const float* x, const float* gamma, float* y, float* mean, float* rstd,
+                        std::int64_t rows, std::int64_t C, float eps) {
+  layer_norm_rows(x, gamma, y, mean, rstd, rows, C, eps);
+}
+
+COHORT_CLONES_AVX512
+void layer_norm_forward(const float* x, const float* gamma, bf16* y, float* mean, float* rstd,
+                        std::int64_t rows, std::int64_t C, float eps) {
+  layer_norm_rows(x, gamma, y, mean, rstd, rows, C, eps);
+}
+
+COHORT_CLONES_AVX512
+void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
+                         const float* dy, float* dx, bool accumulate, float* dgamma,
+                         std::int64_t rows, std::int64_t C) {
+  layer_norm_backward_rows(x, gamma, mean, rstd, dy, dx, accumulate, dgamma, rows, C);
+}
+
+COHORT_CLONES_AVX512
+void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
+                         const bf16* dy, float* dx, bool accumulate, float* dgamma,
+                         std::int64_t rows, std::int64_t C) {
+  layer_norm_backward_rows(x, gamma, mean, rstd, dy, dx, accumulate, dgamma, rows, C);
 }
 
 }  // namespace cohort::nn

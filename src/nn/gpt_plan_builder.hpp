@@ -78,14 +78,14 @@ class GptPlanBuilder {
  private:
   void build_steps();
   struct LnSaved {
-    memory src, mean, var, scale;  // scale: the weight as f32
+    memory src, mean, rstd, scale;  // scale: the weight as f32
     std::size_t weight = 0;
   };
   struct BlockSaved {
     LnSaved ln1, ln2;
     memory h1, qkv, p, p_used, y, x_mid, h2, f, g;
-    memory q, k, v;  // dense attention (dense_attention()): q, k and v split from qkv
-    memory slope;    // training plans: GELU's slope at f (gelu_forward), in place of f
+    memory parts[3];  // dense attention (dense_attention()): q, k and v split from qkv
+    memory slope;     // training plans: GELU's slope at f (gelu_forward), in place of f
   };
 
   bool half() const { return act_ == Dt::bf16; }
@@ -180,6 +180,13 @@ class GptPlanBuilder {
                                     : Dims{T_ * row_stride, hs_, row_stride, 1};
     return view(base, dims, strides, r0 * row_stride + column);
   }
+  // q, k or v (which: 0, 1, 2) of every head, rows [r0, r0 + rows) of each window, as heads():
+  // in `parts[which]` (M, C) where attention is dense, else in `qkv` (M, 3C).
+  memory qkv_heads(const memory& qkv, const memory (&parts)[3], int which, std::int64_t r0,
+                   std::int64_t rows, bool transposed = false) {
+    return dense_attention() ? heads(parts[which], C_, 0, r0, rows, transposed)
+                             : heads(qkv, 3 * C_, which * C_, r0, rows, transposed);
+  }
   // `parts` (M, C) each = the three C-column parts of `whole` (M, 3C), or back (`merge`).
   void split_qkv(std::vector<Exec>& list, const memory& whole, const memory (&parts)[3],
                  bool merge) {
@@ -249,7 +256,11 @@ class GptPlanBuilder {
   }
 
   LnSaved ln_forward(const memory& x, std::size_t weight, const memory& dst);
-  void ln_backward(const LnSaved& s, const memory& diff_dst, const memory& diff_src);
+  // LayerNorm (cohort's loops, nn/gpt_kernels.hpp): dst in f32 or bf16; backward from diff_dst
+  // in either, diff_src f32, written or added to (`accumulate`), the weight's gradient
+  // overwritten.
+  void ln_backward(const LnSaved& s, const memory& diff_dst, const memory& diff_src,
+                   bool accumulate);
   dnnl::inner_product_forward::primitive_desc linear_pd(const memory::desc& src, std::int64_t O,
                                                         const memory::desc& dst);
   // dst = src weights, a batched matmul on (strided) views, appended to `list`. No output scale:
@@ -280,8 +291,6 @@ class GptPlanBuilder {
   const bool training_, drop_;
   std::size_t scratch_bytes_ = 0;
   std::string where_;
-  std::optional<dnnl::layer_normalization_forward::primitive_desc> ln_fwd_;
-  std::optional<dnnl::layer_normalization_backward::primitive_desc> ln_bwd_;
   std::map<std::string, memory> temps_;
   std::map<std::size_t, memory> blocked_weights_;  // by offset: forward's copy in its layout
   std::optional<bool> dense_attention_;

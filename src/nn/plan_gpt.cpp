@@ -13,6 +13,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt_kernels.hpp"
 #include "cohort/nn/version.hpp"
 #include "gpt_plan.hpp"
 #include "gpt_plan_builder.hpp"
@@ -21,24 +22,11 @@ namespace cohort::nn::detail {
 
 GptPlanBuilder::LnSaved GptPlanBuilder::ln_forward(const memory& x, std::size_t weight,
                                                    const memory& dst) {
-  using namespace dnnl;
-  const memory::desc data({M_, C_}, Dt::f32, Tag::ab), stat({M_}, Dt::f32, Tag::a);
-  if (!ln_fwd_) {
-    ln_fwd_.emplace(layer_normalization_forward::desc(prop_kind::forward_training, data, stat,
-                                                      GptModel::kLayerNormEpsilon,
-                                                      normalization_flags::use_scale),
-                    attr(), eng_);
-    if (training_)
-      ln_bwd_.emplace(layer_normalization_backward::desc(prop_kind::backward, data, data, stat,
-                                                         GptModel::kLayerNormEpsilon,
-                                                         normalization_flags::use_scale),
-                      attr(), eng_, *ln_fwd_);
-  }
   LnSaved s;
   s.src = x;
   s.weight = weight;
   s.mean = kept("ln.mean", {M_}, Dt::f32);
-  s.var = kept("ln.var", {M_}, Dt::f32);
+  s.rstd = kept("ln.rstd", {M_}, Dt::f32);
   if (half()) {  // the weight as f32, converted per call
     s.scale = kept("ln.scale", {C_}, Dt::f32);
     const memory w = param({C_}, weight);
@@ -46,25 +34,47 @@ GptPlanBuilder::LnSaved GptPlanBuilder::ln_forward(const memory& x, std::size_t 
   } else {
     s.scale = param({C_}, weight);
   }
-  add(p_.forward, layer_normalization_forward(*ln_fwd_), ln_fwd_->scratchpad_desc(),
-      {{DNNL_ARG_SRC, x},
-       {DNNL_ARG_DST, dst},
-       {DNNL_ARG_SCALE, s.scale},
-       {DNNL_ARG_MEAN, s.mean},
-       {DNNL_ARG_VARIANCE, s.var}},
+  // The parameters' memories are bound to each step's arrays: their handles are read when the
+  // step runs.
+  custom(
+      p_.forward,
+      [x, gamma = s.scale, dst, mean = s.mean, rstd = s.rstd, M = M_, C = C_] {
+        const auto* xs = static_cast<const float*>(x.get_data_handle());
+        const auto* g = static_cast<const float*>(gamma.get_data_handle());
+        auto* mu = static_cast<float*>(mean.get_data_handle());
+        auto* rs = static_cast<float*>(rstd.get_data_handle());
+        void* y = dst.get_data_handle();
+        if (dst.get_desc().data_type() == Dt::bf16)
+          layer_norm_forward(xs, g, static_cast<bf16*>(y), mu, rs, M, C,
+                             GptModel::kLayerNormEpsilon);
+        else
+          layer_norm_forward(xs, g, static_cast<float*>(y), mu, rs, M, C,
+                             GptModel::kLayerNormEpsilon);
+      },
       Phase::kOther);
   return s;
 }
 
-void GptPlanBuilder::ln_backward(const LnSaved& s, const memory& diff_dst, const memory& diff_src) {
-  add(p_.backward, dnnl::layer_normalization_backward(*ln_bwd_), ln_bwd_->scratchpad_desc(),
-      {{DNNL_ARG_SRC, s.src},
-       {DNNL_ARG_MEAN, s.mean},
-       {DNNL_ARG_VARIANCE, s.var},
-       {DNNL_ARG_SCALE, s.scale},
-       {DNNL_ARG_DIFF_DST, diff_dst},
-       {DNNL_ARG_DIFF_SRC, diff_src},
-       {DNNL_ARG_DIFF_SCALE, grad({C_}, s.weight)}},
+void GptPlanBuilder::ln_backward(const LnSaved& s, const memory& diff_dst, const memory& diff_src,
+                                 bool accumulate) {
+  custom(
+      p_.backward,
+      [x = s.src, gamma = s.scale, mean = s.mean, rstd = s.rstd, diff_dst, diff_src, accumulate,
+       dgamma = grad({C_}, s.weight), M = M_, C = C_] {
+        const auto* xs = static_cast<const float*>(x.get_data_handle());
+        const auto* g = static_cast<const float*>(gamma.get_data_handle());
+        const auto* mu = static_cast<const float*>(mean.get_data_handle());
+        const auto* rs = static_cast<const float*>(rstd.get_data_handle());
+        auto* dx = static_cast<float*>(diff_src.get_data_handle());
+        auto* dg = static_cast<float*>(dgamma.get_data_handle());
+        const void* dy = diff_dst.get_data_handle();
+        if (diff_dst.get_desc().data_type() == Dt::bf16)
+          layer_norm_backward(xs, g, mu, rs, static_cast<const bf16*>(dy), dx, accumulate, dg, M,
+                              C);
+        else
+          layer_norm_backward(xs, g, mu, rs, static_cast<const float*>(dy), dx, accumulate, dg, M,
+                              C);
+      },
       Phase::kOther);
 }
 
@@ -261,9 +271,8 @@ void GptPlanBuilder::build_steps() {
     saved.push_back(std::move(b));
   }
   where_ = "transformer.ln_f";
-  memory xf_f32 = kept("xf", {M_, C}, Dt::f32);
-  const LnSaved lnf = ln_forward(x, m_.ln_f(), xf_f32);
-  const memory xf = as_act(p.forward, xf_f32, {M_, C}, "xf.act");
+  const memory xf = kept("xf", {M_, C}, act_);
+  const LnSaved lnf = ln_forward(x, m_.ln_f(), xf);
   where_ = "lm_head";
   memory logits = plain({M_, V}, Dt::f32);
   linear(xf, wte, V, logits);
@@ -277,13 +286,8 @@ void GptPlanBuilder::build_steps() {
   memory dx = plain({M_, C}, Dt::f32);
   memory dxf = plain({M_, C}, act_);
   linear_backward(xf, wte, V, dlogits_act, dxf);  // also wte's gradient, from the head
-  memory dxf_f32 = dxf;
-  if (half) {
-    dxf_f32 = plain({M_, C}, Dt::f32);
-    convert(p.backward, dxf, dxf_f32);
-  }
   where_ = "transformer.ln_f";
-  ln_backward(lnf, dxf_f32, dx);
+  ln_backward(lnf, dxf, dx, false);
   for (std::int64_t l = s_.layers; l-- > 0;)
     block_backward(l, saved[static_cast<std::size_t>(l)], dx);
   // The embeddings' gradients: wpe's overwritten, wte's added to the head's.

@@ -29,10 +29,9 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   BlockSaved b;
   const std::int64_t T = T_, C = C_, H = H_, hs = hs_, N = N_;
   where_ = "h." + std::to_string(l) + ".ln_1";
-  // f32: the LayerNorm's output is the next layer's input, kept; bf16: converted, and kept so.
-  memory h1_f32 = half() ? temp("ln.out", {M_, C}, Dt::f32) : kept("h1", {M_, C}, Dt::f32);
-  b.ln1 = ln_forward(x, o.ln_1, h1_f32);
-  b.h1 = as_act(p_.forward, h1_f32, {M_, C}, "h1");
+  // The LayerNorm's output, in the activations' type, is the next layer's input: kept.
+  b.h1 = kept("h1", {M_, C}, act_);
+  b.ln1 = ln_forward(x, o.ln_1, b.h1);
   where_ = "h." + std::to_string(l) + ".attn.c_attn";
   const bool dense = dense_attention();
   b.qkv = dense ? temp("qkv", {M_, 3 * C}, act_) : kept("qkv", {M_, 3 * C}, act_);
@@ -40,16 +39,11 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
 
   where_ = "h." + std::to_string(l) + ".attn";
   if (dense) {
-    b.q = kept("q", {M_, C}, act_);
-    b.k = kept("k", {M_, C}, act_);
-    b.v = kept("v", {M_, C}, act_);
-    split_qkv(p_.forward, b.qkv, {b.q, b.k, b.v}, false);
+    for (int i = 0; i < 3; ++i) b.parts[i] = kept("qkv." + std::to_string(i), {M_, C}, act_);
+    split_qkv(p_.forward, b.qkv, b.parts, false);
   }
-  // q, k or v (which: 0, 1, 2) of every head, rows [r0, r0 + rows) of each window.
   auto part = [&](int which, std::int64_t r0, std::int64_t rows, bool transposed = false) {
-    const memory* one[] = {&b.q, &b.k, &b.v};
-    return dense ? heads(*one[which], C, 0, r0, rows, transposed)
-                 : heads(b.qkv, 3 * C, which * C, r0, rows, transposed);
+    return qkv_heads(b.qkv, b.parts, which, r0, rows, transposed);
   };
   const Dims p_strides{H * T * T, T * T, T, 1};
   const std::vector<std::pair<std::int64_t, std::int64_t>> blocks =
@@ -121,9 +115,8 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   } else {
     b.x_mid = x;
   }
-  memory h2_f32 = half() ? temp("ln.out", {M_, C}, Dt::f32) : kept("h2", {M_, C}, Dt::f32);
-  b.ln2 = ln_forward(b.x_mid, o.ln_2, h2_f32);
-  b.h2 = as_act(p_.forward, h2_f32, {M_, C}, "h2");
+  b.h2 = kept("h2", {M_, C}, act_);
+  b.ln2 = ln_forward(b.x_mid, o.ln_2, b.h2);
   where_ = "h." + std::to_string(l) + ".mlp.c_fc";
   // GELU by gelu_forward, which keeps its slope for backward in place of f (in the activations'
   // type).
@@ -180,17 +173,9 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
     });
     return d;
   };
-  // dx += d (f32, M x C).
-  auto accumulate = [&](const memory& d) {
-    const float* ds = static_cast<const float*>(d.get_data_handle());
-    custom(p_.backward, [=] {
-      for (std::size_t i = 0; i < n; ++i) dxs[i] += ds[i];
-    });
-  };
-  // The input gradient of a linear layer in front of a LayerNorm, as f32 for its backward.
-  memory dln = temp("d.ln", {M_, C}, Dt::f32);
-  memory dh_f32 = temp("d.h.f32", {M_, C}, Dt::f32);
-  memory dh = half() ? temp("d.h", {M_, C}, act_) : dh_f32;
+  // The input gradient of a linear layer in front of a LayerNorm, whose backward adds its own
+  // input gradient to dx.
+  memory dh = temp("d.h", {M_, C}, act_);
 
   where_ = "h." + std::to_string(l) + ".mlp.c_proj";
   const memory dmo = branch(dropout_layer(l, 2));
@@ -218,10 +203,8 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   }
   where_ = "h." + std::to_string(l) + ".mlp.c_fc";
   linear_backward(b.h2, o.c_fc, 4 * C, df, dh);
-  if (half()) convert(p_.backward, dh, dh_f32);
   where_ = "h." + std::to_string(l) + ".ln_2";
-  ln_backward(b.ln2, dh_f32, dln);
-  accumulate(dln);
+  ln_backward(b.ln2, dh, dx, true);
 
   where_ = "h." + std::to_string(l) + ".attn.c_proj";
   const memory da = branch(dropout_layer(l, 1));
@@ -236,12 +219,10 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   if (dense)
     for (int i = 0; i < 3; ++i) dparts[i] = temp("d.qkv." + std::to_string(i), {M_, C}, act_);
   auto part = [&](int which, std::int64_t r0, std::int64_t rows, bool transposed = false) {
-    const memory* one[] = {&b.q, &b.k, &b.v};
-    return dense ? heads(*one[which], C, 0, r0, rows, transposed)
-                 : heads(b.qkv, 3 * C, which * C, r0, rows, transposed);
+    return qkv_heads(b.qkv, b.parts, which, r0, rows, transposed);
   };
   auto dpart = [&](int which, std::int64_t r0, std::int64_t rows) {
-    return dense ? heads(dparts[which], C, 0, r0, rows) : heads(dqkv, 3 * C, which * C, r0, rows);
+    return qkv_heads(dqkv, dparts, which, r0, rows);
   };
   const Dims p_strides{H * T * T, T * T, T, 1};
   const Dims transposed{H * T * T, T * T, 1, T};
@@ -297,10 +278,8 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
 
   where_ = "h." + std::to_string(l) + ".attn.c_attn";
   linear_backward(b.h1, o.c_attn, 3 * C, dqkv, dh);
-  if (half()) convert(p_.backward, dh, dh_f32);
   where_ = "h." + std::to_string(l) + ".ln_1";
-  ln_backward(b.ln1, dh_f32, dln);
-  accumulate(dln);
+  ln_backward(b.ln1, dh, dx, true);
 }
 
 bool GptPlanBuilder::dense_attention() {

@@ -225,5 +225,95 @@ TEST(Gelu, Bf16IsTheF32KernelRounded) {
   }
 }
 
+// LayerNorm over rows of C values against float64: forward (values, mean, 1 / std) and backward
+// (dx, dgamma), f32 and bf16 (y the f32 result rounded; dy read from bf16: its float's result),
+// widths below, at and above the eight partial sums; one row far from zero (mean 100, spread 1:
+// E[x^2] - E[x]^2 in float would be off by about 0.2%, the two passes by 1e-5), backward written
+// and added.
+class LayerNorm : public ::testing::TestWithParam<std::int64_t> {};
+
+TEST_P(LayerNorm, MatchesTheFloat64Reference) {
+  const std::int64_t C = GetParam(), rows = 5;
+  const float eps = 1e-5f;
+  std::printf("seed %llu, C %lld\n", static_cast<unsigned long long>(kSeed),
+              static_cast<long long>(C));
+  Rng rng({kSeed, static_cast<std::uint64_t>(C), 4});
+  const std::size_t n = static_cast<std::size_t>(rows * C);
+  std::vector<float> x(n), gamma(static_cast<std::size_t>(C)), dy(n), base(n);
+  for (std::size_t i = 0; i < n; ++i)
+    x[i] = i / static_cast<std::size_t>(C) == 2 ? 100.0f + rng.uniform(-1.0f, 1.0f)
+                                                : rng.uniform(-3.0f, 3.0f);
+  for (auto& v : gamma) v = rng.uniform(0.5f, 1.5f);
+  std::vector<bf16> dy16(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    dy16[i] = to_bf16(rng.uniform(-1.0f, 1.0f));
+    dy[i] = to_float(dy16[i]);  // the same values in both precisions
+    base[i] = rng.uniform(-1.0f, 1.0f);
+  }
+  std::vector<float> y(n), mean(static_cast<std::size_t>(rows)), rstd(mean.size());
+  layer_norm_forward(x.data(), gamma.data(), y.data(), mean.data(), rstd.data(), rows, C, eps);
+  std::vector<bf16> y16(n);
+  std::vector<float> mean16(mean.size()), rstd16(mean.size());
+  layer_norm_forward(x.data(), gamma.data(), y16.data(), mean16.data(), rstd16.data(), rows, C,
+                     eps);
+  std::vector<float> dx(n, 7.0f), dx_added(base), dx16(n), dgamma(gamma.size(), 7.0f),
+      dgamma_added(gamma.size()), dgamma16(gamma.size());
+  layer_norm_backward(x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(), dx.data(), false,
+                      dgamma.data(), rows, C);
+  layer_norm_backward(x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(), dx_added.data(),
+                      true, dgamma_added.data(), rows, C);
+  layer_norm_backward(x.data(), gamma.data(), mean.data(), rstd.data(), dy16.data(), dx16.data(),
+                      false, dgamma16.data(), rows, C);
+  std::vector<double> dgamma64(gamma.size(), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::size_t at = static_cast<std::size_t>(r * C);
+    double mu = 0, var = 0;
+    for (std::int64_t j = 0; j < C; ++j) mu += x[at + j];
+    mu /= C;
+    for (std::int64_t j = 0; j < C; ++j) var += (x[at + j] - mu) * (x[at + j] - mu);
+    var /= C;
+    const double rs = 1.0 / std::sqrt(var + eps);
+    ASSERT_NEAR(mean[r], mu, 1e-6 * (1 + std::abs(mu))) << "row " << r;
+    ASSERT_NEAR(rstd[r], rs, (r == 2 ? 1e-4 : 1e-6) * rs) << "row " << r;
+    ASSERT_EQ(mean16[r], mean[r]);
+    ASSERT_EQ(rstd16[r], rstd[r]);
+    double a = 0, b = 0;
+    std::vector<double> xhat(static_cast<std::size_t>(C));
+    for (std::int64_t j = 0; j < C; ++j) {
+      xhat[j] = (x[at + j] - mu) * rs;
+      const double g = dy[at + j] * static_cast<double>(gamma[j]);
+      a += g;
+      b += g * xhat[j];
+      dgamma64[j] += dy[at + j] * xhat[j];
+    }
+    a /= C;
+    b /= C;
+    const double tol = r == 2 ? 1e-4 : 1e-5;  // the row far from zero: x - mean loses digits
+    for (std::int64_t j = 0; j < C; ++j) {
+      const std::size_t i = at + static_cast<std::size_t>(j);
+      const double want_y = xhat[j] * gamma[j];
+      ASSERT_NEAR(y[i], want_y, tol * (1 + std::abs(want_y))) << "row " << r << ", column " << j;
+      ASSERT_EQ(y16[i].bits, to_bf16(y[i]).bits) << "row " << r << ", column " << j;
+      const double want_dx = rs * (dy[i] * static_cast<double>(gamma[j]) - a - xhat[j] * b);
+      ASSERT_NEAR(dx[i], want_dx, tol * rs) << "row " << r << ", column " << j;
+      // Added: the same sum but for a rounding or two (the compiler may fuse the add into the
+      // last multiply, and the bf16 form's loop may be vectorized otherwise).
+      const float ulp = std::ldexp(1.0f, -23);
+      ASSERT_NEAR(dx_added[i], base[i] + dx[i], 2 * ulp * (std::abs(base[i]) + std::abs(dx[i])))
+          << "row " << r << ", column " << j;
+      ASSERT_NEAR(dx16[i], dx[i], 2 * ulp * rs * (1 + std::abs(xhat[j])))
+          << "row " << r << ", column " << j;
+    }
+  }
+  for (std::int64_t j = 0; j < C; ++j) {
+    ASSERT_NEAR(dgamma[j], dgamma64[j], 1e-3 * (1 + std::abs(dgamma64[j]))) << "column " << j;
+    ASSERT_EQ(dgamma_added[j], dgamma[j]) << "column " << j << ": overwritten, not added";
+    ASSERT_NEAR(dgamma16[j], dgamma[j], 1e-6 * (1 + std::abs(dgamma[j]))) << "column " << j;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Widths, LayerNorm, ::testing::Values(1, 7, 8, 13, 64, 256),
+                         [](const auto& w) { return "C" + std::to_string(w.param); });
+
 }  // namespace gpt_kernels_test
 }  // namespace cohort::nn

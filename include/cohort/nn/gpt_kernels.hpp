@@ -49,4 +49,23 @@ void gelu_backward(const float* dg, const float* slope, float* df, std::int64_t 
 void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n);
 void gelu_backward(const bf16* dg, const bf16* slope, bf16* df, std::int64_t n);
 
+// LayerNorm without a bias (nanoGPT's bias=False) over `rows` rows of C floats:
+//   y = (x - mean) rstd gamma,  rstd = 1 / sqrt(var + eps)   (var: the biased variance, as
+//   PyTorch's)
+// written in f32 or bf16 (rounded), mean and rstd kept per row for backward. The row's sums in
+// eight interleaved partial sums as the softmax's; the mean first, then the squared deviations.
+void layer_norm_forward(const float* x, const float* gamma, float* y, float* mean, float* rstd,
+                        std::int64_t rows, std::int64_t C, float eps);
+void layer_norm_forward(const float* x, const float* gamma, bf16* y, float* mean, float* rstd,
+                        std::int64_t rows, std::int64_t C, float eps);
+// Its backward from dy (f32 or bf16): with xhat = (x - mean) rstd and g = dy gamma,
+//   dx = rstd (g - mean_j(g) - xhat mean_j(g xhat)),   written, or added to dx (`accumulate`),
+//   dgamma[j] = sum over the rows of dy xhat   (overwritten; summed in row order).
+void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
+                         const float* dy, float* dx, bool accumulate, float* dgamma,
+                         std::int64_t rows, std::int64_t C);
+void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
+                         const bf16* dy, float* dx, bool accumulate, float* dgamma,
+                         std::int64_t rows, std::int64_t C);
+
 }  // namespace cohort::nn
