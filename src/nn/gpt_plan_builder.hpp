@@ -1,20 +1,19 @@
 // Private to src/nn: GptPlanBuilder, the object that builds one GptNet plan (gpt_plan.hpp), shared
 // by the files that build its steps: plan_gpt.cpp (the plan itself: the embeddings, the final
-// LayerNorm and the tied head, and the LayerNorm and linear layers' primitives) and
+// LayerNorm and the tied head, and the LayerNorm and linear layers' steps) and
 // plan_gpt_block.cpp (a transformer block: causal self-attention and the GELU MLP, forward and
 // backward). Not an interface: one builder lives for one build_gpt_plan call.
 //
 // The steps are oneDNN 2.6 primitives (inner products for the linear layers and the tied head,
-// batched matmuls over strided views for attention, layer normalization, reorders between f32
-// and bf16) and cohort's loops (the embedding gather and its scatter-add, dropout, residual adds;
-// nn/gpt_kernels.hpp: the causal softmax forward and backward, which read only the causal part
-// and apply attention's scale, and the GELU with its slope), as the two step lists of a
-// detail::Plan. Some weight gradients run on dnnl_sgemm or OpenBLAS's sgemm in f32, and on
+// batched matmuls over strided views for attention, reorders between f32 and bf16) and cohort's
+// loops (the embedding gather and its scatter-add, dropout, residual adds; nn/gpt_kernels.hpp:
+// LayerNorm, the causal softmax forward and backward, which read only the causal part and apply
+// attention's scale, and the GELU with its slope), as the two step lists of a detail::Plan. Some weight gradients run on dnnl_sgemm or OpenBLAS's sgemm in f32, and on
 // oneDNN's matmul in bf16 where its kernel is AMX's (plan_gpt.cpp).
 //
 // Rows: the M = N x block positions, (N, T, C) row-major. The residual stream x is f32 in both
-// precisions (as PyTorch's autocast keeps it); LayerNorm runs in f32 (oneDNN 2.6 gives it one
-// data type for source and destination) and its output is converted for the next inner product.
+// precisions (as PyTorch's autocast keeps it); LayerNorm reads it in f32 and writes its output in
+// the activations' type for the next inner product (backward: the reverse).
 // In bf16 the inner products' and matmuls' operands are bf16, their outputs bf16 where a bf16
 // consumer follows (q, k, v; the GELU's input and output; attention's output) and f32 where an
 // f32 one does (the residual branches, the logits, the attention scores); weight gradients are f32.

@@ -1,7 +1,7 @@
 // Building a GptNet's plan for N windows (gpt_plan.hpp) with a GptPlanBuilder
 // (gpt_plan_builder.hpp): the embeddings, the blocks in order (plan_gpt_block.cpp), the final
-// LayerNorm and the tied head, forward then backward; and the LayerNorm and linear layers'
-// primitives that every part uses.
+// LayerNorm and the tied head, forward then backward; and the LayerNorm and linear layers' steps
+// that every part uses.
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.hpp>
 

@@ -9,7 +9,11 @@
 //   apply as output scales: oneDNN 2.6.3's bf16 gemm-based matmul runs several times slower with
 //   them (docs/decisions.md, "Attention's scale in the softmax");
 // - GELU and its slope in one sweep, f32 and bf16: the slope, kept for backward, makes backward
-//   one product; oneDNN's eltwise backward evaluates erf and exp again from the pre-activation.
+//   one product; oneDNN's eltwise backward evaluates erf and exp again from the pre-activation;
+// - LayerNorm: oneDNN 2.6.3's takes one data type for source and destination (f32 here, the
+//   residual stream's), so in bf16 a reorder followed it forward and preceded it backward, and
+//   its backward ran its generic kernel (simple_layer_normalization); this one writes the
+//   activations' type and adds its input gradient into the stream's.
 // docs/decisions.md ("A language model's own loops") has what they change.
 #pragma once
 
