@@ -38,70 +38,6 @@ template <class Out>
   }
 }
 
-// The sum of term(j) for j < n in eight interleaved partial sums (j mod 8) added pairwise, then
-// the remainder: a fixed order, the same bits at any vector width.
-template <class Term>
-[[gnu::always_inline]] inline float sum8(std::int64_t n, Term term) {
-  float part[8] = {};
-  std::int64_t j = 0;
-  for (; j + 8 <= n; j += 8)
-    for (int k = 0; k < 8; ++k) part[k] += term(j + k);
-  float rest = 0.0f;
-  for (; j < n; ++j) rest += term(j);
-  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7])) +
-         rest;
-}
-
-inline float load1(const float* p) { return *p; }
-inline float load1(const bf16* p) { return to_float(*p); }
-
-template <class Out>
-[[gnu::always_inline]] inline void layer_norm_rows(const float* x, const float* gamma, Out* y,
-                                                   float* mean, float* rstd, std::int64_t rows,
-                                                   std::int64_t C, float eps) {
-  const float inv_c = 1.0f / static_cast<float>(C);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * C;
-    const float mu = sum8(C, [xr](std::int64_t j) { return xr[j]; }) * inv_c;
-    const float var = sum8(C,
-                           [xr, mu](std::int64_t j) {
-                             const float d = xr[j] - mu;
-                             return d * d;
-                           }) *
-                      inv_c;
-    const float rs = 1.0f / std::sqrt(var + eps);
-    mean[r] = mu;
-    rstd[r] = rs;
-    Out* yr = y + r * C;
-    for (std::int64_t j = 0; j < C; ++j) store(yr + j, (xr[j] - mu) * rs * gamma[j]);
-  }
-}
-
-template <class In>
-[[gnu::always_inline]] inline void layer_norm_backward_rows(const float* x, const float* gamma,
-                                                            const float* mean, const float* rstd,
-                                                            const In* dy, float* dx,
-                                                            bool accumulate, float* dgamma,
-                                                            std::int64_t rows, std::int64_t C) {
-  const float inv_c = 1.0f / static_cast<float>(C);
-  std::fill(dgamma, dgamma + C, 0.0f);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * C;
-    const In* dyr = dy + r * C;
-    float* dxr = dx + r * C;
-    const float mu = mean[r], rs = rstd[r];
-    auto xhat = [=](std::int64_t j) { return (xr[j] - mu) * rs; };
-    auto g = [=](std::int64_t j) { return load1(dyr + j) * gamma[j]; };
-    const float a = sum8(C, g) * inv_c;
-    const float b = sum8(C, [&](std::int64_t j) { return g(j) * xhat(j); }) * inv_c;
-    for (std::int64_t j = 0; j < C; ++j) {
-      const float d = rs * ((g(j) - a) - xhat(j) * b);
-      dxr[j] = accumulate ? dxr[j] + d : d;
-      dgamma[j] += load1(dyr + j) * xhat(j);
-    }
-  }
-}
-
 // Floats in GCC's vector extension (clang has it too): the compiler keeps selects and bit casts
 // in registers, where the same loop in scalar floats stays scalar under the default
 // -ftrapping-math (a comparison may trap, so selects on one are not if-converted). The softmax
@@ -228,6 +164,86 @@ template <bool kSlope, class T>
   std::memcpy(g + i, out, static_cast<std::size_t>(n - i) * sizeof(T));
   if constexpr (kSlope)
     std::memcpy(slope + i, out_slope, static_cast<std::size_t>(n - i) * sizeof(T));
+}
+
+// Eight lanes added pairwise: ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)).
+inline float add_lanes(F8 v) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+inline float load1(const float* p) { return *p; }
+inline float load1(const bf16* p) { return to_float(*p); }
+
+// LayerNorm's rows: each row's sums in eight lanes (j mod 8) added pairwise, then the remainder.
+template <class Out>
+[[gnu::always_inline]] inline void layer_norm_rows(const float* x, const float* gamma, Out* y,
+                                                   float* mean, float* rstd, std::int64_t rows,
+                                                   std::int64_t C, float eps) {
+  const float inv_c = 1.0f / static_cast<float>(C);
+  const std::int64_t whole = C / 8 * 8;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    F8 acc = {};
+    for (std::int64_t j = 0; j < whole; j += 8) acc += load8(xr + j);
+    float rest = 0.0f;
+    for (std::int64_t j = whole; j < C; ++j) rest += xr[j];
+    const float mu = (add_lanes(acc) + rest) * inv_c;
+    acc = F8{};
+    for (std::int64_t j = 0; j < whole; j += 8) {
+      const F8 d = load8(xr + j) - mu;
+      acc += d * d;
+    }
+    rest = 0.0f;
+    for (std::int64_t j = whole; j < C; ++j) rest += (xr[j] - mu) * (xr[j] - mu);
+    const float rs = 1.0f / std::sqrt((add_lanes(acc) + rest) * inv_c + eps);
+    mean[r] = mu;
+    rstd[r] = rs;
+    Out* yr = y + r * C;
+    for (std::int64_t j = 0; j < whole; j += 8)
+      store(yr + j, (load8(xr + j) - mu) * rs * load8(gamma + j));
+    for (std::int64_t j = whole; j < C; ++j) store(yr + j, (xr[j] - mu) * rs * gamma[j]);
+  }
+}
+
+template <class In>
+[[gnu::always_inline]] inline void layer_norm_backward_rows(const float* x, const float* gamma,
+                                                            const float* mean, const float* rstd,
+                                                            const In* dy, float* dx,
+                                                            bool accumulate, float* dgamma,
+                                                            std::int64_t rows, std::int64_t C) {
+  const float inv_c = 1.0f / static_cast<float>(C);
+  const std::int64_t whole = C / 8 * 8;
+  std::fill(dgamma, dgamma + C, 0.0f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    const In* dyr = dy + r * C;
+    float* dxr = dx + r * C;
+    const float mu = mean[r], rs = rstd[r];
+    F8 ga = {}, gb = {};
+    for (std::int64_t j = 0; j < whole; j += 8) {
+      const F8 g = load<F8>(dyr + j) * load8(gamma + j);
+      ga += g;
+      gb += g * ((load8(xr + j) - mu) * rs);
+    }
+    float ra = 0.0f, rb = 0.0f;
+    for (std::int64_t j = whole; j < C; ++j) {
+      const float g = load1(dyr + j) * gamma[j];
+      ra += g;
+      rb += g * ((xr[j] - mu) * rs);
+    }
+    const float a = (add_lanes(ga) + ra) * inv_c, b = (add_lanes(gb) + rb) * inv_c;
+    for (std::int64_t j = 0; j < whole; j += 8) {
+      const F8 d = load<F8>(dyr + j), xhat = (load8(xr + j) - mu) * rs;
+      const F8 dxv = rs * ((d * load8(gamma + j) - a) - xhat * b);
+      store8(dxr + j, accumulate ? load8(dxr + j) + dxv : dxv);
+      store8(dgamma + j, load8(dgamma + j) + d * xhat);
+    }
+    for (std::int64_t j = whole; j < C; ++j) {
+      const float d = load1(dyr + j), xhat = (xr[j] - mu) * rs;
+      const float dxv = rs * ((d * gamma[j] - a) - xhat * b);
+      dxr[j] = accumulate ? dxr[j] + dxv : dxv;
+      dgamma[j] += d * xhat;
+    }
+  }
 }
 
 }  // namespace
