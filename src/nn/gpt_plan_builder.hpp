@@ -8,8 +8,9 @@
 // batched matmuls over strided views for attention, reorders between f32 and bf16) and cohort's
 // loops (the embedding gather and its scatter-add, dropout, residual adds; nn/gpt_kernels.hpp:
 // LayerNorm, the causal softmax forward and backward, which read only the causal part and apply
-// attention's scale, and the GELU with its slope), as the two step lists of a detail::Plan. Some weight gradients run on dnnl_sgemm or OpenBLAS's sgemm in f32, and on
-// oneDNN's matmul in bf16 where its kernel is AMX's (plan_gpt.cpp).
+// attention's scale, and the GELU with its slope), as the two step lists of a detail::Plan. Some
+// weight gradients run on dnnl_sgemm or OpenBLAS's sgemm in f32, and on oneDNN's matmul in bf16
+// where its kernel is AMX's (plan_gpt.cpp).
 //
 // Rows: the M = N x block positions, (N, T, C) row-major. The residual stream x is f32 in both
 // precisions (as PyTorch's autocast keeps it); LayerNorm reads it in f32 and writes its output in
@@ -77,7 +78,8 @@ class GptPlanBuilder {
  private:
   void build_steps();
   struct LnSaved {
-    memory src, mean, rstd, scale;  // scale: the weight as f32
+    // scale: the weight as f32; stat: the variance (oneDNN's, f32) or 1 / std (cohort's, bf16)
+    memory src, mean, stat, scale;
     std::size_t weight = 0;
   };
   struct BlockSaved {
@@ -255,8 +257,9 @@ class GptPlanBuilder {
   }
 
   LnSaved ln_forward(const memory& x, std::size_t weight, const memory& dst);
-  // LayerNorm (cohort's loops, nn/gpt_kernels.hpp): dst in f32 or bf16; backward from diff_dst
-  // in either, diff_src f32, written or added to (`accumulate`), the weight's gradient
+  // LayerNorm, x f32 to dst in the activations' type: oneDNN's in f32; in bf16 cohort's loops
+  // (nn/gpt_kernels.hpp), which write and read bf16 where oneDNN's needs a reorder each way.
+  // Backward: diff_src (f32) written or added to (`accumulate`), the weight's gradient
   // overwritten.
   void ln_backward(const LnSaved& s, const memory& diff_dst, const memory& diff_src,
                    bool accumulate);
@@ -290,6 +293,8 @@ class GptPlanBuilder {
   const bool training_, drop_;
   std::size_t scratch_bytes_ = 0;
   std::string where_;
+  std::optional<dnnl::layer_normalization_forward::primitive_desc> ln_fwd_;
+  std::optional<dnnl::layer_normalization_backward::primitive_desc> ln_bwd_;
   std::map<std::string, memory> temps_;
   std::map<std::size_t, memory> blocked_weights_;  // by offset: forward's copy in its layout
   std::optional<bool> dense_attention_;

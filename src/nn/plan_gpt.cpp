@@ -22,34 +22,46 @@ namespace cohort::nn::detail {
 
 GptPlanBuilder::LnSaved GptPlanBuilder::ln_forward(const memory& x, std::size_t weight,
                                                    const memory& dst) {
+  using namespace dnnl;
   LnSaved s;
   s.src = x;
   s.weight = weight;
   s.mean = kept("ln.mean", {M_}, Dt::f32);
-  s.rstd = kept("ln.rstd", {M_}, Dt::f32);
-  if (half()) {  // the weight as f32, converted per call
-    s.scale = kept("ln.scale", {C_}, Dt::f32);
-    const memory w = param({C_}, weight);
-    convert(p_.forward, w, s.scale);
-  } else {
+  s.stat = kept("ln.stat", {M_}, Dt::f32);
+  if (!half()) {  // oneDNN's, in f32 throughout
     s.scale = param({C_}, weight);
+    const memory::desc data({M_, C_}, Dt::f32, Tag::ab), stat({M_}, Dt::f32, Tag::a);
+    if (!ln_fwd_) {
+      ln_fwd_.emplace(layer_normalization_forward::desc(prop_kind::forward_training, data, stat,
+                                                        GptModel::kLayerNormEpsilon,
+                                                        normalization_flags::use_scale),
+                      attr(), eng_);
+      if (training_)
+        ln_bwd_.emplace(layer_normalization_backward::desc(prop_kind::backward, data, data, stat,
+                                                           GptModel::kLayerNormEpsilon,
+                                                           normalization_flags::use_scale),
+                        attr(), eng_, *ln_fwd_);
+    }
+    add(p_.forward, layer_normalization_forward(*ln_fwd_), ln_fwd_->scratchpad_desc(),
+        {{DNNL_ARG_SRC, x},
+         {DNNL_ARG_DST, dst},
+         {DNNL_ARG_SCALE, s.scale},
+         {DNNL_ARG_MEAN, s.mean},
+         {DNNL_ARG_VARIANCE, s.stat}},
+        Phase::kOther);
+    return s;
   }
-  // The parameters' memories are bound to each step's arrays: their handles are read when the
-  // step runs.
+  // bf16: cohort's loop, writing bf16; the weight as f32, converted per call.
+  s.scale = kept("ln.scale", {C_}, Dt::f32);
+  convert(p_.forward, param({C_}, weight), s.scale);
   custom(
       p_.forward,
-      [x, gamma = s.scale, dst, mean = s.mean, rstd = s.rstd, M = M_, C = C_] {
-        const auto* xs = static_cast<const float*>(x.get_data_handle());
-        const auto* g = static_cast<const float*>(gamma.get_data_handle());
-        auto* mu = static_cast<float*>(mean.get_data_handle());
-        auto* rs = static_cast<float*>(rstd.get_data_handle());
-        void* y = dst.get_data_handle();
-        if (dst.get_desc().data_type() == Dt::bf16)
-          layer_norm_forward(xs, g, static_cast<bf16*>(y), mu, rs, M, C,
-                             GptModel::kLayerNormEpsilon);
-        else
-          layer_norm_forward(xs, g, static_cast<float*>(y), mu, rs, M, C,
-                             GptModel::kLayerNormEpsilon);
+      [x, gamma = s.scale, dst, mean = s.mean, rstd = s.stat, M = M_, C = C_] {
+        layer_norm_forward(
+            static_cast<const float*>(x.get_data_handle()),
+            static_cast<const float*>(gamma.get_data_handle()),
+            static_cast<bf16*>(dst.get_data_handle()), static_cast<float*>(mean.get_data_handle()),
+            static_cast<float*>(rstd.get_data_handle()), M, C, GptModel::kLayerNormEpsilon);
       },
       Phase::kOther);
   return s;
@@ -57,23 +69,40 @@ GptPlanBuilder::LnSaved GptPlanBuilder::ln_forward(const memory& x, std::size_t 
 
 void GptPlanBuilder::ln_backward(const LnSaved& s, const memory& diff_dst, const memory& diff_src,
                                  bool accumulate) {
+  const memory dgamma = grad({C_}, s.weight);
+  if (!half()) {
+    const memory out = accumulate ? temp("d.ln", {M_, C_}, Dt::f32) : diff_src;
+    add(p_.backward, dnnl::layer_normalization_backward(*ln_bwd_), ln_bwd_->scratchpad_desc(),
+        {{DNNL_ARG_SRC, s.src},
+         {DNNL_ARG_MEAN, s.mean},
+         {DNNL_ARG_VARIANCE, s.stat},
+         {DNNL_ARG_SCALE, s.scale},
+         {DNNL_ARG_DIFF_DST, diff_dst},
+         {DNNL_ARG_DIFF_SRC, out},
+         {DNNL_ARG_DIFF_SCALE, dgamma}},
+        Phase::kOther);
+    if (accumulate) {
+      const float* d = static_cast<const float*>(out.get_data_handle());
+      float* dx = static_cast<float*>(diff_src.get_data_handle());
+      const std::size_t n = static_cast<std::size_t>(M_ * C_);
+      custom(p_.backward, [d, dx, n] {
+        for (std::size_t i = 0; i < n; ++i) dx[i] += d[i];
+      });
+    }
+    return;
+  }
+  // The weight's gradient is bound to each step's array: its handle is read when the step runs.
   custom(
       p_.backward,
-      [x = s.src, gamma = s.scale, mean = s.mean, rstd = s.rstd, diff_dst, diff_src, accumulate,
-       dgamma = grad({C_}, s.weight), M = M_, C = C_] {
-        const auto* xs = static_cast<const float*>(x.get_data_handle());
-        const auto* g = static_cast<const float*>(gamma.get_data_handle());
-        const auto* mu = static_cast<const float*>(mean.get_data_handle());
-        const auto* rs = static_cast<const float*>(rstd.get_data_handle());
-        auto* dx = static_cast<float*>(diff_src.get_data_handle());
-        auto* dg = static_cast<float*>(dgamma.get_data_handle());
-        const void* dy = diff_dst.get_data_handle();
-        if (diff_dst.get_desc().data_type() == Dt::bf16)
-          layer_norm_backward(xs, g, mu, rs, static_cast<const bf16*>(dy), dx, accumulate, dg, M,
-                              C);
-        else
-          layer_norm_backward(xs, g, mu, rs, static_cast<const float*>(dy), dx, accumulate, dg, M,
-                              C);
+      [x = s.src, gamma = s.scale, mean = s.mean, rstd = s.stat, diff_dst, diff_src, accumulate,
+       dgamma, M = M_, C = C_] {
+        layer_norm_backward(static_cast<const float*>(x.get_data_handle()),
+                            static_cast<const float*>(gamma.get_data_handle()),
+                            static_cast<const float*>(mean.get_data_handle()),
+                            static_cast<const float*>(rstd.get_data_handle()),
+                            static_cast<const bf16*>(diff_dst.get_data_handle()),
+                            static_cast<float*>(diff_src.get_data_handle()), accumulate,
+                            static_cast<float*>(dgamma.get_data_handle()), M, C);
       },
       Phase::kOther);
 }
@@ -181,9 +210,9 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
   }
   if (half()) {
     // W (O, I) = dY^T X as a matmul on dY's transposed view, written plain: where its kernel is
-    // AMX's, it runs faster than the inner product's backward-weights kernel, which also writes a
-    // blocked layout to reorder (docs/decisions.md, "Language models' bf16 weight gradients on
-    // AMX").
+    // AMX's, it ran faster than the inner product's backward-weights kernel on all but one of the
+    // shapes measured, and that kernel also writes a blocked layout to reorder (docs/decisions.md,
+    // "Language models' bf16 weight gradients on AMX").
     const matmul::primitive_desc mpd(
         matmul::desc(memory::desc({O, M_}, act_, Dims{1, O}), src.get_desc(), dw.get_desc()),
         attr(), eng_);

@@ -4,6 +4,8 @@
 // Attention on views of qkv (M, 3C): q, k and v of head h are the (T, hs) blocks at columns
 // h*hs, C + h*hs and 2C + h*hs of each window, so the matmuls read them through strides, k
 // transposed by swapping two strides, and write the heads' outputs into y (M, C) the same way.
+// Where attention is dense (dense_attention(): AMX), the same views of dense (M, C) copies of q,
+// k and v, over whole windows.
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <cmath>

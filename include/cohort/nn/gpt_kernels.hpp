@@ -10,10 +10,11 @@
 //   them (docs/decisions.md, "Attention's scale in the softmax");
 // - GELU and its slope in one sweep, f32 and bf16: the slope, kept for backward, makes backward
 //   one product; oneDNN's eltwise backward evaluates erf and exp again from the pre-activation;
-// - LayerNorm: oneDNN 2.6.3's takes one data type for source and destination (f32 here, the
-//   residual stream's), so in bf16 a reorder followed it forward and preceded it backward, and
-//   its backward ran its generic kernel (simple_layer_normalization); this one writes the
-//   activations' type and adds its input gradient into the stream's.
+// - LayerNorm in bf16 plans: oneDNN 2.6.3's takes one data type for source and destination (f32
+//   here, the residual stream's), so a reorder followed it forward and preceded it backward, and
+//   its backward ran its generic kernel (simple_layer_normalization); this one writes bf16, reads
+//   bf16 gradients and adds its input gradient into the stream's. f32 plans keep oneDNN's (docs/
+//   decisions.md, "LayerNorm in bf16 as cohort's loop"); the f32 forms are the same loops.
 // docs/decisions.md ("A language model's own loops") has what they change.
 #pragma once
 
@@ -36,9 +37,10 @@ void causal_softmax_backward(const float* p, const float* dp, bf16* ds, std::int
                              std::int64_t T, float scale);
 
 // For `mats` row-major (T, T) matrices of scores s: p = softmax of each row i of scale s (scale >
-// 0, each product rounded to float) over its i + 1 first entries (the rest of s is not read), 0
-// after them. The row's largest scaled score is subtracted; the sum of the exponentials is taken
-// in eight interleaved partial sums as above.
+// 0) over its i + 1 first entries (the rest of s is not read), 0 after them. The exponent's
+// argument is scale s - scale max(s), where the compiler may fuse the product and the difference
+// into one rounding (so the largest entry's may be a rounding residual above 0); the sum of the
+// exponentials is taken in eight interleaved partial sums as above.
 void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::int64_t T,
                             float scale);
 
