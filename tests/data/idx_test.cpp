@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/sanitizers.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/data/dataset.hpp"
 
@@ -28,17 +29,7 @@ using Bytes = std::vector<std::uint8_t>;
 
 const fs::path kFixture = COHORT_FIXTURE_DIR;
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAsan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAsan = true;
-#else
-constexpr bool kAsan = false;
-#endif
-#else
-constexpr bool kAsan = false;
-#endif
+using cohort::testing::kAsan;
 
 // For EXPECT_EXIT: read_idx(p, ndim) with an address space that may grow by 512 MiB at most.
 // Exits 2 printing the message on InputError, 3 on bad_alloc (it allocated a claimed size),

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 
+#include "../common/sanitizers.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/train/trainer.hpp"
 #include "train_test_util.hpp"
@@ -96,7 +97,12 @@ TEST_P(Roofline, FloorIsBelowTheRunsOwnTimingOfTheSameWork) {
               run_gemm * 1e6);
   EXPECT_GT(r.gemm_seconds, 0);
   EXPECT_LE(r.gemm_seconds, 1.5 * run_gemm);
-  EXPECT_GE(r.gemm_seconds, run_gemm / 8);
+  // Under AddressSanitizer cohort's own kernels (the bf16 batch weight gradients' row-pair
+  // GEMM) are instrumented and oneDNN's are not: the run's time for them is no longer of the
+  // floor's order.
+  if (!cohort::testing::kAsan) {
+    EXPECT_GE(r.gemm_seconds, run_gemm / 8);
+  }
   EXPECT_GT(r.root_seconds, 0);
   EXPECT_LE(r.floor_seconds, s.time.step / static_cast<double>(s.steps) * 1.5);
   // The first step is left out of the mean, and accounted for: together they are the run's
