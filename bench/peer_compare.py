@@ -46,8 +46,9 @@ DDP_PORTS = itertools.count(29511)  # a fresh rendezvous port per DDP run: no TI
 
 
 def cohort_version(binary=None):
-    """`cohort --version` of binary (default COHORT) as a dict: "cohort" and "oneDNN" (versions), "isa" (oneDNN's dispatched
-    ISA on this CPU), "bf16" (none, emulated or native: whether the CPU has AVX512_BF16)."""
+    """`cohort --version` of binary (default COHORT) as a dict: "cohort" and "oneDNN" (versions),
+    "isa" (oneDNN's dispatched ISA on this CPU), "bf16" (none, emulated or native: whether the CPU
+    has AVX512_BF16)."""
     out = subprocess.run([binary or COHORT, "--version"], capture_output=True, text=True, check=True).stdout
     info = {}
     for line in out.splitlines():
