@@ -98,7 +98,7 @@ TEST_P(Roofline, FloorIsBelowTheRunsOwnTimingOfTheSameWork) {
   EXPECT_GT(r.gemm_seconds, 0);
   EXPECT_LE(r.gemm_seconds, 1.5 * run_gemm);
   // Under AddressSanitizer cohort's own kernels (the bf16 batch weight gradients' row-pair
-  // GEMM) are instrumented and oneDNN's are not: the run's time for them is no longer of the
+  // GEMM) are instrumented and oneDNN's are not: there the run's time for them is not of the
   // floor's order.
   if (!cohort::testing::kAsan) {
     EXPECT_GE(r.gemm_seconds, run_gemm / 8);
