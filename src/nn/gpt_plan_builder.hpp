@@ -23,6 +23,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -157,8 +158,9 @@ class GptPlanBuilder {
   // the causal mask keeps (plus the part of each diagonal block above its diagonal): 2 blocks
   // skip a quarter of the products, 4 three eighths. Blocks have 64 rows or more: on AVX2 in f32
   // (oneDNN's gemm:jit) blocks of 32 ran slower per product and saved nothing (docs/decisions.md,
-  // "Attention by row blocks").
-  std::vector<std::pair<std::int64_t, std::int64_t>> row_blocks() const {
+  // "Attention by row blocks"). Dense attention (dense_attention()) takes whole windows: one block.
+  std::vector<std::pair<std::int64_t, std::int64_t>> row_blocks() {
+    if (dense_attention()) return {{0, T_}};
     const std::int64_t count = std::clamp<std::int64_t>(T_ / kMinBlockRows, 1, kMaxRowBlocks);
     const std::int64_t rows = (T_ + count - 1) / count;
     std::vector<std::pair<std::int64_t, std::int64_t>> blocks;
@@ -167,6 +169,8 @@ class GptPlanBuilder {
     return blocks;
   }
   static constexpr std::int64_t kMinBlockRows = 64, kMaxRowBlocks = 4;
+  // Attention's scale, 1 / sqrt(hs): the causal softmax's, forward and backward.
+  float attention_scale() const { return 1.0f / std::sqrt(static_cast<float>(hs_)); }
   // Whether attention runs on dense q, k and v ((M, C) each, split from qkv after c_attn and
   // merged into its gradient before c_attn's backward) over whole windows: where oneDNN runs
   // that matmul on AMX (bf16 on AMX CPUs), whose kernel takes such operands and not the strided

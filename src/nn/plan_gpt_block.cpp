@@ -29,7 +29,7 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   using namespace dnnl;
   const GptModel::BlockOffsets& o = m_.block(l);
   BlockSaved b;
-  const std::int64_t T = T_, C = C_, H = H_, hs = hs_, N = N_;
+  const std::int64_t T = T_, C = C_, H = H_, N = N_;
   where_ = "h." + std::to_string(l) + ".ln_1";
   // The LayerNorm's output, in the activations' type, is the next layer's input: kept.
   b.h1 = kept("h1", {M_, C}, act_);
@@ -48,8 +48,7 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
     return qkv_heads(b.qkv, b.parts, which, r0, rows, transposed);
   };
   const Dims p_strides{H * T * T, T * T, T, 1};
-  const std::vector<std::pair<std::int64_t, std::int64_t>> blocks =
-      dense ? std::vector<std::pair<std::int64_t, std::int64_t>>{{0, T}} : row_blocks();
+  const auto blocks = row_blocks();
   memory scores = temp("scores", {N, H, T, T}, Dt::f32);
   // S = Q K^T, a row block's queries against the keys before its end.
   for (const auto& [r0, r1] : blocks)
@@ -62,7 +61,7 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   {
     const float* sc = static_cast<const float*>(scores.get_data_handle());
     float* pp = static_cast<float*>(b.p.get_data_handle());
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const float scale = attention_scale();
     custom(
         p_.forward, [sc, pp, N, H, T, scale] { causal_softmax_forward(sc, pp, N * H, T, scale); },
         Phase::kEltwise);
@@ -155,7 +154,7 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
 void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const memory& dx) {
   using namespace dnnl;
   const GptModel::BlockOffsets& o = m_.block(l);
-  const std::int64_t T = T_, C = C_, H = H_, hs = hs_, N = N_;
+  const std::int64_t T = T_, C = C_, H = H_, N = N_;
   const std::size_t n = static_cast<std::size_t>(M_ * C);
   float* dxs = static_cast<float*>(dx.get_data_handle());
   // A residual branch's gradient: dx through the branch's dropout, in the activations' type.
@@ -228,8 +227,7 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   };
   const Dims p_strides{H * T * T, T * T, T, 1};
   const Dims transposed{H * T * T, T * T, 1, T};
-  const std::vector<std::pair<std::int64_t, std::int64_t>> blocks =
-      dense ? std::vector<std::pair<std::int64_t, std::int64_t>>{{0, T}} : row_blocks();
+  const auto blocks = row_blocks();
   // dP = dY V^T by row blocks (the entries after a block's last key are not read), through the
   // attention dropout.
   memory dp = temp("d.p", {N, H, T, T}, Dt::f32);
@@ -258,7 +256,7 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
     const float* dps = static_cast<const float*>(dp.get_data_handle());
     void* out = ds_act.get_data_handle();
     const bool half = this->half();
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const float scale = attention_scale();
     custom(
         p_.backward,
         [=] {
