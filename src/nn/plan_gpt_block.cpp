@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "cohort/nn/gpt_kernels.hpp"
 #include "gpt_plan_builder.hpp"
@@ -57,17 +58,25 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   // P = the causal softmax of S / sqrt(hs): a query sees the keys at and before its position (the
   // entries no block wrote are above the diagonal, and causal_softmax_forward does not read
   // them). The scale is the softmax's, not the matmul's (gpt_kernels.hpp).
+  // The weights the values are averaged with (b.p_used) are P dropped out and in the activations'
+  // type: without dropout in bf16, the softmax writes them too.
   b.p = kept("p", {N, H, T, T}, Dt::f32);
+  b.p_used = drop_ || !half() ? b.p : kept("p_used", {N, H, T, T}, act_);
   {
     const float* sc = static_cast<const float*>(scores.get_data_handle());
     float* pp = static_cast<float*>(b.p.get_data_handle());
+    bf16* p_half = b.p_used == b.p ? nullptr : static_cast<bf16*>(b.p_used.get_data_handle());
     const float scale = attention_scale();
     custom(
-        p_.forward, [sc, pp, N, H, T, scale] { causal_softmax_forward(sc, pp, N * H, T, scale); },
+        p_.forward,
+        [sc, pp, p_half, N, H, T, scale] {
+          if (p_half)
+            causal_softmax_forward(sc, pp, p_half, N * H, T, scale);
+          else
+            causal_softmax_forward(sc, pp, N * H, T, scale);
+        },
         Phase::kEltwise);
   }
-  // The weights the values are averaged with: dropped out and in the activations' type.
-  b.p_used = b.p;
   const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
   if (drop_) {
     const float* pm = mask(p_.forward, pn, dropout_layer(l, 0));
@@ -81,9 +90,6 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
       else
         for (std::size_t i = 0; i < pn; ++i) static_cast<float*>(out)[i] = pp[i] * pm[i];
     });
-  } else if (half()) {
-    b.p_used = kept("p_used", {N, H, T, T}, act_);
-    convert(p_.forward, b.p, b.p_used);
   }
   // Y = P V by row blocks: P is 0 after a block's last key.
   b.y = kept("y", {M_, C}, act_);
@@ -91,9 +97,10 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
     add_matmul(p_.forward, view(b.p_used, {N, H, r1 - r0, r1}, p_strides, r0 * T), part(2, 0, r1),
                heads(b.y, C, 0, r0, r1 - r0));
 
-  // The residual branches: x += dropout(branch), in f32.
-  auto residual = [this, &x](const memory& branch, std::size_t layer) {
+  // The residual branches: x += dropout(branch), in f32; with `copy`, the sum also written there.
+  auto residual = [this, &x](const memory& branch, std::size_t layer, const memory& copy) {
     float* xs = static_cast<float*>(x.get_data_handle());
+    float* to = copy ? static_cast<float*>(copy.get_data_handle()) : nullptr;
     const float* br = static_cast<const float*>(branch.get_data_handle());
     const std::size_t n = static_cast<std::size_t>(M_ * C_);
     const float* mk = drop_ ? mask(p_.forward, n, layer) : nullptr;
@@ -102,20 +109,16 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
         for (std::size_t i = 0; i < n; ++i) xs[i] += br[i] * mk[i];
       else
         for (std::size_t i = 0; i < n; ++i) xs[i] += br[i];
+      if (to) std::memcpy(to, xs, n * sizeof(float));
     });
   };
   where_ = "h." + std::to_string(l) + ".attn.c_proj";
   memory a = temp("branch", {M_, C}, Dt::f32);
   linear(b.y, o.attn_proj, C, a);
-  residual(a, dropout_layer(l, 1));
-  // Backward needs the stream as it was here (ln_2's input); the forward goes on in x.
+  // Backward needs the stream as it is after this branch (ln_2's input); the forward goes on in x.
+  b.x_mid = training_ ? plain({M_, C}, Dt::f32) : x;
+  residual(a, dropout_layer(l, 1), training_ ? b.x_mid : memory());
   where_ = "h." + std::to_string(l) + ".ln_2";
-  if (training_) {
-    b.x_mid = plain({M_, C}, Dt::f32);
-    convert(p_.forward, x, b.x_mid);
-  } else {
-    b.x_mid = x;
-  }
   b.h2 = kept("h2", {M_, C}, act_);
   b.ln2 = ln_forward(b.x_mid, o.ln_2, b.h2);
   where_ = "h." + std::to_string(l) + ".mlp.c_fc";
@@ -147,7 +150,7 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   where_ = "h." + std::to_string(l) + ".mlp.c_proj";
   memory mo = temp("branch", {M_, C}, Dt::f32);
   linear(b.g, o.mlp_proj, C, mo);
-  residual(mo, dropout_layer(l, 2));
+  residual(mo, dropout_layer(l, 2), memory());
   return b;
 }
 

@@ -2,9 +2,9 @@
 // causal_softmax_backward: causal softmax rows of random scores and a random output gradient,
 // window lengths below, at and above the eight-wide partial sums and not a multiple of eight, at
 // the scales 1, 1/8 (a head size of 64) and 1/sqrt(32) (not a power of two); the masked entries
-// exactly 0 and never read; the bf16 form the f32 result rounded. gelu_forward and
+// exactly 0 and never read; the bf16 forms the f32 results rounded. gelu_forward and
 // gelu_backward: GELU (erf form) and its slope over the range activations take and beyond; their
-// bf16 forms the f32 results rounded.
+// bf16 forms the f32 results rounded, the forward's table lookups at every bf16 value.
 #include "cohort/nn/gpt_kernels.hpp"
 
 #include <gtest/gtest.h>
@@ -154,6 +154,14 @@ TEST_P(CausalSoftmaxForward, MatchesTheFloat64Reference) {
       ASSERT_NEAR(got, want, (1e-6 + argument * 6e-8) * want) << "row " << row << ", column " << j;
     }
   }
+  // The form that also writes bf16: the same f32 values, and those rounded (0 where masked).
+  std::vector<float> p2(s.size(), 1.0f);
+  std::vector<bf16> half(s.size(), to_bf16(1.0f));
+  causal_softmax_forward(s.data(), p2.data(), half.data(), mats, T, scale);
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    ASSERT_EQ(p2[i], p[i]) << "entry " << i;
+    ASSERT_EQ(half[i].bits, to_bf16(p[i]).bits) << "entry " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Windows, CausalSoftmaxForward, kWindows, window_name);
@@ -226,6 +234,55 @@ TEST(Gelu, Bf16IsTheF32KernelRounded) {
     }
   }
 }
+
+// Every bf16 value through each lookup this CPU runs (the vector part and the last values, from
+// an odd start): g and the slope are the f32 kernel's at the same value, rounded, NaNs included;
+// and the f32 kernel's values themselves stay near float64's where they are finite.
+class GeluTable : public ::testing::TestWithParam<GeluLookup> {};
+
+TEST_P(GeluTable, EveryBf16ValueIsTheF32KernelRounded) {
+  if (!gelu_lookup_available(GetParam())) GTEST_SKIP() << "this CPU lacks the instructions";
+  const std::size_t n = std::size_t{1} << 16;
+  std::vector<bf16> x(n + 1);
+  for (std::size_t i = 0; i < n; ++i) x[i + 1].bits = static_cast<std::uint16_t>(i);
+  std::vector<float> xf(n), g(n), slope(n);
+  to_float(x.data() + 1, xf.data(), n);
+  gelu_forward(xf.data(), g.data(), slope.data(), static_cast<std::int64_t>(n));
+  // From x[1]: 65,535 values after the first, so the vector part ends before the last ones.
+  for (const std::size_t start : {std::size_t{0}, std::size_t{1}}) {
+    const auto count = static_cast<std::int64_t>(n - start);
+    std::vector<bf16> g16(n), slope16(n), g16_only(n);
+    gelu_forward(x.data() + 1 + start, g16.data(), slope16.data(), count, GetParam());
+    gelu_forward(x.data() + 1 + start, g16_only.data(), nullptr, count, GetParam());
+    for (std::size_t k = 0; k < n - start; ++k) {
+      const std::size_t i = k + start;
+      ASSERT_EQ(g16[k].bits, to_bf16(g[i]).bits) << "bits " << std::hex << x[i + 1].bits;
+      ASSERT_EQ(slope16[k].bits, to_bf16(slope[i]).bits) << "bits " << std::hex << x[i + 1].bits;
+      ASSERT_EQ(g16_only[k].bits, g16[k].bits) << "bits " << std::hex << x[i + 1].bits;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(xf[i]) || std::abs(xf[i]) >= 1e4f) continue;
+    ASSERT_NEAR(g[i], gelu64(xf[i]), 1e-7 * (1 + std::abs(xf[i])) + 1.2e-7 * std::abs(g[i]))
+        << "x = " << xf[i];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Lookups, GeluTable,
+                         ::testing::Values(GeluLookup::kAuto, GeluLookup::kScalar,
+                                           GeluLookup::kGather8, GeluLookup::kGather16),
+                         [](const auto& test) {
+                           switch (test.param) {
+                             case GeluLookup::kScalar:
+                               return std::string("Scalar");
+                             case GeluLookup::kGather8:
+                               return std::string("Gather8");
+                             case GeluLookup::kGather16:
+                               return std::string("Gather16");
+                             default:
+                               return std::string("Auto");
+                           }
+                         });
 
 // LayerNorm over rows of C values against float64: forward (values, mean, 1 / std) and backward
 // (dx, dgamma), f32 and bf16 (y the f32 result rounded; dy read from bf16: its float's result),

@@ -43,6 +43,9 @@ void causal_softmax_backward(const float* p, const float* dp, bf16* ds, std::int
 // exponentials is taken in eight interleaved partial sums as above.
 void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::int64_t T,
                             float scale);
+// The same, p also rounded to bf16 into p_half (for the matmul after it).
+void causal_softmax_forward(const float* s, float* p, bf16* p_half, std::int64_t mats,
+                            std::int64_t T, float scale);
 
 // g = GELU(f) = f Phi(f) (the erf form, nanoGPT's nn.GELU()) for n values, and, unless `slope`
 // is null, slope = GELU'(f) = Phi(f) + f phi(f). Phi by Abramowitz and Stegun 7.1.26 (erf to
@@ -50,9 +53,16 @@ void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::in
 void gelu_forward(const float* f, float* g, float* slope, std::int64_t n);
 // df = dg * slope, element for element.
 void gelu_backward(const float* dg, const float* slope, float* df, std::int64_t n);
-// The same in bf16: f widened, g and the slope the f32 form's values rounded; df the f32 product
-// of dg and slope rounded. oneDNN 2.6.3's bf16 gelu_erf backward evaluates erf and exp again.
-void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n);
+// The same in bf16: g and the slope the f32 form's values at f rounded; df the f32 product of dg
+// and slope rounded. oneDNN 2.6.3's bf16 gelu_erf backward evaluates erf and exp again. The
+// forward looks g and the slope up in a table of the f32 form's results at each of the 65,536
+// bf16 values (256 KB, built on first use), gathered 16 or 8 at a time where the CPU has AVX-512
+// or AVX2 (`how`: kAuto, the fastest this CPU runs; the others for tests, where
+// gelu_lookup_available). docs/decisions.md, "The bf16 GELU by table".
+enum class GeluLookup { kAuto, kScalar, kGather8, kGather16 };
+bool gelu_lookup_available(GeluLookup how);
+void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n,
+                  GeluLookup how = GeluLookup::kAuto);
 void gelu_backward(const bf16* dg, const bf16* slope, bf16* df, std::int64_t n);
 
 // LayerNorm without a bias (nanoGPT's bias=False) over `rows` rows of C floats:
