@@ -351,10 +351,12 @@ template <class In>
 
 namespace {
 
-// The softmax's rows; with `half` a bf16*, p also rounded to bf16 there.
-template <class HalfPtr>
-[[gnu::always_inline]] inline void softmax_rows(const float* s, float* p, HalfPtr half,
-                                                std::int64_t mats, std::int64_t T, float scale) {
+// The softmax's rows; with `used` a float* or bf16*, p (times `mask` where not null) also
+// written there.
+template <class UsedPtr>
+[[gnu::always_inline]] inline void softmax_rows(const float* s, float* p, const float* mask,
+                                                UsedPtr used, std::int64_t mats, std::int64_t T,
+                                                float scale) {
   const F8 scale8 = splat(scale);
   for (std::int64_t r = 0; r < mats * T; ++r) {
     const std::int64_t n = r % T + 1;  // the row's unmasked entries
@@ -388,18 +390,22 @@ template <class HalfPtr>
     const float sum = ((part[0] + part[1]) + (part[2] + part[3])) +
                       ((part[4] + part[5]) + (part[6] + part[7])) + rest;
     const float inv = 1.0f / sum;
-    if constexpr (std::is_same_v<HalfPtr, bf16*>) {
-      bf16* hr = half + r * T;
+    if constexpr (std::is_same_v<UsedPtr, std::nullptr_t>) {
+      for (std::int64_t j = 0; j < n; ++j) out[j] *= inv;
+    } else {
+      auto* ur = used + r * T;
+      const float* mr = mask ? mask + r * T : nullptr;
       std::int64_t j = 0;
       for (; j + 8 <= n; j += 8) {
         const F8 v = load8(out + j) * inv;
         store8(out + j, v);
-        store(hr + j, v);
+        store(ur + j, mr ? v * load8(mr + j) : v);
       }
-      for (; j < n; ++j) hr[j] = to_bf16(out[j] *= inv);
-      std::fill(hr + n, hr + T, bf16{0});
-    } else {
-      for (std::int64_t j = 0; j < n; ++j) out[j] *= inv;
+      for (; j < n; ++j) {
+        const float v = out[j] *= inv;
+        store(ur + j, mr ? v * mr[j] : v);
+      }
+      for (; j < T; ++j) store(ur + j, 0.0f);
     }
     for (std::int64_t j = n; j < T; ++j) out[j] = 0.0f;
   }
@@ -410,13 +416,19 @@ template <class HalfPtr>
 COHORT_CLONES_AVX512
 void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::int64_t T,
                             float scale) {
-  softmax_rows(s, p, nullptr, mats, T, scale);
+  softmax_rows(s, p, nullptr, nullptr, mats, T, scale);
 }
 
 COHORT_CLONES_AVX512
-void causal_softmax_forward(const float* s, float* p, bf16* p_half, std::int64_t mats,
-                            std::int64_t T, float scale) {
-  softmax_rows(s, p, p_half, mats, T, scale);
+void causal_softmax_forward(const float* s, float* p, const float* mask, float* used,
+                            std::int64_t mats, std::int64_t T, float scale) {
+  softmax_rows(s, p, mask, used, mats, T, scale);
+}
+
+COHORT_CLONES_AVX512
+void causal_softmax_forward(const float* s, float* p, const float* mask, bf16* used,
+                            std::int64_t mats, std::int64_t T, float scale) {
+  softmax_rows(s, p, mask, used, mats, T, scale);
 }
 
 COHORT_CLONES_AVX512

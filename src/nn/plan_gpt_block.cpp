@@ -58,38 +58,29 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   // P = the causal softmax of S / sqrt(hs): a query sees the keys at and before its position (the
   // entries no block wrote are above the diagonal, and causal_softmax_forward does not read
   // them). The scale is the softmax's, not the matmul's (gpt_kernels.hpp).
-  // The weights the values are averaged with (b.p_used) are P dropped out and in the activations'
-  // type: without dropout in bf16, the softmax writes them too.
+  // The weights the values are averaged with, P dropped out and in the activations' type
+  // (b.p_used), written by the softmax too; P itself where neither applies.
   b.p = kept("p", {N, H, T, T}, Dt::f32);
-  b.p_used = drop_ || !half() ? b.p : kept("p_used", {N, H, T, T}, act_);
+  const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
+  const float* pm = drop_ ? mask(p_.forward, pn, dropout_layer(l, 0)) : nullptr;
+  b.p_used = drop_ || half() ? kept("p_used", {N, H, T, T}, act_) : b.p;
   {
     const float* sc = static_cast<const float*>(scores.get_data_handle());
     float* pp = static_cast<float*>(b.p.get_data_handle());
-    bf16* p_half = b.p_used == b.p ? nullptr : static_cast<bf16*>(b.p_used.get_data_handle());
+    void* used = b.p_used == b.p ? nullptr : b.p_used.get_data_handle();
+    const bool half = this->half();
     const float scale = attention_scale();
     custom(
         p_.forward,
-        [sc, pp, p_half, N, H, T, scale] {
-          if (p_half)
-            causal_softmax_forward(sc, pp, p_half, N * H, T, scale);
-          else
+        [=] {
+          if (!used)
             causal_softmax_forward(sc, pp, N * H, T, scale);
+          else if (half)
+            causal_softmax_forward(sc, pp, pm, static_cast<bf16*>(used), N * H, T, scale);
+          else
+            causal_softmax_forward(sc, pp, pm, static_cast<float*>(used), N * H, T, scale);
         },
         Phase::kEltwise);
-  }
-  const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
-  if (drop_) {
-    const float* pm = mask(p_.forward, pn, dropout_layer(l, 0));
-    b.p_used = kept("p_used", {N, H, T, T}, act_);
-    const float* pp = static_cast<const float*>(b.p.get_data_handle());
-    void* out = b.p_used.get_data_handle();
-    const bool half = this->half();
-    custom(p_.forward, [=] {
-      if (half)
-        for (std::size_t i = 0; i < pn; ++i) static_cast<bf16*>(out)[i] = to_bf16(pp[i] * pm[i]);
-      else
-        for (std::size_t i = 0; i < pn; ++i) static_cast<float*>(out)[i] = pp[i] * pm[i];
-    });
   }
   // Y = P V by row blocks: P is 0 after a block's last key.
   b.y = kept("y", {M_, C}, act_);

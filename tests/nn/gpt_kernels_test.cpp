@@ -15,6 +15,7 @@
 #include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cohort/core/rng.hpp"
@@ -154,13 +155,23 @@ TEST_P(CausalSoftmaxForward, MatchesTheFloat64Reference) {
       ASSERT_NEAR(got, want, (1e-6 + argument * 6e-8) * want) << "row " << row << ", column " << j;
     }
   }
-  // The form that also writes bf16: the same f32 values, and those rounded (0 where masked).
-  std::vector<float> p2(s.size(), 1.0f);
-  std::vector<bf16> half(s.size(), to_bf16(1.0f));
-  causal_softmax_forward(s.data(), p2.data(), half.data(), mats, T, scale);
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    ASSERT_EQ(p2[i], p[i]) << "entry " << i;
-    ASSERT_EQ(half[i].bits, to_bf16(p[i]).bits) << "entry " << i;
+  // The forms that also write the weights the next matmul reads: the same P, and P times the
+  // mask (none, or dropout's 0 and 1.25) in f32 or rounded to bf16, 0 where masked by causality.
+  std::vector<float> drop(s.size());
+  for (auto& v : drop) v = rng.next_unit() < 0.2 ? 0.0f : 1.25f;
+  for (const float* mask : {static_cast<const float*>(nullptr), std::as_const(drop).data()}) {
+    std::vector<float> p2(s.size(), 1.0f), used(s.size(), 1.0f);
+    std::vector<bf16> half(s.size(), to_bf16(1.0f));
+    causal_softmax_forward(s.data(), p2.data(), mask, used.data(), mats, T, scale);
+    ASSERT_EQ(p2, p);
+    std::fill(p2.begin(), p2.end(), 1.0f);
+    causal_softmax_forward(s.data(), p2.data(), mask, half.data(), mats, T, scale);
+    ASSERT_EQ(p2, p);
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      const float want = mask ? p[i] * mask[i] : p[i];
+      ASSERT_EQ(used[i], want) << "entry " << i << (mask ? ", dropout" : "");
+      ASSERT_EQ(half[i].bits, to_bf16(want).bits) << "entry " << i << (mask ? ", dropout" : "");
+    }
   }
 }
 

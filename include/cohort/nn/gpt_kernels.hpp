@@ -43,9 +43,12 @@ void causal_softmax_backward(const float* p, const float* dp, bf16* ds, std::int
 // exponentials is taken in eight interleaved partial sums as above.
 void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::int64_t T,
                             float scale);
-// The same, p also rounded to bf16 into p_half (for the matmul after it).
-void causal_softmax_forward(const float* s, float* p, bf16* p_half, std::int64_t mats,
-                            std::int64_t T, float scale);
+// The same, also writing the weights the next matmul reads: used = p, times `mask` (dropout's)
+// unless null, in f32 or rounded to bf16; 0 where masked by causality.
+void causal_softmax_forward(const float* s, float* p, const float* mask, float* used,
+                            std::int64_t mats, std::int64_t T, float scale);
+void causal_softmax_forward(const float* s, float* p, const float* mask, bf16* used,
+                            std::int64_t mats, std::int64_t T, float scale);
 
 // g = GELU(f) = f Phi(f) (the erf form, nanoGPT's nn.GELU()) for n values, and, unless `slope`
 // is null, slope = GELU'(f) = Phi(f) + f phi(f). Phi by Abramowitz and Stegun 7.1.26 (erf to
