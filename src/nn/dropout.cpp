@@ -17,12 +17,26 @@ void fill_mask(std::uint64_t state, float p, float keep, std::size_t count, floa
     mask[i] = u < p ? 0.0f : keep;
   }
 }
+
+std::uint64_t mask_state(const StreamKey& key, std::size_t layer) {
+  return Rng({key.seed, 0xd809ull /* purpose: dropout */, key.step, key.leaf, layer}).state();
+}
 }  // namespace
 
 void dropout_mask(const StreamKey& key, std::size_t layer, float p, std::size_t count,
                   float* mask) {
-  const Rng rng({key.seed, 0xd809ull /* purpose: dropout */, key.step, key.leaf, layer});
-  fill_mask(rng.state(), p, 1.0f / (1.0f - p), count, mask);
+  fill_mask(mask_state(key, layer), p, 1.0f / (1.0f - p), count, mask);
+}
+
+void causal_dropout_mask(const StreamKey& key, std::size_t layer, float p, std::size_t mats,
+                         std::size_t T, float* mask) {
+  const std::uint64_t state = mask_state(key, layer);
+  const float keep = 1.0f / (1.0f - p);
+  // Draw i of the stream from draw `first` on: the state moved first steps along.
+  for (std::size_t row = 0; row < mats * T; ++row) {
+    const std::size_t first = row * T;
+    fill_mask(state + first * Rng::kGamma, p, keep, row % T + 1, mask + first);
+  }
 }
 
 }  // namespace cohort::nn

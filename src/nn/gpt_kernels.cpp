@@ -24,13 +24,27 @@ namespace {
 inline void store(float* out, float v) { *out = v; }
 inline void store(bf16* out, float v) { *out = to_bf16(v); }
 
+// d[j] = dp[j] * mask[j] for j < n, rounded to float in memory: out of line, so that the compiler
+// cannot fuse the product into the sums and differences after it (-ffp-contract), which would
+// give other bits than a gradient masked before the kernel.
+[[gnu::noinline]] void mask_row(const float* dp, const float* mask, std::int64_t n, float* d) {
+  for (std::int64_t j = 0; j < n; ++j) d[j] = dp[j] * mask[j];
+}
+
+// The causal softmax's backward rows; with a mask, dp times the mask (dropout's).
 template <class Out>
-[[gnu::always_inline]] inline void backward_rows(const float* p, const float* dp, Out* ds,
-                                                 std::int64_t mats, std::int64_t T, float scale) {
+[[gnu::always_inline]] inline void backward_rows(const float* p, const float* dp, const float* mask,
+                                                 Out* ds, std::int64_t mats, std::int64_t T,
+                                                 float scale) {
+  std::vector<float> masked(mask ? static_cast<std::size_t>(T) : 0);
   for (std::int64_t r = 0; r < mats * T; ++r) {
     const std::int64_t n = r % T + 1;  // the row's unmasked entries
     const float* pr = p + r * T;
     const float* dr = dp + r * T;
+    if (mask) {
+      mask_row(dr, mask + r * T, n, masked.data());
+      dr = masked.data();
+    }
     Out* out = ds + r * T;
     float part[8] = {};
     std::int64_t j = 0;
@@ -486,15 +500,15 @@ void gelu_backward(const bf16* dg, const bf16* slope, bf16* df, std::int64_t n) 
 }
 
 COHORT_CLONES_AVX512
-void causal_softmax_backward(const float* p, const float* dp, float* ds, std::int64_t mats,
-                             std::int64_t T, float scale) {
-  backward_rows(p, dp, ds, mats, T, scale);
+void causal_softmax_backward(const float* p, const float* dp, const float* mask, float* ds,
+                             std::int64_t mats, std::int64_t T, float scale) {
+  backward_rows(p, dp, mask, ds, mats, T, scale);
 }
 
 COHORT_CLONES_AVX512
-void causal_softmax_backward(const float* p, const float* dp, bf16* ds, std::int64_t mats,
-                             std::int64_t T, float scale) {
-  backward_rows(p, dp, ds, mats, T, scale);
+void causal_softmax_backward(const float* p, const float* dp, const float* mask, bf16* ds,
+                             std::int64_t mats, std::int64_t T, float scale) {
+  backward_rows(p, dp, mask, ds, mats, T, scale);
 }
 
 COHORT_CLONES_AVX512

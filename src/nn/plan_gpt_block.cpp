@@ -61,8 +61,7 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   // The weights the values are averaged with, P dropped out and in the activations' type
   // (b.p_used), written by the softmax too; P itself where neither applies.
   b.p = kept("p", {N, H, T, T}, Dt::f32);
-  const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
-  const float* pm = drop_ ? mask(p_.forward, pn, dropout_layer(l, 0)) : nullptr;
+  const float* pm = drop_ ? causal_mask(p_.forward, dropout_layer(l, 0)) : nullptr;
   b.p_used = drop_ || half() ? kept("p_used", {N, H, T, T}, act_) : b.p;
   {
     const float* sc = static_cast<const float*>(scores.get_data_handle());
@@ -222,30 +221,23 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   const Dims p_strides{H * T * T, T * T, T, 1};
   const Dims transposed{H * T * T, T * T, 1, T};
   const auto blocks = row_blocks();
-  // dP = dY V^T by row blocks (the entries after a block's last key are not read), through the
-  // attention dropout.
+  // dP = dY V^T by row blocks (the entries after a block's last key are not read): the gradient
+  // of the weights the forward's P V read, before the attention dropout.
   memory dp = temp("d.p", {N, H, T, T}, Dt::f32);
   for (const auto& [r0, r1] : blocks)
     add_matmul(p_.backward, heads(dy, C, 0, r0, r1 - r0), part(2, 0, r1, true),
                view(dp, {N, H, r1 - r0, r1}, p_strides, r0 * T));
-  const std::size_t pn = static_cast<std::size_t>(N * H * T * T);
-  if (drop_) {
-    float* d = static_cast<float*>(dp.get_data_handle());
-    const float* mk = mask(p_.backward, pn, dropout_layer(l, 0));
-    custom(p_.backward, [=] {
-      for (std::size_t i = 0; i < pn; ++i) d[i] *= mk[i];
-    });
-  }
   // dV = P^T dY (P as the forward used it) by key blocks: the queries from a block's first key
   // on.
   for (const auto& [c0, c1] : blocks)
     add_matmul(p_.backward, view(b.p_used, {N, H, c1 - c0, T - c0}, transposed, c0 * T + c0),
                heads(dy, C, 0, c0, T - c0), dpart(2, c0, c1 - c0));
-  // dS = scale softmax'(P) dP, the gradient of the unscaled scores, in the activations' type
-  // (causal_softmax_backward: oneDNN 2.6's is a reference loop on AVX2; it reads the causal part
-  // and writes 0 above the diagonal).
+  // dS = scale softmax'(P) (dP through the dropout), the gradient of the unscaled scores, in the
+  // activations' type (causal_softmax_backward: oneDNN 2.6's is a reference loop on AVX2; it
+  // reads the causal part and writes 0 above the diagonal).
   const memory ds_act = temp("d.s", {N, H, T, T}, act_);
   {
+    const float* pm = drop_ ? causal_mask(p_.backward, dropout_layer(l, 0)) : nullptr;
     const float* pp = static_cast<const float*>(b.p.get_data_handle());
     const float* dps = static_cast<const float*>(dp.get_data_handle());
     void* out = ds_act.get_data_handle();
@@ -255,9 +247,9 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
         p_.backward,
         [=] {
           if (half)
-            causal_softmax_backward(pp, dps, static_cast<bf16*>(out), N * H, T, scale);
+            causal_softmax_backward(pp, dps, pm, static_cast<bf16*>(out), N * H, T, scale);
           else
-            causal_softmax_backward(pp, dps, static_cast<float*>(out), N * H, T, scale);
+            causal_softmax_backward(pp, dps, pm, static_cast<float*>(out), N * H, T, scale);
         },
         Phase::kEltwise);
   }

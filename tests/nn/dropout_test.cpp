@@ -290,5 +290,19 @@ TEST(DropoutMask, IsTheKeyedStreamsDrawsInOrder) {
       ASSERT_EQ(mask[i], rng.next_unit() < p ? 0.0f : keep) << "p " << p << " element " << i;
   }
 }
+
+// The causal form: each (T, T) matrix's entries up to the diagonal are the full mask's, the
+// others untouched (T odd and past a vector's lanes, three matrices).
+TEST(DropoutMask, CausalEntriesAreTheFullMasksAndNoOthersAreWritten) {
+  const StreamKey key{kSeed, 5, 2};
+  const std::size_t mats = 3, T = 37;
+  std::vector<float> full(mats * T * T), causal(full.size(), -1.0f);
+  dropout_mask(key, 4, 0.2f, full.size(), full.data());
+  causal_dropout_mask(key, 4, 0.2f, mats, T, causal.data());
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    const std::size_t row = i / T, j = i % T;
+    ASSERT_EQ(causal[i], j <= row % T ? full[i] : -1.0f) << "row " << row << ", column " << j;
+  }
+}
 }  // namespace dropout_test
 }  // namespace cohort::nn

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -65,9 +66,9 @@ TEST_P(CausalSoftmaxBackward, MatchesTheFloat64Reference) {
     for (std::int64_t j = row % T + 1; j < T; ++j)
       dp[static_cast<std::size_t>(row * T + j)] = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> ds(r.p.size(), 1.0f);
-  causal_softmax_backward(r.p.data(), dp.data(), ds.data(), mats, T, scale);
+  causal_softmax_backward(r.p.data(), dp.data(), nullptr, ds.data(), mats, T, scale);
   std::vector<bf16> ds16(r.p.size(), bf16{0x3f80});
-  causal_softmax_backward(r.p.data(), dp.data(), ds16.data(), mats, T, scale);
+  causal_softmax_backward(r.p.data(), dp.data(), nullptr, ds16.data(), mats, T, scale);
   for (std::int64_t row = 0; row < mats * T; ++row) {
     const std::int64_t n = row % T + 1;
     double dot = 0;
@@ -86,6 +87,28 @@ TEST_P(CausalSoftmaxBackward, MatchesTheFloat64Reference) {
       }
       ASSERT_EQ(ds16[at].bits, to_bf16(ds[at]).bits) << "row " << row << ", column " << j;
     }
+  }
+  // Through a dropout mask (0 or 1.25; NaN past each row's diagonal, never read): the same bits
+  // as the unmasked form given dp times the mask.
+  Rng rng({kSeed, static_cast<std::uint64_t>(T), 2});
+  std::vector<float> mask(dp.size()), masked(dp);
+  for (std::int64_t row = 0; row < mats * T; ++row)
+    for (std::int64_t j = 0; j < T; ++j) {
+      const auto at = static_cast<std::size_t>(row * T + j);
+      mask[at] = j > row % T                ? std::numeric_limits<float>::quiet_NaN()
+                 : rng.next_unit() < 0.2f ? 0.0f
+                                          : 1.25f;
+      if (j <= row % T) masked[at] = dp[at] * mask[at];
+    }
+  std::vector<float> want(ds.size()), got(ds.size());
+  std::vector<bf16> got16(ds.size());
+  causal_softmax_backward(r.p.data(), masked.data(), nullptr, want.data(), mats, T, scale);
+  causal_softmax_backward(r.p.data(), dp.data(), mask.data(), got.data(), mats, T, scale);
+  causal_softmax_backward(r.p.data(), dp.data(), mask.data(), got16.data(), mats, T, scale);
+  for (std::size_t i = 0; i < ds.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i]))
+        << "entry " << i << ", dropout";
+    ASSERT_EQ(got16[i].bits, to_bf16(want[i]).bits) << "entry " << i << ", dropout";
   }
 }
 

@@ -16,5 +16,9 @@ struct StreamKey {
 // mask[i] = 0 with probability p, else 1 / (1 - p), for i in [0, count), in logical row-major
 // (N, C, H, W) order, from the stream keyed by (key, layer).
 void dropout_mask(const StreamKey& key, std::size_t layer, float p, std::size_t count, float* mask);
+// The same mask's entries that a causal attention reads: of `mats` row-major (T, T) matrices,
+// row i's first i + 1 entries, each dropout_mask's value at its place; the others not written.
+void causal_dropout_mask(const StreamKey& key, std::size_t layer, float p, std::size_t mats,
+                         std::size_t T, float* mask);
 
 }  // namespace cohort::nn

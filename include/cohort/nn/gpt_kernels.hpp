@@ -25,16 +25,18 @@
 namespace cohort::nn {
 
 // For `mats` row-major (T, T) matrices of a causal softmax of scaled scores, softmax(scale s):
-// p its output (row i has its i + 1 first entries unmasked, the rest 0), dp the output's
-// gradient. Writes the gradient of the unscaled scores s
-//   ds[i][j] = scale * (p[i][j] * (dp[i][j] - sum_{k <= i} p[i][k] * dp[i][k]))   for j <= i,
-//   ds[i][j] = 0                                                                   for j > i,
+// p its output (row i has its i + 1 first entries unmasked, the rest 0), dp the gradient of the
+// weights the next matmul read, those weights p times `mask` (dropout's) unless it is null, so
+// that with d = dp mask (or dp) the gradient of the unscaled scores s is
+//   ds[i][j] = scale * (p[i][j] * (d[i][j] - sum_{k <= i} p[i][k] * d[i][k]))   for j <= i,
+//   ds[i][j] = 0                                                                 for j > i,
 // the sum taken in eight interleaved partial sums (k mod 8) added pairwise, then the remainder:
-// a fixed order, the same bits at any vector width. The bf16 form rounds the f32 result.
-void causal_softmax_backward(const float* p, const float* dp, float* ds, std::int64_t mats,
-                             std::int64_t T, float scale);
-void causal_softmax_backward(const float* p, const float* dp, bf16* ds, std::int64_t mats,
-                             std::int64_t T, float scale);
+// a fixed order, the same bits at any vector width. The bf16 form rounds the f32 result. Only
+// the entries j <= i of dp and the mask are read.
+void causal_softmax_backward(const float* p, const float* dp, const float* mask, float* ds,
+                             std::int64_t mats, std::int64_t T, float scale);
+void causal_softmax_backward(const float* p, const float* dp, const float* mask, bf16* ds,
+                             std::int64_t mats, std::int64_t T, float scale);
 
 // For `mats` row-major (T, T) matrices of scores s: p = softmax of each row i of scale s (scale >
 // 0) over its i + 1 first entries (the rest of s is not read), 0 after them. The exponent's
