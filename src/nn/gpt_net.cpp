@@ -20,6 +20,7 @@ using Clock = std::chrono::steady_clock;
 struct GptNet::Impl {
   const GptModel* model;
   Precision precision;
+  GptPaths paths;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<std::pair<std::int64_t, bool>, std::unique_ptr<Plan>> plans;  // (N, training)
@@ -29,12 +30,13 @@ struct GptNet::Impl {
   std::vector<std::int32_t> targets;      // the current call's, (N x block)
   Clock::time_point backward_begin;       // of the last forward_backward
 
-  Impl(const GptModel& m, Precision p) : model(&m), precision(p) {}
+  Impl(const GptModel& m, Precision p, GptPaths g) : model(&m), precision(p), paths(g) {}
 
   Plan& plan(std::int64_t N, bool training) {
     auto& slot = plans[{N, training}];
     if (!slot)
-      slot = detail::build_gpt_plan({model, &engine, &key, &windows, N, training, precision});
+      slot = detail::build_gpt_plan(
+          {model, &engine, &key, &windows, N, training, precision, paths});
     return *slot;
   }
 
@@ -99,8 +101,8 @@ struct GptNet::Impl {
   }
 };
 
-GptNet::GptNet(const GptModel& model, Precision precision)
-    : impl_(std::make_unique<Impl>(model, precision)) {}
+GptNet::GptNet(const GptModel& model, Precision precision, GptPaths paths)
+    : impl_(std::make_unique<Impl>(model, precision, paths)) {}
 GptNet::~GptNet() = default;
 GptNet::GptNet(GptNet&&) noexcept = default;
 GptNet& GptNet::operator=(GptNet&&) noexcept = default;

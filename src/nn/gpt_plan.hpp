@@ -22,6 +22,7 @@ struct GptPlanRequest {
   std::int64_t N;
   bool training;
   Precision precision;
+  GptPaths paths;
 };
 
 // The plan: forward ends with the logits (Plan::logits, (N x block, vocab) f32); training's

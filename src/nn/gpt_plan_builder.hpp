@@ -63,7 +63,8 @@ class GptPlanBuilder {
         V_(s_.vocab),
         M_(r.N * s_.block),
         training_(r.training),
-        drop_(r.training && s_.dropout > 0) {}
+        drop_(r.training && s_.dropout > 0),
+        paths_(r.paths) {}
 
   // The steps, then one scratchpad for the plan, as large as the largest primitive's need.
   void build() {
@@ -174,7 +175,8 @@ class GptPlanBuilder {
   // Whether attention runs on dense q, k and v ((M, C) each, split from qkv after c_attn and
   // merged into its gradient before c_attn's backward) over whole windows: where oneDNN runs
   // that matmul on AMX (bf16 on AMX CPUs), whose kernel takes such operands and not the strided
-  // views of qkv or the row blocks' (docs/decisions.md, "Attention on AMX"). Decided once a plan.
+  // views of qkv or the row blocks' (docs/decisions.md, "Attention on AMX"), or where
+  // GptPaths::attention says so. Decided once a plan.
   bool dense_attention();
   // The heads of a (M, ...) buffer whose rows are `row_stride` apart, from `column` on: rows
   // [r0, r0 + rows) of each window as (N, H, rows, hs), or with `transposed` (N, H, hs, rows).
@@ -306,6 +308,7 @@ class GptPlanBuilder {
   const Dt act_;
   const std::int64_t N_, T_, C_, H_, hs_, V_, M_;
   const bool training_, drop_;
+  const GptPaths paths_;
   std::size_t scratch_bytes_ = 0;
   std::string where_;
   std::optional<dnnl::layer_normalization_forward::primitive_desc> ln_fwd_;

@@ -269,6 +269,8 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
 }
 
 bool GptPlanBuilder::dense_attention() {
+  if (!dense_attention_ && paths_.attention != GptPaths::Attention::kAuto)
+    dense_attention_ = paths_.attention == GptPaths::Attention::kDense;
   if (!dense_attention_) {
     using namespace dnnl;
     const memory::desc q({N_, H_, T_, hs_}, act_, Dims{T_ * C_, hs_, C_, 1});

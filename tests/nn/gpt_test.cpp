@@ -10,6 +10,7 @@
 #include <iostream>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cohort/core/error.hpp"
@@ -190,7 +191,7 @@ double relative_error(const std::vector<double>& want, const float* got, const G
 }
 
 // GptNet in f32 against the reference: the loss, every gradient, inference's loss.
-void check_f32_net(const Case& c) {
+void check_f32_net(const Case& c, GptPaths paths = {}) {
   const GptModel m = GptModel::parse(c.spec, c.vocab);
   const auto w = windows_for(m, c.N, kSeed);
   const std::vector<double> p = params_for(m, kSeed);
@@ -198,7 +199,7 @@ void check_f32_net(const Case& c) {
   for (std::size_t i = 0; i < p.size(); ++i) pf[i] = static_cast<float>(p[i]);
   std::vector<double> pr(pf.data(), pf.data() + pf.size());  // the f32 values, exactly
   const reference::GptResult r = reference::gpt_forward_backward(m, pr, w.data(), c.N, kKey);
-  GptNet net(m);
+  GptNet net(m, Precision::kF32, paths);
   const double loss = net.forward_backward(pf.data(), w.data(), c.N, grad.data(), kKey);
   EXPECT_NEAR(loss, r.loss, 1e-5 * std::abs(r.loss)) << "seed " << kSeed;
   EXPECT_LT(relative_error(r.grad, grad.data(), m), 2e-5) << "seed " << kSeed;
@@ -209,7 +210,7 @@ void check_f32_net(const Case& c) {
 
 // GptNet in bf16 against the reference given the bf16 weights, within bf16's rounding; the
 // calling test is skipped where oneDNN has no bf16 kernels.
-void check_bf16_net(const Case& c) {
+void check_bf16_net(const Case& c, GptPaths paths = {}) {
   if (bf16_support() == Bf16Support::kNone)
     GTEST_SKIP() << "oneDNN has no bf16 kernels here (" << onednn_isa() << ")";
   const GptModel m = GptModel::parse(c.spec, c.vocab);
@@ -223,7 +224,7 @@ void check_bf16_net(const Case& c) {
   }
   AlignedBuffer<float> grad(p.size());
   const reference::GptResult r = reference::gpt_forward_backward(m, pr, w.data(), c.N, kKey);
-  GptNet net(m, Precision::kBf16);
+  GptNet net(m, Precision::kBf16, paths);
   const double loss = net.forward_backward(pb.data(), w.data(), c.N, grad.data(), kKey);
   // bf16 keeps 8 bits of mantissa: each rounding is within 2^-9 relative; the loss within 1% and
   // the gradient (through a dozen roundings in sequence) within 3% of its largest element (a
@@ -295,6 +296,53 @@ TEST_P(GptWeightGradPaths, Bf16NetMatchesTheReferenceWithinBf16) { check_bf16_ne
 INSTANTIATE_TEST_SUITE_P(Leaves, GptWeightGradPaths,
                          ::testing::Values(Case{"BothSidesOfTheBound", "gpt:1-2-128-64", 7, 12}),
                          [](const auto& p) { return std::string(p.param.name); });
+
+// Each way the plans can compute attention and the bf16 weight gradients (GptPaths), forced, so
+// that every CPU runs all of them (kAuto takes one by what oneDNN dispatches): windows of one
+// row block and of four with dropout, and leaves of 768 rows. f32 plans choose their weight
+// gradients themselves: attention's two ways only.
+const auto kPathCases = ::testing::Values(Case{"Dropout", "gpt:2-2-8-5-0.3", 7, 2},
+                                          Case{"FourBlocksDropout", "gpt:2-2-8-259-0.3", 7, 2},
+                                          Case{"Rows768", "gpt:1-2-128-64", 7, 12});
+const auto kAttentionPaths =
+    ::testing::Values(GptPaths::Attention::kDense, GptPaths::Attention::kRowBlocks);
+
+std::string attention_name(GptPaths::Attention a) {
+  return a == GptPaths::Attention::kDense ? "_Dense" : "_RowBlocks";
+}
+
+class GptForcedAttention
+    : public ::testing::TestWithParam<std::tuple<Case, GptPaths::Attention>> {};
+
+TEST_P(GptForcedAttention, F32NetMatchesTheReference) {
+  check_f32_net(std::get<0>(GetParam()), GptPaths{std::get<1>(GetParam())});
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, GptForcedAttention,
+                         ::testing::Combine(kPathCases, kAttentionPaths), [](const auto& p) {
+                           return std::string(std::get<0>(p.param).name) +
+                                  attention_name(std::get<1>(p.param));
+                         });
+
+class GptForcedPaths
+    : public ::testing::TestWithParam<
+          std::tuple<Case, GptPaths::Attention, GptPaths::Bf16WeightGrad>> {};
+
+TEST_P(GptForcedPaths, Bf16NetMatchesTheReferenceWithinBf16) {
+  const auto& [c, attention, weight_grad] = GetParam();
+  check_bf16_net(c, GptPaths{attention, weight_grad});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, GptForcedPaths,
+    ::testing::Combine(kPathCases, kAttentionPaths,
+                       ::testing::Values(GptPaths::Bf16WeightGrad::kMatmul,
+                                         GptPaths::Bf16WeightGrad::kInnerProduct)),
+    [](const auto& p) {
+      const bool matmul = std::get<2>(p.param) == GptPaths::Bf16WeightGrad::kMatmul;
+      return std::string(std::get<0>(p.param).name) + attention_name(std::get<1>(p.param)) +
+             (matmul ? "_MatmulWeightGrads" : "_InnerProductWeightGrads");
+    });
 
 // The generator's logits after each token are the full forward pass's at that position: while
 // the window fills, and after it restarts from the last block / 2 tokens.

@@ -76,11 +76,25 @@ class GptModel {
   std::size_t wte_ = 0, wpe_ = 0, ln_f_ = 0;
 };
 
+// Where a GptNet's plans compute the same thing two ways, which they take. kAuto chooses by what
+// oneDNN dispatches on this CPU (the trainer's choice); the others force one way, so that tests
+// run each on any CPU.
+struct GptPaths {
+  // Attention on dense copies of q, k and v over whole windows (where oneDNN's matmul runs AMX's
+  // kernel), or on strided views of qkv by row blocks (elsewhere).
+  enum class Attention { kAuto, kDense, kRowBlocks } attention = Attention::kAuto;
+  // bf16 weight gradients as a matmul W = dY^T X (where it runs AMX's kernel), or oneDNN's inner
+  // product's backward-weights (elsewhere). f32 plans choose among their own (plan_gpt.cpp).
+  enum class Bf16WeightGrad { kAuto, kMatmul, kInnerProduct } bf16_weight_grad =
+      Bf16WeightGrad::kAuto;
+};
+
 // The executor of one GptModel on one thread at a time (the contract of nn::Net: not
 // thread-safe, may move between threads, OpenMP at one thread in the caller).
 class GptNet {
  public:
-  explicit GptNet(const GptModel& model, Precision precision = Precision::kF32);
+  explicit GptNet(const GptModel& model, Precision precision = Precision::kF32,
+                  GptPaths paths = {});
   ~GptNet();
   GptNet(GptNet&&) noexcept;
   GptNet& operator=(GptNet&&) noexcept;
