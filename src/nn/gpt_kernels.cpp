@@ -224,6 +224,7 @@ void gelu_lookup(const std::uint32_t* table, const bf16* f, bf16* g, bf16* slope
 // The same, gathered: 16 lookups a step with AVX-512, 8 with AVX2; returns where it stopped.
 #if defined(COHORT_X86_DISPATCH)
 COHORT_TARGET_AVX512_BEGIN
+namespace avx512 {  // entered where cpu_features() has AVX-512 (tests/build/check_baseline_isa.py)
 template <bool kSlope>
 std::int64_t gelu_gather16(const std::uint32_t* table, const bf16* f, bf16* g, bf16* slope,
                            std::int64_t n) {
@@ -245,6 +246,7 @@ std::int64_t gelu_gather16(const std::uint32_t* table, const bf16* f, bf16* g, b
   }
   return i;
 }
+}  // namespace avx512
 COHORT_TARGET_END
 #endif
 #if defined(__AVX2__)
@@ -273,7 +275,7 @@ void gelu_table(const bf16* f, bf16* g, bf16* slope, std::int64_t n, GeluLookup 
   const std::uint32_t* table = gelu_bf16_table();
   std::int64_t i = 0;
 #if defined(COHORT_X86_DISPATCH)
-  if (how == GeluLookup::kGather16) i = gelu_gather16<kSlope>(table, f, g, slope, n);
+  if (how == GeluLookup::kGather16) i = avx512::gelu_gather16<kSlope>(table, f, g, slope, n);
 #endif
 #if defined(__AVX2__)
   if (how == GeluLookup::kGather8) i = gelu_gather8<kSlope>(table, f, g, slope, n);
@@ -474,10 +476,10 @@ bool gelu_lookup_available(GeluLookup how) {
 
 void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n, GeluLookup how) {
   if (how == GeluLookup::kAuto) {
-    static const GeluLookup best = gelu_lookup_available(GeluLookup::kGather16) ? GeluLookup::kGather16
-                                   : gelu_lookup_available(GeluLookup::kGather8)
-                                       ? GeluLookup::kGather8
-                                       : GeluLookup::kScalar;
+    static const GeluLookup best =
+        gelu_lookup_available(GeluLookup::kGather16)  ? GeluLookup::kGather16
+        : gelu_lookup_available(GeluLookup::kGather8) ? GeluLookup::kGather8
+                                                      : GeluLookup::kScalar;
     how = best;
   }
   COHORT_CHECK(gelu_lookup_available(how), "gelu_forward: lookups this CPU cannot run");

@@ -35,8 +35,8 @@ struct GptNet::Impl {
   Plan& plan(std::int64_t N, bool training) {
     auto& slot = plans[{N, training}];
     if (!slot)
-      slot = detail::build_gpt_plan(
-          {model, &engine, &key, &windows, N, training, precision, paths});
+      slot =
+          detail::build_gpt_plan({model, &engine, &key, &windows, N, training, precision, paths});
     return *slot;
   }
 

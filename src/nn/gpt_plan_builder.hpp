@@ -264,8 +264,7 @@ class GptPlanBuilder {
   // The same for attention's (N, H, T, T) weights, drawn where the causal softmax reads it only
   // (causal_dropout_mask): each row's entries up to its diagonal.
   float* causal_mask(std::vector<Exec>& list, std::size_t layer) {
-    float* m =
-        static_cast<float*>(temp("mask", {N_ * H_ * T_ * T_}, Dt::f32).get_data_handle());
+    float* m = static_cast<float*>(temp("mask", {N_ * H_ * T_ * T_}, Dt::f32).get_data_handle());
     const StreamKey* key = key_;
     const float p = s_.dropout;
     const auto mats = static_cast<std::size_t>(N_ * H_), T = static_cast<std::size_t>(T_);

@@ -175,12 +175,12 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
     // faster than the inner product's backward-data on the forward's blocked copy
     // (docs/decisions.md, "Language models' bf16 weight gradients on AMX").
     const matmul::primitive_desc mpd(
-        matmul::desc(diff_dst.get_desc(), memory::desc({O, I}, act_, Tag::ab),
-                     diff_src.get_desc()),
+        matmul::desc(diff_dst.get_desc(), memory::desc({O, I}, act_, Tag::ab), diff_src.get_desc()),
         attr(), eng_);
     if (amx_kernel(mpd)) {
       add(p_.backward, matmul(mpd), mpd.scratchpad_desc(),
-          {{DNNL_ARG_SRC, diff_dst}, {DNNL_ARG_WEIGHTS, param({O, I}, weight)},
+          {{DNNL_ARG_SRC, diff_dst},
+           {DNNL_ARG_WEIGHTS, param({O, I}, weight)},
            {DNNL_ARG_DST, diff_src}},
           Phase::kMatmul);
       diff_src_done = true;

@@ -95,7 +95,7 @@ TEST_P(CausalSoftmaxBackward, MatchesTheFloat64Reference) {
   for (std::int64_t row = 0; row < mats * T; ++row)
     for (std::int64_t j = 0; j < T; ++j) {
       const auto at = static_cast<std::size_t>(row * T + j);
-      mask[at] = j > row % T                ? std::numeric_limits<float>::quiet_NaN()
+      mask[at] = j > row % T              ? std::numeric_limits<float>::quiet_NaN()
                  : rng.next_unit() < 0.2f ? 0.0f
                                           : 1.25f;
       if (j <= row % T) masked[at] = dp[at] * mask[at];

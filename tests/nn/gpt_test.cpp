@@ -311,22 +311,21 @@ std::string attention_name(GptPaths::Attention a) {
   return a == GptPaths::Attention::kDense ? "_Dense" : "_RowBlocks";
 }
 
-class GptForcedAttention
-    : public ::testing::TestWithParam<std::tuple<Case, GptPaths::Attention>> {};
+class GptForcedAttention : public ::testing::TestWithParam<std::tuple<Case, GptPaths::Attention>> {
+};
 
 TEST_P(GptForcedAttention, F32NetMatchesTheReference) {
   check_f32_net(std::get<0>(GetParam()), GptPaths{std::get<1>(GetParam())});
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, GptForcedAttention,
-                         ::testing::Combine(kPathCases, kAttentionPaths), [](const auto& p) {
+INSTANTIATE_TEST_SUITE_P(Paths, GptForcedAttention, ::testing::Combine(kPathCases, kAttentionPaths),
+                         [](const auto& p) {
                            return std::string(std::get<0>(p.param).name) +
                                   attention_name(std::get<1>(p.param));
                          });
 
-class GptForcedPaths
-    : public ::testing::TestWithParam<
-          std::tuple<Case, GptPaths::Attention, GptPaths::Bf16WeightGrad>> {};
+class GptForcedPaths : public ::testing::TestWithParam<
+                           std::tuple<Case, GptPaths::Attention, GptPaths::Bf16WeightGrad>> {};
 
 TEST_P(GptForcedPaths, Bf16NetMatchesTheReferenceWithinBf16) {
   const auto& [c, attention, weight_grad] = GetParam();

@@ -85,8 +85,11 @@ struct GptPaths {
   enum class Attention { kAuto, kDense, kRowBlocks } attention = Attention::kAuto;
   // bf16 weight gradients as a matmul W = dY^T X (where it runs AMX's kernel), or oneDNN's inner
   // product's backward-weights (elsewhere). f32 plans choose among their own (plan_gpt.cpp).
-  enum class Bf16WeightGrad { kAuto, kMatmul, kInnerProduct } bf16_weight_grad =
-      Bf16WeightGrad::kAuto;
+  enum class Bf16WeightGrad {
+    kAuto,
+    kMatmul,
+    kInnerProduct
+  } bf16_weight_grad = Bf16WeightGrad::kAuto;
 };
 
 // The executor of one GptModel on one thread at a time (the contract of nn::Net: not
