@@ -3,7 +3,6 @@
 #include "cohort/nn/gpt_kernels.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -65,8 +64,10 @@ template <class Out>
 // sums in eight lanes, and the AVX-512 clone runs the same 8-lane operations: the same bits on
 // every CPU. GELU, element by element, runs 16 lanes (one AVX-512 register, two AVX2 ones):
 // the same bits at any width.
-// (GCC's -Wpsabi notes that a 64-byte vector passed by value has another ABI without AVX-512:
-// these helpers are inline and file-local, never called across that boundary.)
+// (GCC's -Wpsabi notes that a 64-byte vector passed by value has another ABI without AVX-512.
+// Every helper that takes or returns a vector is always_inline, and bit casts are the builtin,
+// so none is ever called across that boundary, even at -O0, where an out-of-line baseline copy
+// called from an AVX-512 clone would read its arguments from the wrong registers.)
 #pragma GCC diagnostic ignored "-Wpsabi"
 using F8 = float __attribute__((vector_size(32)));
 using U8 = std::uint32_t __attribute__((vector_size(32)));
@@ -88,38 +89,43 @@ struct Lanes<F16> {
 };
 template <class V>
 constexpr std::int64_t kLanes = sizeof(V) / sizeof(float);
+// std::bit_cast, without its out-of-line call at -O0.
+template <class To, class From>
+[[gnu::always_inline]] inline To as(const From& from) {
+  return __builtin_bit_cast(To, from);
+}
 
 template <class V>
-inline V load(const float* p) {
+[[gnu::always_inline]] inline V load(const float* p) {
   V v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline F8 load8(const float* p) { return load<F8>(p); }
+[[gnu::always_inline]] inline F8 load8(const float* p) { return load<F8>(p); }
 template <class V>
-inline void store(float* p, V v) {
+[[gnu::always_inline]] inline void store(float* p, V v) {
   std::memcpy(p, &v, sizeof v);
 }
-inline void store8(float* p, F8 v) { store(p, v); }
+[[gnu::always_inline]] inline void store8(float* p, F8 v) { store(p, v); }
 // bf16: widened exactly; rounded to nearest even, NaN kept a quiet NaN, as to_bf16 (bf16.hpp).
 template <class V>
-inline V load(const bf16* p) {
+[[gnu::always_inline]] inline V load(const bf16* p) {
   using U = typename Lanes<V>::U;
   typename Lanes<V>::H h;
   std::memcpy(&h, p, sizeof h);
-  return std::bit_cast<V>(__builtin_convertvector(h, U) << 16);
+  return as<V>(__builtin_convertvector(h, U) << 16);
 }
 template <class V>
-inline void store(bf16* p, V v) {
+[[gnu::always_inline]] inline void store(bf16* p, V v) {
   using U = typename Lanes<V>::U;
-  const U u = std::bit_cast<U>(v);
+  const U u = as<U>(v);
   const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   const U bits = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
   const auto h = __builtin_convertvector(bits, typename Lanes<V>::H);
   std::memcpy(p, &h, sizeof h);
 }
 template <class V = F8>
-inline V splat(float v) {
+[[gnu::always_inline]] inline V splat(float v) {
   return V{} + v;
 }
 
@@ -141,8 +147,8 @@ template <class V>
   q = q * r + 5.0000001201e-1f;
   const V er = (q * r) * r + r + 1.0f;
   // The shift's bits are 0x4b400000 + k: 2^k's are (k + 127) << 23, 0 (the float 0) at -127.
-  const U bits = ((std::bit_cast<U>(shifted) - 0x4b400000u) + 127u) << 23;
-  return er * std::bit_cast<V>(bits);
+  const U bits = ((as<U>(shifted) - 0x4b400000u) + 127u) << 23;
+  return er * as<V>(bits);
 }
 
 // GELU's values x Phi(x) and slopes Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi): the
@@ -150,9 +156,9 @@ template <class V>
 template <class V>
 [[gnu::always_inline]] inline void gelu_lanes(V x, V& g, V& slope) {
   using U = typename Lanes<V>::U;
-  const U magnitude = std::bit_cast<U>(x) & 0x7fffffffu;
-  const V z = std::bit_cast<V>(magnitude) * 0.70710678118654752f;  // |x| / sqrt(2)
-  const V e = exp_nonpositive(-z * z);                             // exp(-x^2 / 2)
+  const U magnitude = as<U>(x) & 0x7fffffffu;
+  const V z = as<V>(magnitude) * 0.70710678118654752f;  // |x| / sqrt(2)
+  const V e = exp_nonpositive(-z * z);                  // exp(-x^2 / 2)
   const V t = 1.0f / (z * 0.3275911f + 1.0f);
   V q = splat<V>(1.061405429f);
   q = q * t - 1.453152027f;
@@ -198,7 +204,7 @@ const std::uint32_t* gelu_bf16_table() {
       U16 bits;
       for (std::uint32_t k = 0; k < W; ++k) bits[k] = (first + k) << 16;
       F16 gv, sv;
-      gelu_lanes(std::bit_cast<F16>(bits), gv, sv);
+      gelu_lanes(as<F16>(bits), gv, sv);
       bf16 g[W], s[W];
       store(g, gv);
       store(s, sv);
@@ -234,9 +240,9 @@ std::int64_t gelu_gather16(const std::uint32_t* table, const bf16* f, bf16* g, b
     // start from an undefined vector, which -Wmaybe-uninitialized flags.
     H16 bits;
     std::memcpy(&bits, f + i, sizeof bits);
-    const __m512i index = std::bit_cast<__m512i>(__builtin_convertvector(bits, U16));
-    const U16 e = std::bit_cast<U16>(
-        _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, index, table, 4));
+    const __m512i index = as<__m512i>(__builtin_convertvector(bits, U16));
+    const U16 e =
+        as<U16>(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, index, table, 4));
     const H16 values = __builtin_convertvector(e, H16);
     std::memcpy(g + i, &values, sizeof values);
     if constexpr (kSlope) {
@@ -284,7 +290,7 @@ void gelu_table(const bf16* f, bf16* g, bf16* slope, std::int64_t n, GeluLookup 
 }
 
 // Eight lanes added pairwise: ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)).
-inline float add_lanes(F8 v) {
+[[gnu::always_inline]] inline float add_lanes(F8 v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 inline float load1(const float* p) { return *p; }

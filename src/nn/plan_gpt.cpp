@@ -169,15 +169,19 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
   const memory dw = grad({O, I}, weight);
   const memory::desc dst_md({M_, O}, act_, Tag::ab);
   const inner_product_forward::primitive_desc hint = linear_pd(src.get_desc(), O, dst_md);
+  using Backward = GptPaths::Bf16LinearBackward;
+  const bool matmuls = half() && paths_.bf16_linear_backward != Backward::kInnerProduct;
+  const bool forced = paths_.bf16_linear_backward == Backward::kMatmul;
   bool diff_src_done = false;
-  if (diff_src && half()) {
+  if (diff_src && matmuls) {
     // dX (M, I) = dY W as a matmul on the plain bf16 weights: where its kernel is AMX's, it ran
-    // faster than the inner product's backward-data on the forward's blocked copy
-    // (docs/decisions.md, "Language models' bf16 weight gradients on AMX").
+    // faster than the inner product's backward-data on the forward's blocked copy on three of
+    // the four shapes measured, and as fast on the fourth (docs/decisions.md, "Language models'
+    // bf16 weight gradients on AMX"). Elsewhere where GptPaths says so.
     const matmul::primitive_desc mpd(
         matmul::desc(diff_dst.get_desc(), memory::desc({O, I}, act_, Tag::ab), diff_src.get_desc()),
         attr(), eng_);
-    if (amx_kernel(mpd)) {
+    if (forced || amx_kernel(mpd)) {
       add(p_.backward, matmul(mpd), mpd.scratchpad_desc(),
           {{DNNL_ARG_SRC, diff_dst},
            {DNNL_ARG_WEIGHTS, param({O, I}, weight)},
@@ -225,8 +229,7 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
     if (w_t) convert(p_.backward, out, dw);
     return;
   }
-  using WeightGrad = GptPaths::Bf16WeightGrad;
-  if (half() && paths_.bf16_weight_grad != WeightGrad::kInnerProduct) {
+  if (matmuls) {
     // W (O, I) = dY^T X as a matmul on dY's transposed view, written plain: where its kernel is
     // AMX's, it ran faster than the inner product's backward-weights kernel on all but one of the
     // shapes measured, and that kernel also writes a blocked layout to reorder (docs/decisions.md,
@@ -234,7 +237,7 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
     const matmul::primitive_desc mpd(
         matmul::desc(memory::desc({O, M_}, act_, Dims{1, O}), src.get_desc(), dw.get_desc()),
         attr(), eng_);
-    if (paths_.bf16_weight_grad == WeightGrad::kMatmul || amx_kernel(mpd)) {
+    if (forced || amx_kernel(mpd)) {
       const memory dy_t(mpd.src_desc(), eng_, diff_dst.get_data_handle());
       add(p_.backward, matmul(mpd), mpd.scratchpad_desc(),
           {{DNNL_ARG_SRC, dy_t}, {DNNL_ARG_WEIGHTS, src}, {DNNL_ARG_DST, dw}}, Phase::kMatmul);

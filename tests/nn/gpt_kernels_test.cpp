@@ -179,9 +179,14 @@ TEST_P(CausalSoftmaxForward, MatchesTheFloat64Reference) {
     }
   }
   // The forms that also write the weights the next matmul reads: the same P, and P times the
-  // mask (none, or dropout's 0 and 1.25) in f32 or rounded to bf16, 0 where masked by causality.
+  // mask (none, or dropout's 0 and 1.25; NaN past each row's diagonal, never read) in f32 or
+  // rounded to bf16, 0 where masked by causality.
   std::vector<float> drop(s.size());
-  for (auto& v : drop) v = rng.next_unit() < 0.2 ? 0.0f : 1.25f;
+  for (std::size_t i = 0; i < drop.size(); ++i)
+    drop[i] = static_cast<std::int64_t>(i) % T > static_cast<std::int64_t>(i) / T % T
+                  ? std::numeric_limits<float>::quiet_NaN()
+              : rng.next_unit() < 0.2 ? 0.0f
+                                      : 1.25f;
   for (const float* mask : {static_cast<const float*>(nullptr), std::as_const(drop).data()}) {
     std::vector<float> p2(s.size(), 1.0f), used(s.size(), 1.0f);
     std::vector<bf16> half(s.size(), to_bf16(1.0f));
@@ -191,7 +196,8 @@ TEST_P(CausalSoftmaxForward, MatchesTheFloat64Reference) {
     causal_softmax_forward(s.data(), p2.data(), mask, half.data(), mats, T, scale);
     ASSERT_EQ(p2, p);
     for (std::size_t i = 0; i < s.size(); ++i) {
-      const float want = mask ? p[i] * mask[i] : p[i];
+      const bool causal = static_cast<std::int64_t>(i) % T <= static_cast<std::int64_t>(i) / T % T;
+      const float want = mask && causal ? p[i] * mask[i] : p[i];
       ASSERT_EQ(used[i], want) << "entry " << i << (mask ? ", dropout" : "");
       ASSERT_EQ(half[i].bits, to_bf16(want).bits) << "entry " << i << (mask ? ", dropout" : "");
     }
@@ -269,9 +275,9 @@ TEST(Gelu, Bf16IsTheF32KernelRounded) {
   }
 }
 
-// Every bf16 value through each lookup this CPU runs (the vector part and the last values, from
-// an odd start): g and the slope are the f32 kernel's at the same value, rounded, NaNs included;
-// and the f32 kernel's values themselves stay near float64's where they are finite.
+// Every bf16 value through each lookup this CPU runs (the vector part and the last values): g and
+// the slope are the f32 kernel's at the same value, rounded, NaNs included; and the f32 kernel's
+// values themselves stay near float64's where they are finite.
 class GeluTable : public ::testing::TestWithParam<GeluLookup> {};
 
 TEST_P(GeluTable, EveryBf16ValueIsTheF32KernelRounded) {
@@ -282,7 +288,8 @@ TEST_P(GeluTable, EveryBf16ValueIsTheF32KernelRounded) {
   std::vector<float> xf(n), g(n), slope(n);
   to_float(x.data() + 1, xf.data(), n);
   gelu_forward(xf.data(), g.data(), slope.data(), static_cast<std::int64_t>(n));
-  // From x[1]: 65,535 values after the first, so the vector part ends before the last ones.
+  // Start 0: all 65,536 values, through the vector part only; start 1: the 65,535 after the
+  // first, so the last ones go through the scalar lookups.
   for (const std::size_t start : {std::size_t{0}, std::size_t{1}}) {
     const auto count = static_cast<std::int64_t>(n - start);
     std::vector<bf16> g16(n), slope16(n), g16_only(n);

@@ -297,10 +297,10 @@ INSTANTIATE_TEST_SUITE_P(Leaves, GptWeightGradPaths,
                          ::testing::Values(Case{"BothSidesOfTheBound", "gpt:1-2-128-64", 7, 12}),
                          [](const auto& p) { return std::string(p.param.name); });
 
-// Each way the plans can compute attention and the bf16 weight gradients (GptPaths), forced, so
-// that every CPU runs all of them (kAuto takes one by what oneDNN dispatches): windows of one
-// row block and of four with dropout, and leaves of 768 rows. f32 plans choose their weight
-// gradients themselves: attention's two ways only.
+// Each way the plans can compute attention and a bf16 linear layer's backward (GptPaths), forced,
+// so that every CPU runs all of them (kAuto takes one by what oneDNN dispatches): windows of one
+// row block and of four with dropout, and leaves of 768 rows. f32 plans choose their linear
+// layers' backward themselves: attention's two ways only.
 const auto kPathCases = ::testing::Values(Case{"Dropout", "gpt:2-2-8-5-0.3", 7, 2},
                                           Case{"FourBlocksDropout", "gpt:2-2-8-259-0.3", 7, 2},
                                           Case{"Rows768", "gpt:1-2-128-64", 7, 12});
@@ -325,22 +325,22 @@ INSTANTIATE_TEST_SUITE_P(Paths, GptForcedAttention, ::testing::Combine(kPathCase
                          });
 
 class GptForcedPaths : public ::testing::TestWithParam<
-                           std::tuple<Case, GptPaths::Attention, GptPaths::Bf16WeightGrad>> {};
+                           std::tuple<Case, GptPaths::Attention, GptPaths::Bf16LinearBackward>> {};
 
 TEST_P(GptForcedPaths, Bf16NetMatchesTheReferenceWithinBf16) {
-  const auto& [c, attention, weight_grad] = GetParam();
-  check_bf16_net(c, GptPaths{attention, weight_grad});
+  const auto& [c, attention, linear_backward] = GetParam();
+  check_bf16_net(c, GptPaths{attention, linear_backward});
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Paths, GptForcedPaths,
     ::testing::Combine(kPathCases, kAttentionPaths,
-                       ::testing::Values(GptPaths::Bf16WeightGrad::kMatmul,
-                                         GptPaths::Bf16WeightGrad::kInnerProduct)),
+                       ::testing::Values(GptPaths::Bf16LinearBackward::kMatmul,
+                                         GptPaths::Bf16LinearBackward::kInnerProduct)),
     [](const auto& p) {
-      const bool matmul = std::get<2>(p.param) == GptPaths::Bf16WeightGrad::kMatmul;
+      const bool matmul = std::get<2>(p.param) == GptPaths::Bf16LinearBackward::kMatmul;
       return std::string(std::get<0>(p.param).name) + attention_name(std::get<1>(p.param)) +
-             (matmul ? "_MatmulWeightGrads" : "_InnerProductWeightGrads");
+             (matmul ? "_MatmulBackward" : "_InnerProductBackward");
     });
 
 // The generator's logits after each token are the full forward pass's at that position: while

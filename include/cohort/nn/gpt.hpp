@@ -83,13 +83,14 @@ struct GptPaths {
   // Attention on dense copies of q, k and v over whole windows (where oneDNN's matmul runs AMX's
   // kernel), or on strided views of qkv by row blocks (elsewhere).
   enum class Attention { kAuto, kDense, kRowBlocks } attention = Attention::kAuto;
-  // bf16 weight gradients as a matmul W = dY^T X (where it runs AMX's kernel), or oneDNN's inner
-  // product's backward-weights (elsewhere). f32 plans choose among their own (plan_gpt.cpp).
-  enum class Bf16WeightGrad {
+  // A bf16 linear layer's backward as matmuls on plain operands, W = dY^T X and dX = dY W (each
+  // where it runs AMX's kernel), or as oneDNN's inner product's backward-weights and
+  // backward-data (elsewhere). f32 plans choose among their own (plan_gpt.cpp).
+  enum class Bf16LinearBackward {
     kAuto,
     kMatmul,
     kInnerProduct
-  } bf16_weight_grad = Bf16WeightGrad::kAuto;
+  } bf16_linear_backward = Bf16LinearBackward::kAuto;
 };
 
 // The executor of one GptModel on one thread at a time (the contract of nn::Net: not

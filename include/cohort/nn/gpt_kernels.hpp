@@ -46,7 +46,8 @@ void causal_softmax_backward(const float* p, const float* dp, const float* mask,
 void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::int64_t T,
                             float scale);
 // The same, also writing the weights the next matmul reads: used = p, times `mask` (dropout's)
-// unless null, in f32 or rounded to bf16; 0 where masked by causality.
+// unless null, in f32 or rounded to bf16; 0 where masked by causality. Only the entries j <= i of
+// the mask are read.
 void causal_softmax_forward(const float* s, float* p, const float* mask, float* used,
                             std::int64_t mats, std::int64_t T, float scale);
 void causal_softmax_forward(const float* s, float* p, const float* mask, bf16* used,
@@ -61,9 +62,11 @@ void gelu_backward(const float* dg, const float* slope, float* df, std::int64_t 
 // The same in bf16: g and the slope the f32 form's values at f rounded; df the f32 product of dg
 // and slope rounded. oneDNN 2.6.3's bf16 gelu_erf backward evaluates erf and exp again. The
 // forward looks g and the slope up in a table of the f32 form's results at each of the 65,536
-// bf16 values (256 KB, built on first use), gathered 16 or 8 at a time where the CPU has AVX-512
-// or AVX2 (`how`: kAuto, the fastest this CPU runs; the others for tests, where
-// gelu_lookup_available). docs/decisions.md, "The bf16 GELU by table".
+// bf16 values (256 KB, built on first use), gathered 16 at a time where the CPU has AVX-512, 8 at
+// a time where the build targets AVX2 (the default build does), else one by one (`how`: kAuto
+// takes the first of those this process can run; the others are for tests, where
+// gelu_lookup_available). bf16 plans run where oneDNN has bf16 kernels, all of which have
+// AVX-512, so the 8-wide gathers run in tests only. docs/decisions.md, "The bf16 GELU by table".
 enum class GeluLookup { kAuto, kScalar, kGather8, kGather16 };
 bool gelu_lookup_available(GeluLookup how);
 void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n,
