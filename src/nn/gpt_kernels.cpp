@@ -237,12 +237,13 @@ std::int64_t gelu_gather16(const std::uint32_t* table, const bf16* f, bf16* g, b
   std::int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     // The conversions in vector extensions, the gather masked: GCC 12's unmasked intrinsics
-    // start from an undefined vector, which -Wmaybe-uninitialized flags.
+    // start from an undefined vector, which -Wmaybe-uninitialized flags. Builtins only: a helper
+    // defined outside this region passing a 64-byte vector would cross the ABI boundary.
     H16 bits;
     std::memcpy(&bits, f + i, sizeof bits);
-    const __m512i index = as<__m512i>(__builtin_convertvector(bits, U16));
-    const U16 e =
-        as<U16>(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, index, table, 4));
+    const auto index = __builtin_bit_cast(__m512i, __builtin_convertvector(bits, U16));
+    const auto e = __builtin_bit_cast(
+        U16, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, index, table, 4));
     const H16 values = __builtin_convertvector(e, H16);
     std::memcpy(g + i, &values, sizeof values);
     if constexpr (kSlope) {
