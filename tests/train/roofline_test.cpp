@@ -98,9 +98,9 @@ TEST_P(Roofline, FloorIsBelowTheRunsOwnTimingOfTheSameWork) {
   EXPECT_GT(r.gemm_seconds, 0);
   EXPECT_LE(r.gemm_seconds, 1.5 * run_gemm);
   // Under AddressSanitizer cohort's own kernels (the bf16 batch weight gradients' row-pair
-  // GEMM) are instrumented and oneDNN's are not: there the run's time for them is not of the
-  // floor's order.
-  if (!cohort::testing::kAsan) {
+  // GEMM) are instrumented and oneDNN's are not, and at -O0 they are not optimized: there the
+  // run's time for them is not of the floor's order.
+  if (!cohort::testing::kAsan && !cohort::testing::kUnoptimized) {
     EXPECT_GE(r.gemm_seconds, run_gemm / 8);
   }
   EXPECT_GT(r.root_seconds, 0);
