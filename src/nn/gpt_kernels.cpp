@@ -172,8 +172,10 @@ template <class V>
   slope = (x * 0.39894228040143268f) * e + phi;
 }
 
-template <bool kSlope, class T>
-[[gnu::always_inline]] inline void gelu_rows(const T* f, T* g, T* slope, std::int64_t n) {
+// The f32 GELU: 16 lanes at a time, the last n mod 16 through a full vector.
+template <bool kSlope>
+[[gnu::always_inline]] inline void gelu_rows(const float* f, float* g, float* slope,
+                                             std::int64_t n) {
   constexpr std::int64_t W = kLanes<F16>;
   F16 gv, sv;
   std::int64_t i = 0;
@@ -183,14 +185,14 @@ template <bool kSlope, class T>
     if constexpr (kSlope) store(slope + i, sv);
   }
   if (i == n) return;
-  T in[W] = {}, out[W], out_slope[W];  // the last n mod 16, through a full vector
-  std::memcpy(in, f + i, static_cast<std::size_t>(n - i) * sizeof(T));
+  float in[W] = {}, out[W], out_slope[W];
+  std::memcpy(in, f + i, static_cast<std::size_t>(n - i) * sizeof(float));
   gelu_lanes(load<F16>(in), gv, sv);
   store(out, gv);
   store(out_slope, sv);
-  std::memcpy(g + i, out, static_cast<std::size_t>(n - i) * sizeof(T));
+  std::memcpy(g + i, out, static_cast<std::size_t>(n - i) * sizeof(float));
   if constexpr (kSlope)
-    std::memcpy(slope + i, out_slope, static_cast<std::size_t>(n - i) * sizeof(T));
+    std::memcpy(slope + i, out_slope, static_cast<std::size_t>(n - i) * sizeof(float));
 }
 
 // The bf16 GELU's table: for each of the 65,536 bf16 values f, GELU(f) in the low 16 bits and its
@@ -488,8 +490,9 @@ void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n, GeluLooku
         : gelu_lookup_available(GeluLookup::kGather8) ? GeluLookup::kGather8
                                                       : GeluLookup::kScalar;
     how = best;
+  } else {
+    COHORT_CHECK(gelu_lookup_available(how), "gelu_forward: lookups this CPU cannot run");
   }
-  COHORT_CHECK(gelu_lookup_available(how), "gelu_forward: lookups this CPU cannot run");
   if (slope)
     gelu_table<true>(f, g, slope, n, how);
   else

@@ -86,7 +86,7 @@ class GptPlanBuilder {
   };
   struct BlockSaved {
     LnSaved ln1, ln2;
-    memory h1, qkv, p, p_used, y, x_mid, h2, f, g;
+    memory h1, qkv, p, p_used, y, x_mid, h2, g;
     memory parts[3];  // dense attention (dense_attention()): q, k and v split from qkv
     memory slope;     // training plans: GELU's slope at f (gelu_forward), in place of f
   };

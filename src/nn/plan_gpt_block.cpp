@@ -114,13 +114,13 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   where_ = "h." + std::to_string(l) + ".mlp.c_fc";
   // GELU by gelu_forward, which keeps its slope for backward in place of f (in the activations'
   // type).
-  b.f = temp("f", {M_, 4 * C}, act_);
-  linear(b.h2, o.c_fc, 4 * C, b.f);
+  const memory pre = temp("f", {M_, 4 * C}, act_);
+  linear(b.h2, o.c_fc, 4 * C, pre);
   where_ = "h." + std::to_string(l) + ".mlp.gelu";
   b.g = kept("g", {M_, 4 * C}, act_, skew(4 * C));  // c_proj's X
   if (training_) b.slope = plain({M_, 4 * C}, act_);
   {
-    void* f = b.f.get_data_handle();
+    void* f = pre.get_data_handle();
     void* g = b.g.get_data_handle();
     void* slope = training_ ? b.slope.get_data_handle() : nullptr;
     const std::int64_t n = M_ * 4 * C;
