@@ -295,7 +295,9 @@ class GptPlanBuilder {
   // diff_src from diff_dst; the weight's gradient (overwritten) from src and diff_dst.
   void linear_backward(const memory& src, std::size_t weight, std::int64_t O,
                        const memory& diff_dst, const memory& diff_src);
-  BlockSaved block_forward(std::int64_t l, const memory& x);
+  // `next_in`: where the block's last residual add also writes the stream (the next block's
+  // input, which backward reads), or none.
+  BlockSaved block_forward(std::int64_t l, const memory& x, const memory& next_in);
   void block_backward(std::int64_t l, const BlockSaved& b, const memory& dx);
 
   const GptModel& m_;

@@ -306,18 +306,21 @@ void GptPlanBuilder::build_steps() {
     });
   }
   // Each block reads the stream as its input and adds its branches to it; backward needs each
-  // block's input as it was, so training keeps a copy per block (the first is x itself, copied
-  // before block 0 adds to it).
+  // block's input as it was, so training keeps a copy per block: block 0's copied here, the
+  // others' written by the block before as its last residual add writes the stream (no pass of
+  // their own).
+  std::vector<memory> ins(static_cast<std::size_t>(s_.layers));
+  if (training_) {
+    for (memory& in : ins) in = plain({M_, C}, Dt::f32);
+    float* in0 = static_cast<float*>(ins[0].get_data_handle());
+    custom(p.forward, [=] { std::memcpy(in0, xs, n * sizeof(float)); });
+  }
   std::vector<BlockSaved> saved;
   for (std::int64_t l = 0; l < s_.layers; ++l) {
-    memory in = x;
-    if (training_) {
-      in = plain({M_, C}, Dt::f32);
-      convert(p.forward, x, in);
-    }
+    const auto i = static_cast<std::size_t>(l);
     where_ = "h." + std::to_string(l);
-    BlockSaved b = block_forward(l, x);
-    b.ln1.src = in;  // ln_1 normalized the stream before the block added to it
+    BlockSaved b = block_forward(l, x, i + 1 < ins.size() ? ins[i + 1] : memory());
+    b.ln1.src = training_ ? ins[i] : x;  // ln_1 normalized the stream before the block added
     saved.push_back(std::move(b));
   }
   where_ = "transformer.ln_f";

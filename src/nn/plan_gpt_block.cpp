@@ -26,7 +26,8 @@ std::size_t dropout_layer(std::int64_t block, int which) {
 
 }  // namespace
 
-GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const memory& x) {
+GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const memory& x,
+                                                         const memory& next_in) {
   using namespace dnnl;
   const GptModel::BlockOffsets& o = m_.block(l);
   BlockSaved b;
@@ -140,7 +141,7 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   where_ = "h." + std::to_string(l) + ".mlp.c_proj";
   memory mo = temp("branch", {M_, C}, Dt::f32);
   linear(b.g, o.mlp_proj, C, mo);
-  residual(mo, dropout_layer(l, 2), memory());
+  residual(mo, dropout_layer(l, 2), next_in);
   return b;
 }
 
