@@ -29,6 +29,8 @@ struct GptNet::Impl {
   const std::int32_t* windows = nullptr;  // the current call's
   std::vector<std::int32_t> targets;      // the current call's, (N x block)
   Clock::time_point backward_begin;       // of the last forward_backward
+  // weights_changed's count: 0 until its first call (every run prepares its plan).
+  std::uint64_t generation = 0;
 
   Impl(const GptModel& m, Precision p, GptPaths g) : model(&m), precision(p), paths(g) {}
 
@@ -53,6 +55,15 @@ struct GptNet::Impl {
   }
 
   void run(std::vector<Exec>& execs) { detail::run_steps(execs, stream, times, model->spec()); }
+
+  // The plan's weights in its primitives' layouts, where they may have changed since it last
+  // reordered them.
+  void prepare(Plan& p, const void* params) {
+    if (generation != 0 && p.prepared == generation && p.prepared_params == params) return;
+    run(p.prepare);
+    p.prepared = generation;
+    p.prepared_params = params;
+  }
 
   // The targets of N windows, and the summed cross-entropy of the plan's logits against them
   // (with its gradient into diff_logits when training).
@@ -81,6 +92,7 @@ struct GptNet::Impl {
     key = k;
     windows = w;
     bind(p, params, grad);
+    prepare(p, params);
     run(p.forward);
     const double loss = cross_entropy(p, N, true, scale);
     backward_begin = Clock::now();
@@ -92,6 +104,7 @@ struct GptNet::Impl {
     Plan& p = plan(N, /*training=*/false);
     windows = w;
     bind(p, params, nullptr);
+    prepare(p, params);
     run(p.forward);
     Evaluation e;
     e.loss = cross_entropy(p, N, false);
@@ -132,6 +145,7 @@ GptNet::Evaluation GptNet::evaluate(const bf16* params, const std::int32_t* wind
 std::chrono::steady_clock::time_point GptNet::backward_begin() const {
   return impl_->backward_begin;
 }
+void GptNet::weights_changed() { ++impl_->generation; }
 const PhaseTimes& GptNet::times() const { return impl_->times; }
 void GptNet::reset_times() { impl_->times = {}; }
 void GptNet::release_inference_plans() {

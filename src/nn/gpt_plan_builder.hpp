@@ -70,7 +70,7 @@ class GptPlanBuilder {
   void build() {
     build_steps();
     p_.scratchpad = AlignedBuffer<std::uint8_t>(scratch_bytes_);
-    for (auto* list : {&p_.forward, &p_.backward})
+    for (auto* list : {&p_.prepare, &p_.forward, &p_.backward})
       for (Exec& e : *list)
         if (!e.custom && e.scratchpad_md.get_size() != 0)
           e.args.insert({DNNL_ARG_SCRATCHPAD, memory(e.scratchpad_md, eng_, p_.scratchpad.data())});

@@ -218,6 +218,9 @@ void Net::reset_times() {
   impl_->times = {};
   if (impl_->gpt) impl_->gpt->reset_times();
 }
+void Net::weights_changed() {
+  if (impl_->gpt) impl_->gpt->weights_changed();
+}
 void Net::release_inference_plans() {
   if (impl_->gpt) impl_->gpt->release_inference_plans();
 }

@@ -45,6 +45,13 @@ struct Plan {
   std::vector<AlignedBuffer<float>> buffers;  // activations, gradients, reordered weights, masks
   AlignedBuffer<std::uint8_t> scratchpad;     // shared by all primitives: they run in sequence
   std::vector<Exec> forward, backward;
+  // Steps that read only the parameters (a language model's weights reordered into its
+  // primitives' layouts), run before forward where the parameters may have changed
+  // (GptNet::weights_changed): `prepared` is the weights generation they last ran for, at
+  // `prepared_params`. Net's plans keep theirs in forward.
+  std::vector<Exec> prepare;
+  std::uint64_t prepared = 0;
+  const void* prepared_params = nullptr;
   dnnl::memory x;                       // the caller's input
   std::vector<External> params, grads;  // views into caller's arrays
   // bn layers' statistics (f32 in both precisions): training writes the batch mean and biased

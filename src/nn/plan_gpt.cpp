@@ -52,8 +52,8 @@ GptPlanBuilder::LnSaved GptPlanBuilder::ln_forward(const memory& x, std::size_t 
     return s;
   }
   // bf16: cohort's loop, writing bf16; the weight as f32, converted per call.
-  s.scale = kept("ln.scale", {C_}, Dt::f32);
-  convert(p_.forward, param({C_}, weight), s.scale);
+  s.scale = plain({C_}, Dt::f32);
+  convert(p_.prepare, param({C_}, weight), s.scale);
   custom(
       p_.forward,
       [x, gamma = s.scale, dst, mean = s.mean, rstd = s.stat, M = M_, C = C_] {
@@ -154,7 +154,7 @@ void GptPlanBuilder::linear(const memory& src, std::size_t weight, std::int64_t 
   memory w = param({O, I}, weight);
   if (pd.weights_desc() != w.get_desc()) {
     memory blocked = plain_layout(pd.weights_desc());
-    convert(p_.forward, w, blocked);
+    convert(p_.prepare, w, blocked);
     w = blocked;
   }
   blocked_weights_[weight] = w;
@@ -200,7 +200,7 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
     memory w = blocked_weights_.at(weight);  // forward's copy, this step's weights
     if (dpd.weights_desc() != w.get_desc()) {
       memory other = plain_layout(dpd.weights_desc());
-      convert(p_.backward, w, other);
+      convert(p_.prepare, w, other);
       w = other;
     }
     add(p_.backward, inner_product_backward_data(dpd), dpd.scratchpad_desc(),

@@ -105,13 +105,20 @@ StepGraph::StepGraph(std::size_t workers, const nn::Model& model, std::size_t ev
                      bool blocked_layouts, nn::Precision precision)
     : impl_(std::make_unique<Impl>(workers)) {
   omp_set_num_threads(1);  // the controller also runs replica work inside the arena
-  for (std::size_t w = 0; w < workers; ++w)
+  for (std::size_t w = 0; w < workers; ++w) {
     replicas_.push_back(std::make_unique<Replica>(model, eval_rows, blocked_layouts, precision));
+    replicas_.back()->net.weights_changed();  // reorders once per run below, from the first
+  }
 }
 
 StepGraph::~StepGraph() = default;
 
+void StepGraph::weights_changed() {
+  for (auto& r : replicas_) r->net.weights_changed();
+}
+
 void StepGraph::run_replicas(FunctionRef<void(std::size_t)> body) {
+  weights_changed();
   impl_->body = body;
   try {
     impl_->arena.execute([&] {
@@ -128,6 +135,7 @@ void StepGraph::run_replicas(FunctionRef<void(std::size_t)> body) {
 reduce::Executor& StepGraph::executor() { return impl_->executor; }
 
 void StepGraph::for_each_replica(std::size_t n, FunctionRef<void(std::size_t)> body) {
+  weights_changed();
   impl_->arena.execute([&] {
     oneapi::tbb::parallel_for(
         std::size_t{0}, n,

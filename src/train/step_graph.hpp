@@ -59,6 +59,10 @@ class StepGraph {
   std::size_t workers() const { return replicas_.size(); }
   Replica& replica(std::size_t w) { return *replicas_[w]; }
 
+  // Both runs below first tell every replica's Net that the weights may have changed
+  // (weights_changed): they do not change while a run's bodies run (a step's leaves, an
+  // evaluation's chunks), and may between runs.
+  void weights_changed();
   // Runs body(w) for every w in [0, W) on the graph's replica nodes, inside the arena, and
   // returns when all have returned. If a body throws, the graph cancels what has not started,
   // waits for the running bodies, is reset for the next run, and the first exception is rethrown.

@@ -2,11 +2,12 @@
 // the float64 reference (tests/reference/gpt_reference.hpp) against finite differences; GptNet
 // against the reference in f32 (loss and every parameter's gradient, with and without dropout,
 // one head or several, a window of one token, windows long enough for attention's row blocks) and
-// in bf16 (within bf16's rounding), inference against training's loss, and plans reused with other
-// arrays.
+// in bf16 (within bf16's rounding), inference against training's loss, plans reused with other
+// arrays, and the weights' reordered copies redone after weights_changed only.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <numeric>
 #include <string>
@@ -385,6 +386,54 @@ TEST(GptNet, PlansFollowTheCallersArrays) {
   EXPECT_NE(l1, l2);
   EXPECT_EQ(l2, l3);
   EXPECT_EQ(std::memcmp(g2.data(), g3.data(), g2.size() * sizeof(float)), 0);
+}
+
+// GptNet::weights_changed: until its first call every run reorders the weights into the
+// primitives' layouts, so a run on changed values (same array) equals a fresh net's; after it,
+// a plan reorders them once, on its next run (training and inference plans alike), and reuses
+// that copy until the next call. In bf16 (LayerNorm's weight converted too, and the inner
+// products' weights blocked wherever oneDNN has bf16 kernels), so the reuse shows.
+TEST(GptNet, WeightsChangedReordersTheWeightsOnceAfterEachCall) {
+  if (bf16_support() == Bf16Support::kNone)
+    GTEST_SKIP() << "oneDNN has no bf16 kernels here (" << onednn_isa() << ")";
+  const GptModel m = GptModel::parse("gpt:2-2-8-5", 7);
+  const auto w = windows_for(m, 2, kSeed);
+  const std::vector<double> p = params_for(m, kSeed);
+  std::vector<bf16> params(p.size()), changed(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    params[i] = to_bf16(static_cast<float>(p[i]));
+    changed[i] = to_bf16(1.25f * static_cast<float>(p[i]));
+  }
+  AlignedBuffer<float> g(p.size()), want(p.size());
+  // A fresh net's results on the changed values.
+  GptNet fresh(m, Precision::kBf16);
+  const double want_loss = fresh.forward_backward(changed.data(), w.data(), 2, want.data());
+  const double want_eval = fresh.evaluate(changed.data(), w.data(), 2).loss;
+  auto same_as_fresh = [&](double loss) {
+    return loss == want_loss && std::memcmp(g.data(), want.data(), g.size() * sizeof(float)) == 0;
+  };
+  std::vector<bf16> array = params;  // one array whose values the caller changes
+
+  GptNet never(m, Precision::kBf16);  // weights_changed never called
+  never.forward_backward(array.data(), w.data(), 2, g.data());
+  never.evaluate(array.data(), w.data(), 2);
+  array = changed;
+  EXPECT_TRUE(same_as_fresh(never.forward_backward(array.data(), w.data(), 2, g.data())));
+  EXPECT_EQ(never.evaluate(array.data(), w.data(), 2).loss, want_eval);
+
+  array = params;
+  GptNet net(m, Precision::kBf16);
+  net.weights_changed();
+  net.forward_backward(array.data(), w.data(), 2, g.data());
+  const double before_eval = net.evaluate(array.data(), w.data(), 2).loss;
+  array = changed;
+  // Not told: the copies of the old values are reused (the loss differs from the fresh net's).
+  EXPECT_FALSE(same_as_fresh(net.forward_backward(array.data(), w.data(), 2, g.data())));
+  EXPECT_NE(net.evaluate(array.data(), w.data(), 2).loss, want_eval);
+  net.weights_changed();
+  EXPECT_TRUE(same_as_fresh(net.forward_backward(array.data(), w.data(), 2, g.data())));
+  EXPECT_EQ(net.evaluate(array.data(), w.data(), 2).loss, want_eval);
+  EXPECT_NE(want_eval, before_eval);
 }
 
 }  // namespace gpt_test

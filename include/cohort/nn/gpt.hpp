@@ -124,6 +124,13 @@ class GptNet {
   Evaluation evaluate(const float* params, const std::int32_t* windows, std::int64_t N);
   Evaluation evaluate(const bf16* params, const std::int32_t* windows, std::int64_t N);
 
+  // The parameters' values may have changed since the last call: each plan reorders the weights
+  // into its primitives' layouts on its next run, then reuses that copy on the runs after it
+  // until the next call (or another parameter array). Until the first call, every run reorders
+  // them. The trainer calls it before each step's leaves and each evaluation, between which the
+  // weights do not change.
+  void weights_changed();
+
   const PhaseTimes& times() const;
   // When the last forward_backward's backward pass began (after its loss).
   std::chrono::steady_clock::time_point backward_begin() const;

@@ -109,6 +109,10 @@ class Net {
   std::pair<double, double> evaluate_windows(const float* params, const float* x, std::int64_t N);
   std::pair<double, double> evaluate_windows(const bf16* params, const float* x, std::int64_t N);
 
+  // A language model: GptNet::weights_changed (its plans reorder the weights once after each
+  // call, where other nets reorder them on every run). Other nets: nothing.
+  void weights_changed();
+
   const PhaseTimes& times() const;
   // When the last forward_backward finished the loss and began backward (for traces).
   std::chrono::steady_clock::time_point backward_begin() const;
