@@ -51,7 +51,7 @@ GptPlanBuilder::LnSaved GptPlanBuilder::ln_forward(const memory& x, std::size_t 
         Phase::kOther);
     return s;
   }
-  // bf16: cohort's loop, writing bf16; the weight as f32, converted per call.
+  // bf16: cohort's loop, writing bf16; the weight as f32, converted by the plan's prepare steps.
   s.scale = plain({C_}, Dt::f32);
   convert(p_.prepare, param({C_}, weight), s.scale);
   custom(

@@ -6,6 +6,7 @@
 // arrays, and the weights' reordered copies redone after weights_changed only.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -412,21 +413,24 @@ TEST(GptNet, WeightsChangedReordersTheWeightsOnceAfterEachCall) {
   auto same_as_fresh = [&](double loss) {
     return loss == want_loss && std::memcmp(g.data(), want.data(), g.size() * sizeof(float)) == 0;
   };
-  std::vector<bf16> array = params;  // one array whose values the caller changes
+  std::vector<bf16> array = params;  // one array whose values the caller changes in place
+  auto set = [&](const std::vector<bf16>& values) {
+    std::copy(values.begin(), values.end(), array.begin());
+  };
 
   GptNet never(m, Precision::kBf16);  // weights_changed never called
   never.forward_backward(array.data(), w.data(), 2, g.data());
   never.evaluate(array.data(), w.data(), 2);
-  array = changed;
+  set(changed);
   EXPECT_TRUE(same_as_fresh(never.forward_backward(array.data(), w.data(), 2, g.data())));
   EXPECT_EQ(never.evaluate(array.data(), w.data(), 2).loss, want_eval);
 
-  array = params;
+  set(params);
   GptNet net(m, Precision::kBf16);
   net.weights_changed();
   net.forward_backward(array.data(), w.data(), 2, g.data());
   const double before_eval = net.evaluate(array.data(), w.data(), 2).loss;
-  array = changed;
+  set(changed);
   // Not told: the copies of the old values are reused (the loss differs from the fresh net's).
   EXPECT_FALSE(same_as_fresh(net.forward_backward(array.data(), w.data(), 2, g.data())));
   EXPECT_NE(net.evaluate(array.data(), w.data(), 2).loss, want_eval);
