@@ -105,12 +105,11 @@ StepGraph::StepGraph(std::size_t workers, const nn::Model& model, std::size_t ev
                      bool blocked_layouts, nn::Precision precision)
     : impl_(std::make_unique<Impl>(workers)) {
   omp_set_num_threads(1);  // the controller also runs replica work inside the arena
-  for (std::size_t w = 0; w < workers; ++w) {
+  for (std::size_t w = 0; w < workers; ++w)
     replicas_.push_back(std::make_unique<Replica>(model, eval_rows, blocked_layouts, precision));
-    // Told from the start, so that each run below (which tells it again) reorders its weights
-    // once, the first run included.
-    replicas_.back()->net.weights_changed();
-  }
+  // Told from the start, so that each run below (which tells them again) reorders the weights
+  // once, the first run included.
+  weights_changed();
 }
 
 StepGraph::~StepGraph() = default;

@@ -62,7 +62,6 @@ class StepGraph {
   // Both runs below first tell every replica's Net that the weights may have changed
   // (weights_changed): they do not change while a run's bodies run (a step's leaves, an
   // evaluation's chunks), and may between runs.
-  void weights_changed();
   // Runs body(w) for every w in [0, W) on the graph's replica nodes, inside the arena, and
   // returns when all have returned. If a body throws, the graph cancels what has not started,
   // waits for the running bodies, is reset for the next run, and the first exception is rethrown.
@@ -74,6 +73,7 @@ class StepGraph {
   void for_each_replica(std::size_t n, FunctionRef<void(std::size_t)> body);
 
  private:
+  void weights_changed();  // nn::Net::weights_changed on every replica's Net
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::vector<std::unique_ptr<Replica>> replicas_;
