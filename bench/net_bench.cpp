@@ -7,6 +7,8 @@
 // rows/s, and the Net's own phase split (Net::times()) in milliseconds per iteration: matmul,
 // eltwise, loss, other. The bf16 cases run only where the CPU has native bf16 dot products
 // (AVX512_BF16): emulated bf16 costs several times f32 and says nothing about the bf16 path.
+// Also the causal softmax's forward alone (nn/gpt_kernels.hpp) on one leaf's attention scores of
+// those models, writing the bf16 weights P V reads, as a bf16 plan runs it, counted in rows/s.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt_kernels.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/nn/version.hpp"
@@ -156,6 +159,26 @@ BENCHMARK_CAPTURE(gpt_forward_backward, full_recipe_f32, "gpt:6-6-384-256", 4, P
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(gpt_forward_backward, full_recipe_bf16, "gpt:6-6-384-256", 4, Precision::kBf16)
     ->Unit(benchmark::kMillisecond);
+
+// causal_softmax_forward over `mats` (T, T) score matrices (a leaf's windows x heads), scores
+// on a fixed pattern, no dropout mask.
+void gpt_softmax_forward(benchmark::State& state, std::int64_t mats, std::int64_t T) {
+  const auto n = static_cast<std::size_t>(mats * T * T);
+  AlignedBuffer<float> s(n), p(n);
+  AlignedBuffer<bf16> used(n);
+  for (std::size_t i = 0; i < n; ++i) s[i] = static_cast<float>(i * 37 % 101) / 10.0f - 5.0f;
+  const float scale = 1.0f / 8.0f;
+  for (auto _ : state) {
+    cohort::nn::causal_softmax_forward(s.data(), p.data(), nullptr, used.data(), mats, T, scale);
+    benchmark::DoNotOptimize(used.data());
+  }
+  state.counters["rows/s"] = benchmark::Counter(static_cast<double>(state.iterations() * mats * T),
+                                                benchmark::Counter::kIsRate);
+}
+
+BENCHMARK_CAPTURE(gpt_softmax_forward, cpu_recipe, 6 * 4, 64)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(gpt_softmax_forward, medium, 16 * 4, 128)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(gpt_softmax_forward, full_recipe, 4 * 6, 256)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
