@@ -7,8 +7,10 @@
 // rows/s, and the Net's own phase split (Net::times()) in milliseconds per iteration: matmul,
 // eltwise, loss, other. The bf16 cases run only where the CPU has native bf16 dot products
 // (AVX512_BF16): emulated bf16 costs several times f32 and says nothing about the bf16 path.
-// Also the causal softmax's forward alone (nn/gpt_kernels.hpp) on one leaf's attention scores of
-// those models, writing the bf16 weights P V reads, as a bf16 plan runs it, counted in rows/s.
+// Also two of a bf16 plan's own loops alone (nn/gpt_kernels.hpp) on one leaf of those models,
+// counted in rows/s: the causal softmax's forward on the attention scores, writing the bf16
+// weights P V reads, and LayerNorm's forward (bf16 out) and backward (bf16 gradient in, the
+// input gradient added to the stream's).
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -179,6 +181,32 @@ void gpt_softmax_forward(benchmark::State& state, std::int64_t mats, std::int64_
 BENCHMARK_CAPTURE(gpt_softmax_forward, cpu_recipe, 6 * 4, 64)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(gpt_softmax_forward, medium, 16 * 4, 128)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(gpt_softmax_forward, full_recipe, 4 * 6, 256)->Unit(benchmark::kMicrosecond);
+
+// layer_norm_forward then layer_norm_backward over `rows` rows of C, inputs on a fixed pattern.
+void gpt_layer_norm(benchmark::State& state, std::int64_t rows, std::int64_t C) {
+  const auto n = static_cast<std::size_t>(rows * C);
+  AlignedBuffer<float> x(n), dx(n), gamma(static_cast<std::size_t>(C)), dgamma(gamma.size()),
+      mean(static_cast<std::size_t>(rows)), rstd(mean.size());
+  AlignedBuffer<bf16> y(n), dy(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    x[i] = static_cast<float>(i * 37 % 101) / 50.0f - 1.0f;
+    dy[i] = cohort::to_bf16(static_cast<float>(i * 53 % 97) / 97.0f - 0.5f);
+  }
+  for (std::size_t j = 0; j < gamma.size(); ++j) gamma[j] = 1.0f + static_cast<float>(j % 7) / 7;
+  for (auto _ : state) {
+    cohort::nn::layer_norm_forward(x.data(), gamma.data(), y.data(), mean.data(), rstd.data(), rows,
+                                   C, 1e-5f);
+    cohort::nn::layer_norm_backward(x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(),
+                                    dx.data(), true, dgamma.data(), rows, C);
+    benchmark::DoNotOptimize(dx.data());
+  }
+  state.counters["rows/s"] = benchmark::Counter(static_cast<double>(state.iterations() * rows),
+                                                benchmark::Counter::kIsRate);
+}
+
+BENCHMARK_CAPTURE(gpt_layer_norm, cpu_recipe, 6 * 64, 128)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(gpt_layer_norm, medium, 16 * 128, 256)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(gpt_layer_norm, full_recipe, 4 * 256, 384)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

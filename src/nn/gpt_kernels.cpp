@@ -296,37 +296,132 @@ void gelu_table(const bf16* f, bf16* g, bf16* slope, std::int64_t n, GeluLookup 
 [[gnu::always_inline]] inline float add_lanes(F8 v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
+// a b + c in one rounding, lane by lane: where a sum's bits must not depend on whether the
+// compiler contracts a product and a sum (-ffp-contract), which it decides differently in
+// differently unrolled copies of one loop.
+[[gnu::always_inline]] inline F8 fma8(F8 a, F8 b, F8 c) {
+  F8 r;
+  for (int k = 0; k < 8; ++k) r[k] = __builtin_fmaf(a[k], b[k], c[k]);
+  return r;
+}
 inline float load1(const float* p) { return *p; }
 inline float load1(const bf16* p) { return to_float(*p); }
 
-// LayerNorm's rows: each row's sums in eight lanes (j mod 8) added pairwise, then the remainder.
+// LayerNorm's rows, R at a time: each row's sums in eight lanes (j mod 8) added pairwise, then
+// the remainder. A row's sums are chains of dependent additions (a row of 128 floats: 16 of
+// them), so the R rows' chains are interleaved; each row's operations, and so its bits, are those
+// of one row alone. Each lane of dgamma adds the rows' terms in row order.
+template <int R, class Out>
+[[gnu::always_inline]] inline void layer_norm_group(const float* x, const float* gamma, Out* y,
+                                                    float* mean, float* rstd, std::int64_t C,
+                                                    float eps) {
+  const float inv_c = 1.0f / static_cast<float>(C);
+  const std::int64_t whole = C / 8 * 8;
+  F8 acc[R];
+  float mu[R], rs[R];
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) acc[i] = F8{};
+  for (std::int64_t j = 0; j < whole; j += 8)
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) acc[i] += load8(x + i * C + j);
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+    float rest = 0.0f;
+    for (std::int64_t j = whole; j < C; ++j) rest += x[i * C + j];
+    mu[i] = (add_lanes(acc[i]) + rest) * inv_c;
+    acc[i] = F8{};
+  }
+  for (std::int64_t j = 0; j < whole; j += 8)
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const F8 d = load8(x + i * C + j) - mu[i];
+      acc[i] += d * d;
+    }
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+    const float* xr = x + i * C;
+    float rest = 0.0f;
+    for (std::int64_t j = whole; j < C; ++j) rest += (xr[j] - mu[i]) * (xr[j] - mu[i]);
+    rs[i] = 1.0f / std::sqrt((add_lanes(acc[i]) + rest) * inv_c + eps);
+    mean[i] = mu[i];
+    rstd[i] = rs[i];
+  }
+  for (int i = 0; i < R; ++i) {
+    const float* xr = x + i * C;
+    Out* yr = y + i * C;
+    for (std::int64_t j = 0; j < whole; j += 8)
+      store(yr + j, (load8(xr + j) - mu[i]) * rs[i] * load8(gamma + j));
+    for (std::int64_t j = whole; j < C; ++j) store(yr + j, (xr[j] - mu[i]) * rs[i] * gamma[j]);
+  }
+}
+
 template <class Out>
 [[gnu::always_inline]] inline void layer_norm_rows(const float* x, const float* gamma, Out* y,
                                                    float* mean, float* rstd, std::int64_t rows,
                                                    std::int64_t C, float eps) {
+  std::int64_t r = 0;
+  for (; r + 4 <= rows; r += 4)
+    layer_norm_group<4>(x + r * C, gamma, y + r * C, mean + r, rstd + r, C, eps);
+  for (; r < rows; ++r)
+    layer_norm_group<1>(x + r * C, gamma, y + r * C, mean + r, rstd + r, C, eps);
+}
+
+template <int R, class In>
+[[gnu::always_inline]] inline void layer_norm_backward_group(const float* x, const float* gamma,
+                                                             const float* mean, const float* rstd,
+                                                             const In* dy, float* dx,
+                                                             bool accumulate, float* dgamma,
+                                                             std::int64_t C) {
   const float inv_c = 1.0f / static_cast<float>(C);
   const std::int64_t whole = C / 8 * 8;
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * C;
-    F8 acc = {};
-    for (std::int64_t j = 0; j < whole; j += 8) acc += load8(xr + j);
-    float rest = 0.0f;
-    for (std::int64_t j = whole; j < C; ++j) rest += xr[j];
-    const float mu = (add_lanes(acc) + rest) * inv_c;
-    acc = F8{};
-    for (std::int64_t j = 0; j < whole; j += 8) {
-      const F8 d = load8(xr + j) - mu;
-      acc += d * d;
+  F8 ga[R], gb[R];
+  float a[R], b[R];
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) ga[i] = gb[i] = F8{};
+  for (std::int64_t j = 0; j < whole; j += 8)
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const F8 g = load<F8>(dy + i * C + j) * load8(gamma + j);
+      ga[i] += g;
+      gb[i] += g * ((load8(x + i * C + j) - mean[i]) * rstd[i]);
     }
-    rest = 0.0f;
-    for (std::int64_t j = whole; j < C; ++j) rest += (xr[j] - mu) * (xr[j] - mu);
-    const float rs = 1.0f / std::sqrt((add_lanes(acc) + rest) * inv_c + eps);
-    mean[r] = mu;
-    rstd[r] = rs;
-    Out* yr = y + r * C;
-    for (std::int64_t j = 0; j < whole; j += 8)
-      store(yr + j, (load8(xr + j) - mu) * rs * load8(gamma + j));
-    for (std::int64_t j = whole; j < C; ++j) store(yr + j, (xr[j] - mu) * rs * gamma[j]);
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+    const float* xr = x + i * C;
+    const In* dyr = dy + i * C;
+    float ra = 0.0f, rb = 0.0f;
+    for (std::int64_t j = whole; j < C; ++j) {
+      const float g = load1(dyr + j) * gamma[j];
+      ra += g;
+      rb += g * ((xr[j] - mean[i]) * rstd[i]);
+    }
+    a[i] = (add_lanes(ga[i]) + ra) * inv_c;
+    b[i] = (add_lanes(gb[i]) + rb) * inv_c;
+  }
+  for (std::int64_t j = 0; j < whole; j += 8) {
+    F8 dg = load8(dgamma + j);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      const float rs = rstd[i];
+      const F8 d = load<F8>(dy + i * C + j), xhat = (load8(x + i * C + j) - mean[i]) * rs;
+      const F8 inner = (d * load8(gamma + j) - a[i]) - xhat * b[i];
+      float* dxr = dx + i * C;
+      store8(dxr + j, accumulate ? fma8(splat(rs), inner, load8(dxr + j)) : rs * inner);
+      dg += d * xhat;
+    }
+    store8(dgamma + j, dg);
+  }
+  for (int i = 0; i < R; ++i) {
+    const float* xr = x + i * C;
+    const In* dyr = dy + i * C;
+    float* dxr = dx + i * C;
+    const float mu = mean[i], rs = rstd[i];
+    for (std::int64_t j = whole; j < C; ++j) {
+      const float d = load1(dyr + j), xhat = (xr[j] - mu) * rs;
+      const float inner = (d * gamma[j] - a[i]) - xhat * b[i];
+      dxr[j] = accumulate ? std::fma(rs, inner, dxr[j]) : rs * inner;
+      dgamma[j] += d * xhat;
+    }
   }
 }
 
@@ -336,40 +431,14 @@ template <class In>
                                                             const In* dy, float* dx,
                                                             bool accumulate, float* dgamma,
                                                             std::int64_t rows, std::int64_t C) {
-  const float inv_c = 1.0f / static_cast<float>(C);
-  const std::int64_t whole = C / 8 * 8;
   std::fill(dgamma, dgamma + C, 0.0f);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * C;
-    const In* dyr = dy + r * C;
-    float* dxr = dx + r * C;
-    const float mu = mean[r], rs = rstd[r];
-    F8 ga = {}, gb = {};
-    for (std::int64_t j = 0; j < whole; j += 8) {
-      const F8 g = load<F8>(dyr + j) * load8(gamma + j);
-      ga += g;
-      gb += g * ((load8(xr + j) - mu) * rs);
-    }
-    float ra = 0.0f, rb = 0.0f;
-    for (std::int64_t j = whole; j < C; ++j) {
-      const float g = load1(dyr + j) * gamma[j];
-      ra += g;
-      rb += g * ((xr[j] - mu) * rs);
-    }
-    const float a = (add_lanes(ga) + ra) * inv_c, b = (add_lanes(gb) + rb) * inv_c;
-    for (std::int64_t j = 0; j < whole; j += 8) {
-      const F8 d = load<F8>(dyr + j), xhat = (load8(xr + j) - mu) * rs;
-      const F8 dxv = rs * ((d * load8(gamma + j) - a) - xhat * b);
-      store8(dxr + j, accumulate ? load8(dxr + j) + dxv : dxv);
-      store8(dgamma + j, load8(dgamma + j) + d * xhat);
-    }
-    for (std::int64_t j = whole; j < C; ++j) {
-      const float d = load1(dyr + j), xhat = (xr[j] - mu) * rs;
-      const float dxv = rs * ((d * gamma[j] - a) - xhat * b);
-      dxr[j] = accumulate ? dxr[j] + dxv : dxv;
-      dgamma[j] += d * xhat;
-    }
-  }
+  std::int64_t r = 0;
+  for (; r + 4 <= rows; r += 4)
+    layer_norm_backward_group<4>(x + r * C, gamma, mean + r, rstd + r, dy + r * C, dx + r * C,
+                                 accumulate, dgamma, C);
+  for (; r < rows; ++r)
+    layer_norm_backward_group<1>(x + r * C, gamma, mean + r, rstd + r, dy + r * C, dx + r * C,
+                                 accumulate, dgamma, C);
 }
 
 }  // namespace

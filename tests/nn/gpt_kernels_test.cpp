@@ -402,8 +402,7 @@ TEST_P(LayerNorm, MatchesTheFloat64Reference) {
       ASSERT_EQ(y16[i].bits, to_bf16(y[i]).bits) << "row " << r << ", column " << j;
       const double want_dx = rs * (dy[i] * static_cast<double>(gamma[j]) - a - xhat[j] * b);
       ASSERT_NEAR(dx[i], want_dx, tol * rs) << "row " << r << ", column " << j;
-      // Added: the same sum but for a rounding or two (the compiler may fuse the add into the
-      // last multiply, and the bf16 form's loop may be vectorized otherwise).
+      // Added: the same sum but for a rounding (the add fused into the last multiply).
       const float ulp = std::ldexp(1.0f, -23);
       ASSERT_NEAR(dx_added[i], base[i] + dx[i], 2 * ulp * (std::abs(base[i]) + std::abs(dx[i])))
           << "row " << r << ", column " << j;
@@ -415,6 +414,29 @@ TEST_P(LayerNorm, MatchesTheFloat64Reference) {
     ASSERT_NEAR(dgamma[j], dgamma64[j], 1e-3 * (1 + std::abs(dgamma64[j]))) << "column " << j;
     ASSERT_EQ(dgamma_added[j], dgamma[j]) << "column " << j << ": overwritten, not added";
     ASSERT_NEAR(dgamma16[j], dgamma[j], 1e-6 * (1 + std::abs(dgamma[j]))) << "column " << j;
+  }
+  // A row's results do not depend on the rows around it (the loops take rows four at a time and
+  // the rest one by one): each row alone gives the same bits.
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::size_t at = static_cast<std::size_t>(r * C), width = gamma.size();
+    std::vector<float> y1(width), added(base.begin() + at, base.begin() + at + width), dx1(width),
+        dgamma1(width);
+    std::vector<bf16> y1_16(width);
+    float mean1 = 0, rstd1 = 0;
+    layer_norm_forward(x.data() + at, gamma.data(), y1.data(), &mean1, &rstd1, 1, C, eps);
+    layer_norm_forward(x.data() + at, gamma.data(), y1_16.data(), &mean1, &rstd1, 1, C, eps);
+    ASSERT_EQ(mean1, mean[r]) << "row " << r;
+    ASSERT_EQ(rstd1, rstd[r]) << "row " << r;
+    layer_norm_backward(x.data() + at, gamma.data(), &mean[r], &rstd[r], dy.data() + at,
+                        added.data(), true, dgamma1.data(), 1, C);
+    layer_norm_backward(x.data() + at, gamma.data(), &mean[r], &rstd[r], dy16.data() + at,
+                        dx1.data(), false, dgamma1.data(), 1, C);
+    for (std::size_t j = 0; j < width; ++j) {
+      ASSERT_EQ(y1[j], y[at + j]) << "row " << r << ", column " << j;
+      ASSERT_EQ(y1_16[j].bits, y16[at + j].bits) << "row " << r << ", column " << j;
+      ASSERT_EQ(added[j], dx_added[at + j]) << "row " << r << ", column " << j;
+      ASSERT_EQ(dx1[j], dx16[at + j]) << "row " << r << ", column " << j;
+    }
   }
 }
 
