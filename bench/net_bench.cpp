@@ -9,8 +9,8 @@
 // (AVX512_BF16): emulated bf16 costs several times f32 and says nothing about the bf16 path.
 // Also two of a bf16 plan's own loops alone (nn/gpt_kernels.hpp) on one leaf of those models,
 // counted in rows/s: the causal softmax's forward on the attention scores, writing the bf16
-// weights P V reads, and LayerNorm's forward (bf16 out) and backward (bf16 gradient in, the
-// input gradient added to the stream's).
+// weights P V reads, its backward writing bf16 dS, and LayerNorm's forward (bf16 out) and backward
+// (bf16 gradient in, the input gradient added to the stream's).
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -178,9 +178,31 @@ void gpt_softmax_forward(benchmark::State& state, std::int64_t mats, std::int64_
                                                 benchmark::Counter::kIsRate);
 }
 
+// causal_softmax_backward over the same matrices, bf16 out: dS from P and dP.
+void gpt_softmax_backward(benchmark::State& state, std::int64_t mats, std::int64_t T) {
+  const auto n = static_cast<std::size_t>(mats * T * T);
+  AlignedBuffer<float> s(n), p(n), dp(n);
+  AlignedBuffer<bf16> ds(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    s[i] = static_cast<float>(i * 37 % 101) / 10.0f - 5.0f;
+    dp[i] = static_cast<float>(i * 53 % 97) / 97.0f - 0.5f;
+  }
+  const float scale = 1.0f / 8.0f;
+  cohort::nn::causal_softmax_forward(s.data(), p.data(), mats, T, scale);
+  for (auto _ : state) {
+    cohort::nn::causal_softmax_backward(p.data(), dp.data(), nullptr, ds.data(), mats, T, scale);
+    benchmark::DoNotOptimize(ds.data());
+  }
+  state.counters["rows/s"] = benchmark::Counter(static_cast<double>(state.iterations() * mats * T),
+                                                benchmark::Counter::kIsRate);
+}
+
 BENCHMARK_CAPTURE(gpt_softmax_forward, cpu_recipe, 6 * 4, 64)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(gpt_softmax_forward, medium, 16 * 4, 128)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(gpt_softmax_forward, full_recipe, 4 * 6, 256)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(gpt_softmax_backward, cpu_recipe, 6 * 4, 64)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(gpt_softmax_backward, medium, 16 * 4, 128)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(gpt_softmax_backward, full_recipe, 4 * 6, 256)->Unit(benchmark::kMicrosecond);
 
 // layer_norm_forward then layer_norm_backward over `rows` rows of C, inputs on a fixed pattern.
 void gpt_layer_norm(benchmark::State& state, std::int64_t rows, std::int64_t C) {
