@@ -451,20 +451,41 @@ template <class UsedPtr>
 [[gnu::always_inline]] inline void softmax_rows(const float* s, float* p, const float* mask,
                                                 UsedPtr used, std::int64_t mats, std::int64_t T,
                                                 float scale) {
+  constexpr bool kUsed = !std::is_same_v<UsedPtr, std::nullptr_t>;
   const F8 scale8 = splat(scale);
+  const U8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+  // Rows of whole vectors (T a multiple of 8, as every preset's block): each row's last n mod 8
+  // scores are one load and a select (the other lanes a score of the row), and its entries past
+  // the diagonal are written a vector at a time. Elsewhere those scores go through a copy (a
+  // vector loaded from the copy's scalar stores waits for them to retire: no store forwarding)
+  // and the zeros an entry at a time. The same operations on the kept entries either way
+  // (docs/decisions.md, "A language model's own loops").
+  const bool by_vector = T % 8 == 0;
   for (std::int64_t r = 0; r < mats * T; ++r) {
     const std::int64_t n = r % T + 1;  // the row's unmasked entries
     const std::int64_t whole = n / 8 * 8;
     const float* sr = s + r * T;
     float* out = p + r * T;
+    const U8 kept = lane < static_cast<std::uint32_t>(n - whole);  // the tail's lanes in the row
+    F8 tail = {};                                                  // its scores, when n > whole
+    if (whole < n) {
+      if (by_vector) {
+        tail = kept ? load8(sr + whole) : splat(sr[whole]);
+      } else {
+        float buf[8];
+        std::fill(buf, buf + 8, sr[whole]);
+        std::memcpy(buf, sr + whole, static_cast<std::size_t>(n - whole) * sizeof(float));
+        tail = load8(buf);
+      }
+    }
     F8 top8 = splat(sr[0]);
     for (std::int64_t j = 0; j < whole; j += 8) {
       const F8 v = load8(sr + j);
       top8 = top8 < v ? v : top8;
     }
+    if (whole < n) top8 = top8 < tail ? tail : top8;
     float top = sr[0];
     for (int k = 0; k < 8; ++k) top = top < top8[k] ? top8[k] : top;
-    for (std::int64_t j = whole; j < n; ++j) top = top < sr[j] ? sr[j] : top;
     // The largest scaled score is the largest score scaled (scale > 0; rounding is monotone).
     top *= scale;
     F8 part = {};
@@ -475,28 +496,42 @@ template <class UsedPtr>
     }
     float rest = 0.0f;
     if (whole < n) {
-      // The last n mod 8 scores through a full vector, its unused lanes a score of the row. Where
-      // the row has 8 entries from `whole` on, one load and a select: a vector loaded from the
-      // scalar stores of a copy waits for them to retire (no store forwarding), which took 15% of
-      // this loop's time on the CPU recipe's (6, 4, 64, 64) scores.
-      F8 in;
-      if (whole + 8 <= T) {
-        const U8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
-        in = lane < static_cast<std::uint32_t>(n - whole) ? load8(sr + whole) : splat(sr[whole]);
-      } else {
-        float buf[8];
-        std::fill(buf, buf + 8, sr[whole]);
-        std::memcpy(buf, sr + whole, static_cast<std::size_t>(n - whole) * sizeof(float));
-        in = load8(buf);
-      }
       float e[8];
-      store8(e, exp_nonpositive(in * scale8 - top));
-      for (std::int64_t j = whole; j < n; ++j) rest += out[j] = e[j - whole];
+      const F8 ev = exp_nonpositive(tail * scale8 - top);
+      store8(e, ev);
+      for (std::int64_t j = 0; j < n - whole; ++j) rest += e[j];
+      if (by_vector)
+        store8(out + whole, kept ? ev : F8{});
+      else
+        std::memcpy(out + whole, e, static_cast<std::size_t>(n - whole) * sizeof(float));
     }
-    const float sum = ((part[0] + part[1]) + (part[2] + part[3])) +
-                      ((part[4] + part[5]) + (part[6] + part[7])) + rest;
+    const float sum = add_lanes(part) + rest;
     const float inv = 1.0f / sum;
-    if constexpr (std::is_same_v<UsedPtr, std::nullptr_t>) {
+    if (by_vector) {
+      // Whole vectors: the kept entries scaled, the rest 0.
+      const float* mr = mask ? mask + r * T : nullptr;
+      [[maybe_unused]] auto write_used = [&](std::int64_t j, F8 v) __attribute__((always_inline)) {
+        if constexpr (kUsed) store(used + r * T + j, v);
+      };
+      std::int64_t j = 0;
+      for (; j < whole; j += 8) {
+        const F8 v = load8(out + j) * inv;
+        store8(out + j, v);
+        write_used(j, mr ? v * load8(mr + j) : v);
+      }
+      if (whole < n) {
+        const F8 v = load8(out + j) * inv;
+        store8(out + j, v);
+        write_used(j, kept ? (mr ? v * load8(mr + j) : v) : F8{});
+        j += 8;
+      }
+      for (; j < T; j += 8) {
+        store8(out + j, F8{});
+        write_used(j, F8{});
+      }
+      continue;
+    }
+    if constexpr (!kUsed) {
       for (std::int64_t j = 0; j < n; ++j) out[j] *= inv;
     } else {
       auto* ur = used + r * T;
