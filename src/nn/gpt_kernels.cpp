@@ -11,6 +11,7 @@
 
 #include "cohort/core/cpu.hpp"
 #include "cohort/core/error.hpp"
+#include "gpt_lanes.hpp"
 
 #if defined(COHORT_X86_DISPATCH)
 #include <immintrin.h>
@@ -18,10 +19,7 @@
 
 namespace cohort::nn {
 
-namespace {
-
-inline void store(float* out, float v) { *out = v; }
-inline void store(bf16* out, float v) { *out = to_bf16(v); }
+namespace lanes {
 
 // d[j] = dp[j] * mask[j] for j < n, rounded to float in memory: out of line, so that the compiler
 // cannot fuse the product into the sums and differences after it (-ffp-contract), which would
@@ -56,99 +54,6 @@ template <class Out>
     for (j = 0; j < n; ++j) store(out + j, scale * (pr[j] * (dr[j] - dot)));
     for (; j < T; ++j) store(out + j, 0.0f);
   }
-}
-
-// Floats in GCC's vector extension (clang has it too): the compiler keeps selects and bit casts
-// in registers, where the same loop in scalar floats stays scalar under the default
-// -ftrapping-math (a comparison may trap, so selects on one are not if-converted). The softmax
-// sums in eight lanes, and the AVX-512 clone runs the same 8-lane operations: the same bits on
-// every CPU. GELU, element by element, runs 16 lanes (one AVX-512 register, two AVX2 ones):
-// the same bits at any width.
-// (GCC's -Wpsabi notes that a 64-byte vector passed by value has another ABI without AVX-512.
-// Every helper that takes or returns a vector is always_inline, and bit casts are the builtin,
-// so none is ever called across that boundary, even at -O0, where an out-of-line baseline copy
-// called from an AVX-512 clone would read its arguments from the wrong registers.)
-#pragma GCC diagnostic ignored "-Wpsabi"
-using F8 = float __attribute__((vector_size(32)));
-using U8 = std::uint32_t __attribute__((vector_size(32)));
-using H8 = std::uint16_t __attribute__((vector_size(16)));
-using F16 = float __attribute__((vector_size(64)));
-using U16 = std::uint32_t __attribute__((vector_size(64)));
-using H16 = std::uint16_t __attribute__((vector_size(32)));
-template <class V>
-struct Lanes;
-template <>
-struct Lanes<F8> {
-  using U = U8;
-  using H = H8;
-};
-template <>
-struct Lanes<F16> {
-  using U = U16;
-  using H = H16;
-};
-template <class V>
-constexpr std::int64_t kLanes = sizeof(V) / sizeof(float);
-// std::bit_cast, without its out-of-line call at -O0.
-template <class To, class From>
-[[gnu::always_inline]] inline To as(const From& from) {
-  return __builtin_bit_cast(To, from);
-}
-
-template <class V>
-[[gnu::always_inline]] inline V load(const float* p) {
-  V v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-[[gnu::always_inline]] inline F8 load8(const float* p) { return load<F8>(p); }
-template <class V>
-[[gnu::always_inline]] inline void store(float* p, V v) {
-  std::memcpy(p, &v, sizeof v);
-}
-[[gnu::always_inline]] inline void store8(float* p, F8 v) { store(p, v); }
-// bf16: widened exactly; rounded to nearest even, NaN kept a quiet NaN, as to_bf16 (bf16.hpp).
-template <class V>
-[[gnu::always_inline]] inline V load(const bf16* p) {
-  using U = typename Lanes<V>::U;
-  typename Lanes<V>::H h;
-  std::memcpy(&h, p, sizeof h);
-  return as<V>(__builtin_convertvector(h, U) << 16);
-}
-template <class V>
-[[gnu::always_inline]] inline void store(bf16* p, V v) {
-  using U = typename Lanes<V>::U;
-  const U u = as<U>(v);
-  const U rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const U bits = (u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded;
-  const auto h = __builtin_convertvector(bits, typename Lanes<V>::H);
-  std::memcpy(p, &h, sizeof h);
-}
-template <class V = F8>
-[[gnu::always_inline]] inline V splat(float v) {
-  return V{} + v;
-}
-
-// exp(y) for y <= 0 (NaN stays NaN): 2^k e^r with k = round(y / ln 2) and |r| <= ln(2) / 2, e^r
-// by Cephes' expf polynomial (within 2 ulp); 0 below about -87.7, where 2^k would leave the
-// normal floats.
-template <class V>
-[[gnu::always_inline]] inline V exp_nonpositive(V y) {
-  using U = typename Lanes<V>::U;
-  y = y < -88.0f ? splat<V>(-88.0f) : y;                     // k >= -127
-  const V shifted = y * 1.44269504088896341f + 12582912.0f;  // 1.5 * 2^23: rounds to integer
-  const V k = shifted - 12582912.0f;
-  const V r = (y - k * 0.693359375f) + k * 2.12194440e-4f;  // ln 2 in two parts
-  V q = splat<V>(1.9875691500e-4f);
-  q = q * r + 1.3981999507e-3f;
-  q = q * r + 8.3334519073e-3f;
-  q = q * r + 4.1665795894e-2f;
-  q = q * r + 1.6666665459e-1f;
-  q = q * r + 5.0000001201e-1f;
-  const V er = (q * r) * r + r + 1.0f;
-  // The shift's bits are 0x4b400000 + k: 2^k's are (k + 127) << 23, 0 (the float 0) at -127.
-  const U bits = ((as<U>(shifted) - 0x4b400000u) + 127u) << 23;
-  return er * as<V>(bits);
 }
 
 // GELU's values x Phi(x) and slopes Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi): the
@@ -292,158 +197,9 @@ void gelu_table(const bf16* f, bf16* g, bf16* slope, std::int64_t n, GeluLookup 
   gelu_lookup<kSlope>(table, f, g, slope, i, n);
 }
 
-// Eight lanes added pairwise: ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)).
-[[gnu::always_inline]] inline float add_lanes(F8 v) {
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-}
-// a b + c in one rounding, lane by lane: where a sum's bits must not depend on whether the
-// compiler contracts a product and a sum (-ffp-contract), which it decides differently in
-// differently unrolled copies of one loop.
-[[gnu::always_inline]] inline F8 fma8(F8 a, F8 b, F8 c) {
-  F8 r;
-  for (int k = 0; k < 8; ++k) r[k] = __builtin_fmaf(a[k], b[k], c[k]);
-  return r;
-}
-inline float load1(const float* p) { return *p; }
-inline float load1(const bf16* p) { return to_float(*p); }
+}  // namespace lanes
 
-// LayerNorm's rows, R at a time: each row's sums in eight lanes (j mod 8) added pairwise, then
-// the remainder. A row's sums are chains of dependent additions (a row of 128 floats: 16 of
-// them), so the R rows' chains are interleaved; each row's operations, and so its bits, are those
-// of one row alone. Each lane of dgamma adds the rows' terms in row order.
-template <int R, class Out>
-[[gnu::always_inline]] inline void layer_norm_group(const float* x, const float* gamma, Out* y,
-                                                    float* mean, float* rstd, std::int64_t C,
-                                                    float eps) {
-  const float inv_c = 1.0f / static_cast<float>(C);
-  const std::int64_t whole = C / 8 * 8;
-  F8 acc[R];
-  float mu[R], rs[R];
-#pragma GCC unroll 4
-  for (int i = 0; i < R; ++i) acc[i] = F8{};
-  for (std::int64_t j = 0; j < whole; j += 8)
-#pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) acc[i] += load8(x + i * C + j);
-#pragma GCC unroll 4
-  for (int i = 0; i < R; ++i) {
-    float rest = 0.0f;
-    for (std::int64_t j = whole; j < C; ++j) rest += x[i * C + j];
-    mu[i] = (add_lanes(acc[i]) + rest) * inv_c;
-    acc[i] = F8{};
-  }
-  for (std::int64_t j = 0; j < whole; j += 8)
-#pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) {
-      const F8 d = load8(x + i * C + j) - mu[i];
-      acc[i] += d * d;
-    }
-#pragma GCC unroll 4
-  for (int i = 0; i < R; ++i) {
-    const float* xr = x + i * C;
-    float rest = 0.0f;
-    for (std::int64_t j = whole; j < C; ++j) rest += (xr[j] - mu[i]) * (xr[j] - mu[i]);
-    rs[i] = 1.0f / std::sqrt((add_lanes(acc[i]) + rest) * inv_c + eps);
-    mean[i] = mu[i];
-    rstd[i] = rs[i];
-  }
-  for (int i = 0; i < R; ++i) {
-    const float* xr = x + i * C;
-    Out* yr = y + i * C;
-    for (std::int64_t j = 0; j < whole; j += 8)
-      store(yr + j, (load8(xr + j) - mu[i]) * rs[i] * load8(gamma + j));
-    for (std::int64_t j = whole; j < C; ++j) store(yr + j, (xr[j] - mu[i]) * rs[i] * gamma[j]);
-  }
-}
-
-template <class Out>
-[[gnu::always_inline]] inline void layer_norm_rows(const float* x, const float* gamma, Out* y,
-                                                   float* mean, float* rstd, std::int64_t rows,
-                                                   std::int64_t C, float eps) {
-  std::int64_t r = 0;
-  for (; r + 4 <= rows; r += 4)
-    layer_norm_group<4>(x + r * C, gamma, y + r * C, mean + r, rstd + r, C, eps);
-  for (; r < rows; ++r)
-    layer_norm_group<1>(x + r * C, gamma, y + r * C, mean + r, rstd + r, C, eps);
-}
-
-template <int R, class In>
-[[gnu::always_inline]] inline void layer_norm_backward_group(const float* x, const float* gamma,
-                                                             const float* mean, const float* rstd,
-                                                             const In* dy, float* dx,
-                                                             bool accumulate, float* dgamma,
-                                                             std::int64_t C) {
-  const float inv_c = 1.0f / static_cast<float>(C);
-  const std::int64_t whole = C / 8 * 8;
-  F8 ga[R], gb[R];
-  float a[R], b[R];
-#pragma GCC unroll 4
-  for (int i = 0; i < R; ++i) ga[i] = gb[i] = F8{};
-  for (std::int64_t j = 0; j < whole; j += 8)
-#pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) {
-      const F8 g = load<F8>(dy + i * C + j) * load8(gamma + j);
-      ga[i] += g;
-      gb[i] += g * ((load8(x + i * C + j) - mean[i]) * rstd[i]);
-    }
-#pragma GCC unroll 4
-  for (int i = 0; i < R; ++i) {
-    const float* xr = x + i * C;
-    const In* dyr = dy + i * C;
-    float ra = 0.0f, rb = 0.0f;
-    for (std::int64_t j = whole; j < C; ++j) {
-      const float g = load1(dyr + j) * gamma[j];
-      ra += g;
-      rb += g * ((xr[j] - mean[i]) * rstd[i]);
-    }
-    a[i] = (add_lanes(ga[i]) + ra) * inv_c;
-    b[i] = (add_lanes(gb[i]) + rb) * inv_c;
-  }
-  for (std::int64_t j = 0; j < whole; j += 8) {
-    F8 dg = load8(dgamma + j);
-#pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) {
-      const float rs = rstd[i];
-      const F8 d = load<F8>(dy + i * C + j), xhat = (load8(x + i * C + j) - mean[i]) * rs;
-      const F8 inner = (d * load8(gamma + j) - a[i]) - xhat * b[i];
-      float* dxr = dx + i * C;
-      store8(dxr + j, accumulate ? fma8(splat(rs), inner, load8(dxr + j)) : rs * inner);
-      dg += d * xhat;
-    }
-    store8(dgamma + j, dg);
-  }
-  for (int i = 0; i < R; ++i) {
-    const float* xr = x + i * C;
-    const In* dyr = dy + i * C;
-    float* dxr = dx + i * C;
-    const float mu = mean[i], rs = rstd[i];
-    for (std::int64_t j = whole; j < C; ++j) {
-      const float d = load1(dyr + j), xhat = (xr[j] - mu) * rs;
-      const float inner = (d * gamma[j] - a[i]) - xhat * b[i];
-      dxr[j] = accumulate ? std::fma(rs, inner, dxr[j]) : rs * inner;
-      dgamma[j] += d * xhat;
-    }
-  }
-}
-
-template <class In>
-[[gnu::always_inline]] inline void layer_norm_backward_rows(const float* x, const float* gamma,
-                                                            const float* mean, const float* rstd,
-                                                            const In* dy, float* dx,
-                                                            bool accumulate, float* dgamma,
-                                                            std::int64_t rows, std::int64_t C) {
-  std::fill(dgamma, dgamma + C, 0.0f);
-  std::int64_t r = 0;
-  for (; r + 4 <= rows; r += 4)
-    layer_norm_backward_group<4>(x + r * C, gamma, mean + r, rstd + r, dy + r * C, dx + r * C,
-                                 accumulate, dgamma, C);
-  for (; r < rows; ++r)
-    layer_norm_backward_group<1>(x + r * C, gamma, mean + r, rstd + r, dy + r * C, dx + r * C,
-                                 accumulate, dgamma, C);
-}
-
-}  // namespace
-
-namespace {
+namespace lanes {
 
 // The softmax's rows; with `used` a float* or bf16*, p (times `mask` where not null) also
 // written there.
@@ -552,32 +308,32 @@ template <class UsedPtr>
   }
 }
 
-}  // namespace
+}  // namespace lanes
 
 COHORT_CLONES_AVX512
 void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::int64_t T,
                             float scale) {
-  softmax_rows(s, p, nullptr, nullptr, mats, T, scale);
+  lanes::softmax_rows(s, p, nullptr, nullptr, mats, T, scale);
 }
 
 COHORT_CLONES_AVX512
 void causal_softmax_forward(const float* s, float* p, const float* mask, float* used,
                             std::int64_t mats, std::int64_t T, float scale) {
-  softmax_rows(s, p, mask, used, mats, T, scale);
+  lanes::softmax_rows(s, p, mask, used, mats, T, scale);
 }
 
 COHORT_CLONES_AVX512
 void causal_softmax_forward(const float* s, float* p, const float* mask, bf16* used,
                             std::int64_t mats, std::int64_t T, float scale) {
-  softmax_rows(s, p, mask, used, mats, T, scale);
+  lanes::softmax_rows(s, p, mask, used, mats, T, scale);
 }
 
 COHORT_CLONES_AVX512
 void gelu_forward(const float* f, float* g, float* slope, std::int64_t n) {
   if (slope)
-    gelu_rows<true>(f, g, slope, n);
+    lanes::gelu_rows<true>(f, g, slope, n);
   else
-    gelu_rows<false>(f, g, slope, n);
+    lanes::gelu_rows<false>(f, g, slope, n);
 }
 
 bool gelu_lookup_available(GeluLookup how) {
@@ -610,9 +366,9 @@ void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n, GeluLooku
     COHORT_CHECK(gelu_lookup_available(how), "gelu_forward: lookups this CPU cannot run");
   }
   if (slope)
-    gelu_table<true>(f, g, slope, n, how);
+    lanes::gelu_table<true>(f, g, slope, n, how);
   else
-    gelu_table<false>(f, g, slope, n, how);
+    lanes::gelu_table<false>(f, g, slope, n, how);
 }
 
 COHORT_CLONES_AVX512
@@ -623,46 +379,21 @@ void gelu_backward(const float* dg, const float* slope, float* df, std::int64_t 
 COHORT_CLONES_AVX512
 void gelu_backward(const bf16* dg, const bf16* slope, bf16* df, std::int64_t n) {
   std::int64_t i = 0;
-  for (; i + 16 <= n; i += 16) store(df + i, load<F16>(dg + i) * load<F16>(slope + i));
+  for (; i + 16 <= n; i += 16)
+    lanes::store(df + i, lanes::load<lanes::F16>(dg + i) * lanes::load<lanes::F16>(slope + i));
   for (; i < n; ++i) df[i] = to_bf16(to_float(dg[i]) * to_float(slope[i]));
 }
 
 COHORT_CLONES_AVX512
 void causal_softmax_backward(const float* p, const float* dp, const float* mask, float* ds,
                              std::int64_t mats, std::int64_t T, float scale) {
-  backward_rows(p, dp, mask, ds, mats, T, scale);
+  lanes::backward_rows(p, dp, mask, ds, mats, T, scale);
 }
 
 COHORT_CLONES_AVX512
 void causal_softmax_backward(const float* p, const float* dp, const float* mask, bf16* ds,
                              std::int64_t mats, std::int64_t T, float scale) {
-  backward_rows(p, dp, mask, ds, mats, T, scale);
-}
-
-COHORT_CLONES_AVX512
-void layer_norm_forward(const float* x, const float* gamma, float* y, float* mean, float* rstd,
-                        std::int64_t rows, std::int64_t C, float eps) {
-  layer_norm_rows(x, gamma, y, mean, rstd, rows, C, eps);
-}
-
-COHORT_CLONES_AVX512
-void layer_norm_forward(const float* x, const float* gamma, bf16* y, float* mean, float* rstd,
-                        std::int64_t rows, std::int64_t C, float eps) {
-  layer_norm_rows(x, gamma, y, mean, rstd, rows, C, eps);
-}
-
-COHORT_CLONES_AVX512
-void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
-                         const float* dy, float* dx, bool accumulate, float* dgamma,
-                         std::int64_t rows, std::int64_t C) {
-  layer_norm_backward_rows(x, gamma, mean, rstd, dy, dx, accumulate, dgamma, rows, C);
-}
-
-COHORT_CLONES_AVX512
-void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
-                         const bf16* dy, float* dx, bool accumulate, float* dgamma,
-                         std::int64_t rows, std::int64_t C) {
-  layer_norm_backward_rows(x, gamma, mean, rstd, dy, dx, accumulate, dgamma, rows, C);
+  lanes::backward_rows(p, dp, mask, ds, mats, T, scale);
 }
 
 }  // namespace cohort::nn
