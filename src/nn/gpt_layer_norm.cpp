@@ -71,24 +71,28 @@ template <class Out>
     layer_norm_group<1>(x + r * C, gamma, y + r * C, mean + r, rstd + r, C, eps);
 }
 
-template <int R, class In>
+// With kAccumulate, dx += the input gradient, else dx = it.
+template <int R, bool kAccumulate, class In>
 [[gnu::always_inline]] inline void layer_norm_backward_group(const float* x, const float* gamma,
                                                              const float* mean, const float* rstd,
-                                                             const In* dy, float* dx,
-                                                             bool accumulate, float* dgamma,
+                                                             const In* dy, float* dx, float* dgamma,
                                                              std::int64_t C) {
   const float inv_c = 1.0f / static_cast<float>(C);
   const std::int64_t whole = C / 8 * 8;
   F8 ga[R], gb[R];
-  float a[R], b[R];
+  float mu[R], rs[R], a[R], b[R];  // locals: the stores to dx and dgamma cannot change them
 #pragma GCC unroll 4
-  for (int i = 0; i < R; ++i) ga[i] = gb[i] = F8{};
+  for (int i = 0; i < R; ++i) {
+    ga[i] = gb[i] = F8{};
+    mu[i] = mean[i];
+    rs[i] = rstd[i];
+  }
   for (std::int64_t j = 0; j < whole; j += 8)
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {
       const F8 g = load<F8>(dy + i * C + j) * load8(gamma + j);
       ga[i] += g;
-      gb[i] += g * ((load8(x + i * C + j) - mean[i]) * rstd[i]);
+      gb[i] += g * ((load8(x + i * C + j) - mu[i]) * rs[i]);
     }
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i) {
@@ -98,7 +102,7 @@ template <int R, class In>
     for (std::int64_t j = whole; j < C; ++j) {
       const float g = load1(dyr + j) * gamma[j];
       ra += g;
-      rb += g * ((xr[j] - mean[i]) * rstd[i]);
+      rb += g * ((xr[j] - mu[i]) * rs[i]);
     }
     a[i] = (add_lanes(ga[i]) + ra) * inv_c;
     b[i] = (add_lanes(gb[i]) + rb) * inv_c;
@@ -107,11 +111,13 @@ template <int R, class In>
     F8 dg = load8(dgamma + j);
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {
-      const float rs = rstd[i];
-      const F8 d = load<F8>(dy + i * C + j), xhat = (load8(x + i * C + j) - mean[i]) * rs;
+      const F8 d = load<F8>(dy + i * C + j), xhat = (load8(x + i * C + j) - mu[i]) * rs[i];
       const F8 inner = (d * load8(gamma + j) - a[i]) - xhat * b[i];
       float* dxr = dx + i * C;
-      store8(dxr + j, accumulate ? fma8(splat(rs), inner, load8(dxr + j)) : rs * inner);
+      if constexpr (kAccumulate)
+        store8(dxr + j, fma8(splat(rs[i]), inner, load8(dxr + j)));
+      else
+        store8(dxr + j, rs[i] * inner);
       dg += d * xhat;
     }
     store8(dgamma + j, dg);
@@ -120,30 +126,28 @@ template <int R, class In>
     const float* xr = x + i * C;
     const In* dyr = dy + i * C;
     float* dxr = dx + i * C;
-    const float mu = mean[i], rs = rstd[i];
     for (std::int64_t j = whole; j < C; ++j) {
-      const float d = load1(dyr + j), xhat = (xr[j] - mu) * rs;
+      const float d = load1(dyr + j), xhat = (xr[j] - mu[i]) * rs[i];
       const float inner = (d * gamma[j] - a[i]) - xhat * b[i];
-      dxr[j] = accumulate ? std::fma(rs, inner, dxr[j]) : rs * inner;
+      dxr[j] = kAccumulate ? std::fma(rs[i], inner, dxr[j]) : rs[i] * inner;
       dgamma[j] += d * xhat;
     }
   }
 }
 
-template <class In>
+template <bool kAccumulate, class In>
 [[gnu::always_inline]] inline void layer_norm_backward_rows(const float* x, const float* gamma,
                                                             const float* mean, const float* rstd,
-                                                            const In* dy, float* dx,
-                                                            bool accumulate, float* dgamma,
+                                                            const In* dy, float* dx, float* dgamma,
                                                             std::int64_t rows, std::int64_t C) {
   std::fill(dgamma, dgamma + C, 0.0f);
   std::int64_t r = 0;
   for (; r + 4 <= rows; r += 4)
-    layer_norm_backward_group<4>(x + r * C, gamma, mean + r, rstd + r, dy + r * C, dx + r * C,
-                                 accumulate, dgamma, C);
+    layer_norm_backward_group<4, kAccumulate>(x + r * C, gamma, mean + r, rstd + r, dy + r * C,
+                                              dx + r * C, dgamma, C);
   for (; r < rows; ++r)
-    layer_norm_backward_group<1>(x + r * C, gamma, mean + r, rstd + r, dy + r * C, dx + r * C,
-                                 accumulate, dgamma, C);
+    layer_norm_backward_group<1, kAccumulate>(x + r * C, gamma, mean + r, rstd + r, dy + r * C,
+                                              dx + r * C, dgamma, C);
 }
 
 }  // namespace lanes
@@ -164,14 +168,20 @@ COHORT_CLONES_AVX512
 void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
                          const float* dy, float* dx, bool accumulate, float* dgamma,
                          std::int64_t rows, std::int64_t C) {
-  lanes::layer_norm_backward_rows(x, gamma, mean, rstd, dy, dx, accumulate, dgamma, rows, C);
+  if (accumulate)
+    lanes::layer_norm_backward_rows<true>(x, gamma, mean, rstd, dy, dx, dgamma, rows, C);
+  else
+    lanes::layer_norm_backward_rows<false>(x, gamma, mean, rstd, dy, dx, dgamma, rows, C);
 }
 
 COHORT_CLONES_AVX512
 void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
                          const bf16* dy, float* dx, bool accumulate, float* dgamma,
                          std::int64_t rows, std::int64_t C) {
-  lanes::layer_norm_backward_rows(x, gamma, mean, rstd, dy, dx, accumulate, dgamma, rows, C);
+  if (accumulate)
+    lanes::layer_norm_backward_rows<true>(x, gamma, mean, rstd, dy, dx, dgamma, rows, C);
+  else
+    lanes::layer_norm_backward_rows<false>(x, gamma, mean, rstd, dy, dx, dgamma, rows, C);
 }
 
 }  // namespace cohort::nn
