@@ -12,15 +12,20 @@ double softmax_cross_entropy(const float* logits, const std::int32_t* labels, st
     const float* z = logits + r * C;  // (C)
     float zmax = z[0];
     for (std::int64_t c = 1; c < C; ++c) zmax = std::max(zmax, z[c]);
+    const float zy = z[labels[r]];
     float sum = 0;
-    for (std::int64_t c = 0; c < C; ++c) sum += std::exp(z[c] - zmax);
+    float* d = diff_logits ? diff_logits + r * C : nullptr;
+    for (std::int64_t c = 0; c < C; ++c) {
+      const float e = std::exp(z[c] - zmax);
+      sum += e;
+      if (d) d[c] = e;  // each exponential computed once, scaled below
+    }
     const float log_sum = std::log(sum);
     // loss_r = log(sum_c exp(z_c)) - z_y, computed around zmax.
-    loss += static_cast<double>(log_sum - (z[labels[r]] - zmax));
-    if (diff_logits) {
-      float* d = diff_logits + r * C;
+    loss += static_cast<double>(log_sum - (zy - zmax));
+    if (d) {
       const float inv = 1.0f / sum;
-      for (std::int64_t c = 0; c < C; ++c) d[c] = std::exp(z[c] - zmax) * inv;
+      for (std::int64_t c = 0; c < C; ++c) d[c] *= inv;
       d[labels[r]] -= 1.0f;
     }
   }
