@@ -59,7 +59,8 @@ std::size_t gpt_leaf_windows(const nn::GptShape& s, nn::Precision precision) {
       static_cast<std::size_t>(s.block * s.layers * (s.embd + s.heads * s.block));
   const std::size_t values =
       precision == nn::Precision::kBf16 ? kLeafActivationValues : kLeafActivationValues / 2;
-  return std::max<std::size_t>(1, values / per_window);
+  const std::size_t tokens = kLeafTokens / static_cast<std::size_t>(s.block);
+  return std::max<std::size_t>(1, std::min(values / per_window, tokens));
 }
 
 TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
@@ -82,7 +83,7 @@ TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
       // It depends on the machine (or the job's cores), never on --workers.
       const std::size_t n = c.job_cores != 0 ? c.job_cores : cores();
       c.micro_batch = (c.batch + n - 1) / n;
-      if (model.gpt())  // a leaf's activations grow with its tokens: kLeafActivationValues
+      if (model.gpt())  // kLeafActivationValues and kLeafTokens
         c.micro_batch =
             std::min(c.micro_batch, gpt_leaf_windows(model.gpt()->shape(), c.precision));
       if (model.has_conv())

@@ -126,17 +126,17 @@ TEST(GptRun, ValidationLossFallsAndIsTheSameEachTime) {
 }
 
 // nanoGPT's full recipe (6-6-384-256) gets 4 windows a leaf in bf16 and 2 in f32 (its leaf
-// plans near 250 MB a replica); the CPU recipe's and the medium model's caps lie above
-// batch / cores, so their leaves stay one per core.
-TEST(GptRun, DefaultLeavesBoundALeafsActivations) {
+// plans near 250 MB a replica); the medium model's leaves hold 1,024 tokens (8 windows), below
+// its activations' cap; the CPU recipe's cap (16 windows) lies above batch / cores.
+TEST(GptRun, DefaultLeavesBoundALeafsActivationsAndTokens) {
   const nn::GptShape full{.layers = 6, .heads = 6, .embd = 384, .block = 256};
   const nn::GptShape medium{.layers = 4, .heads = 4, .embd = 256, .block = 128};
   const nn::GptShape cpu{.layers = 4, .heads = 4, .embd = 128, .block = 64};
   EXPECT_EQ(gpt_leaf_windows(full, nn::Precision::kBf16), 4u);
   EXPECT_EQ(gpt_leaf_windows(full, nn::Precision::kF32), 2u);
-  EXPECT_EQ(gpt_leaf_windows(medium, nn::Precision::kBf16), 32u);
-  EXPECT_EQ(gpt_leaf_windows(medium, nn::Precision::kF32), 16u);
-  EXPECT_EQ(gpt_leaf_windows(cpu, nn::Precision::kF32), 64u);
+  EXPECT_EQ(gpt_leaf_windows(medium, nn::Precision::kBf16), 8u);
+  EXPECT_EQ(gpt_leaf_windows(medium, nn::Precision::kF32), 8u);
+  EXPECT_EQ(gpt_leaf_windows(cpu, nn::Precision::kF32), 16u);
   const nn::GptShape huge{.layers = 48, .heads = 16, .embd = 1024, .block = 1024};
   EXPECT_EQ(gpt_leaf_windows(huge, nn::Precision::kBf16), 1u);  // never 0
 }

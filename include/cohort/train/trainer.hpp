@@ -154,17 +154,21 @@ inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
 // (embd + heads x block), the two terms a layer's kept activations and buffers grow with (its
 // rows, and its attention weights). A replica's leaf plan takes about 20 bytes per such value in
 // bf16 (nanoGPT's full recipe, 6-6-384-256: 240 MB at 4 windows), so this cap keeps it near
-// 250 MB: 4 windows of the full recipe, while the CPU recipe's and 4-4-256-128's leaves are
-// limited by batch / cores first. In f32, whose activations take about 1.5 times the bytes, half
-// as many values (2 windows of the full recipe).
+// 250 MB: 4 windows of the full recipe. In f32, whose activations take about 1.5 times the
+// bytes, half as many values (2 windows of the full recipe).
 inline constexpr std::size_t kLeafActivationValues = std::size_t{12} << 20;
+// The most tokens in a language model's default leaf: 4-4-256-128 at batch 32 on 2 cores trains
+// faster in two leaves of 8 windows a core than in one of 16, and the full recipe as fast in
+// leaves of 4 windows as of 2; the CPU recipe's leaves (batch / cores: 6 windows, 384 tokens)
+// stay below it (docs/decisions.md, "Language models' leaves of at most 1,024 tokens").
+inline constexpr std::size_t kLeafTokens = 1024;
 // The bytes a leaf plan takes per such value, as above: about 20 in bf16 and 30 in f32
 // (check_training_memory).
 constexpr double leaf_bytes_per_activation_value(nn::Precision p) {
   return p == nn::Precision::kBf16 ? 20.0 : 30.0;
 }
 // Windows in a language model's default leaf: as many as kLeafActivationValues allow in
-// `precision`, at least 1.
+// `precision` and kLeafTokens allows, at least 1.
 std::size_t gpt_leaf_windows(const nn::GptShape& shape, nn::Precision precision);
 // A language model's evaluation runs windows of at most this many tokens at a time: its
 // attention scores alone take heads x block x 10 bytes a token (nanoGPT's full recipe: 15 KB).
