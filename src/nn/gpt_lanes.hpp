@@ -16,13 +16,13 @@ inline void store(bf16* out, float v) { *out = to_bf16(v); }
 // Floats in GCC's vector extension (clang has it too): the compiler keeps selects and bit casts
 // in registers, where the same loop in scalar floats stays scalar under the default
 // -ftrapping-math (a comparison may trap, so selects on one are not if-converted). The softmax
-// sums in eight lanes, and the AVX-512 clone runs the same 8-lane operations: the same bits on
-// every CPU. GELU, element by element, runs 16 lanes (one AVX-512 register, two AVX2 ones):
-// the same bits at any width.
-// (GCC's -Wpsabi notes that a 64-byte vector passed by value has another ABI without AVX-512.
-// Every helper that takes or returns a vector is always_inline, and bit casts are the builtin,
-// so none is ever called across that boundary, even at -O0, where an out-of-line baseline copy
-// called from an AVX-512 clone would read its arguments from the wrong registers.)
+// and LayerNorm sum in eight lanes, and the AVX-512 clone runs the same 8-lane operations: the
+// same bits on every CPU. GELU, element by element, runs 16 lanes (one AVX-512 register, two AVX2
+// ones): the same bits at any width. (GCC's -Wpsabi notes that a 64-byte vector passed by value has
+// another ABI without AVX-512. Every helper that takes or returns a vector is always_inline, and
+// bit casts are the builtin, so none is ever called across that boundary, even at -O0, where an
+// out-of-line baseline copy called from an AVX-512 clone would read its arguments from the wrong
+// registers.)
 #pragma GCC diagnostic ignored "-Wpsabi"
 using F8 = float __attribute__((vector_size(32)));
 using U8 = std::uint32_t __attribute__((vector_size(32)));
