@@ -136,10 +136,11 @@ template <int R, bool kAccumulate, class In>
 }
 
 template <bool kAccumulate, class In>
-[[gnu::always_inline]] inline void layer_norm_backward_rows(const float* x, const float* gamma,
-                                                            const float* mean, const float* rstd,
-                                                            const In* dy, float* dx, float* dgamma,
-                                                            std::int64_t rows, std::int64_t C) {
+[[gnu::always_inline]] inline void layer_norm_backward_groups(const float* x, const float* gamma,
+                                                              const float* mean, const float* rstd,
+                                                              const In* dy, float* dx,
+                                                              float* dgamma, std::int64_t rows,
+                                                              std::int64_t C) {
   std::fill(dgamma, dgamma + C, 0.0f);
   std::int64_t r = 0;
   for (; r + 4 <= rows; r += 4)
@@ -148,6 +149,18 @@ template <bool kAccumulate, class In>
   for (; r < rows; ++r)
     layer_norm_backward_group<1, kAccumulate>(x + r * C, gamma, mean + r, rstd + r, dy + r * C,
                                               dx + r * C, dgamma, C);
+}
+
+template <class In>
+[[gnu::always_inline]] inline void layer_norm_backward_rows(const float* x, const float* gamma,
+                                                            const float* mean, const float* rstd,
+                                                            const In* dy, float* dx,
+                                                            bool accumulate, float* dgamma,
+                                                            std::int64_t rows, std::int64_t C) {
+  if (accumulate)
+    layer_norm_backward_groups<true>(x, gamma, mean, rstd, dy, dx, dgamma, rows, C);
+  else
+    layer_norm_backward_groups<false>(x, gamma, mean, rstd, dy, dx, dgamma, rows, C);
 }
 
 }  // namespace lanes
@@ -168,20 +181,14 @@ COHORT_CLONES_AVX512
 void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
                          const float* dy, float* dx, bool accumulate, float* dgamma,
                          std::int64_t rows, std::int64_t C) {
-  if (accumulate)
-    lanes::layer_norm_backward_rows<true>(x, gamma, mean, rstd, dy, dx, dgamma, rows, C);
-  else
-    lanes::layer_norm_backward_rows<false>(x, gamma, mean, rstd, dy, dx, dgamma, rows, C);
+  lanes::layer_norm_backward_rows(x, gamma, mean, rstd, dy, dx, accumulate, dgamma, rows, C);
 }
 
 COHORT_CLONES_AVX512
 void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
                          const bf16* dy, float* dx, bool accumulate, float* dgamma,
                          std::int64_t rows, std::int64_t C) {
-  if (accumulate)
-    lanes::layer_norm_backward_rows<true>(x, gamma, mean, rstd, dy, dx, dgamma, rows, C);
-  else
-    lanes::layer_norm_backward_rows<false>(x, gamma, mean, rstd, dy, dx, dgamma, rows, C);
+  lanes::layer_norm_backward_rows(x, gamma, mean, rstd, dy, dx, accumulate, dgamma, rows, C);
 }
 
 }  // namespace cohort::nn
