@@ -10,15 +10,18 @@
 // Also two of a bf16 plan's own loops alone (nn/gpt_kernels.hpp) on one leaf of those models,
 // counted in rows/s: the causal softmax's forward on the attention scores, writing the bf16
 // weights P V reads, its backward writing bf16 dS, and LayerNorm's forward (bf16 out) and backward
-// (bf16 gradient in, the input gradient added to the stream's).
+// (bf16 gradient in, the input gradient added to the stream's); and attention as cohort's AMX
+// kernel (nn/gpt_attention.hpp), forward then backward, on the heads of one default leaf.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt_attention.hpp"
 #include "cohort/nn/gpt_kernels.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/nn/net.hpp"
@@ -203,6 +206,37 @@ BENCHMARK_CAPTURE(gpt_softmax_forward, full_recipe, 4 * 6, 256)->Unit(benchmark:
 BENCHMARK_CAPTURE(gpt_softmax_backward, cpu_recipe, 6 * 4, 64)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(gpt_softmax_backward, medium, 16 * 4, 128)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(gpt_softmax_backward, full_recipe, 4 * 6, 256)->Unit(benchmark::kMicrosecond);
+
+// amx_attention_forward then amx_attention_backward on one leaf's heads (the default leaf's
+// windows), random bf16 q, k, v and dy; skipped where the kernel cannot run.
+void gpt_attention_amx(benchmark::State& state, std::int64_t N, std::int64_t T, std::int64_t H,
+                       std::int64_t hs) {
+  if (!cohort::nn::amx_attention_usable(T, hs)) {
+    state.SkipWithError("no AMX tiles on this CPU or OS");
+    return;
+  }
+  const cohort::nn::AttentionShape shape{N, T, H, hs};
+  const auto rows = static_cast<std::size_t>(N * T), C = static_cast<std::size_t>(H * hs);
+  const auto mats = static_cast<std::size_t>(N * H * T * T);
+  std::vector<cohort::bf16> qkv(rows * 3 * C), dy(rows * C), y(rows * C), dqkv(rows * 3 * C),
+      used(mats);
+  std::vector<float> p(mats);
+  for (std::size_t i = 0; i < qkv.size(); ++i)
+    qkv[i] = cohort::to_bf16(static_cast<float>(i % 13) / 6.0f - 1.0f);
+  for (std::size_t i = 0; i < dy.size(); ++i)
+    dy[i] = cohort::to_bf16(static_cast<float>(i % 7) / 3.0f - 1.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (auto _ : state) {
+    cohort::nn::amx_attention_forward(qkv.data(), nullptr, p.data(), used.data(), y.data(), shape,
+                                      scale);
+    cohort::nn::amx_attention_backward(qkv.data(), p.data(), used.data(), nullptr, dy.data(),
+                                       dqkv.data(), shape, scale);
+    benchmark::DoNotOptimize(dqkv.data());
+  }
+}
+BENCHMARK_CAPTURE(gpt_attention_amx, cpu_recipe, 6, 64, 4, 32)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(gpt_attention_amx, medium, 8, 128, 4, 64)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(gpt_attention_amx, full_recipe, 4, 256, 6, 64)->Unit(benchmark::kMicrosecond);
 
 // layer_norm_forward then layer_norm_backward over `rows` rows of C, inputs on a fixed pattern.
 void gpt_layer_norm(benchmark::State& state, std::int64_t rows, std::int64_t C) {

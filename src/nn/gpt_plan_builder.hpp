@@ -178,6 +178,12 @@ class GptPlanBuilder {
   // views of qkv or the row blocks' (docs/decisions.md, "Attention on AMX"), or where
   // GptPaths::attention says so. Decided once a plan.
   bool dense_attention();
+  // Whether attention runs as cohort's AMX kernel (nn/gpt_attention.hpp) on qkv itself: bf16 plans
+  // where amx_attention_usable and GptPaths::attention is kAuto or kAmx. Decided once a plan.
+  bool amx_attention();
+  void attention_forward(const BlockSaved& b, const float* pm);
+  void attention_backward(const BlockSaved& b, const memory& dy, const memory& dqkv,
+                          const float* pm);
   // The heads of a (M, ...) buffer whose rows are `row_stride` apart, from `column` on: rows
   // [r0, r0 + rows) of each window as (N, H, rows, hs), or with `transposed` (N, H, hs, rows).
   memory heads(const memory& base, std::int64_t row_stride, std::int64_t column, std::int64_t r0,
@@ -316,7 +322,7 @@ class GptPlanBuilder {
   std::optional<dnnl::layer_normalization_backward::primitive_desc> ln_bwd_;
   std::map<std::string, memory> temps_;
   std::map<std::size_t, memory> blocked_weights_;  // by offset: forward's copy in its layout
-  std::optional<bool> dense_attention_;
+  std::optional<bool> dense_attention_, amx_attention_;
 };
 
 // Whether oneDNN runs `pd` on AMX (its implementation's name says so: "brg:avx512_core_amx").

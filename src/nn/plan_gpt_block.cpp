@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cohort/nn/gpt_attention.hpp"
 #include "cohort/nn/gpt_kernels.hpp"
 #include "gpt_plan_builder.hpp"
 
@@ -37,56 +38,36 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   b.h1 = kept("h1", {M_, C}, act_);
   b.ln1 = ln_forward(x, o.ln_1, b.h1);
   where_ = "h." + std::to_string(l) + ".attn.c_attn";
-  const bool dense = dense_attention();
+  const bool amx = amx_attention();
+  const bool dense = !amx && dense_attention();
   b.qkv = dense ? temp("qkv", {M_, 3 * C}, act_) : kept("qkv", {M_, 3 * C}, act_);
   linear(b.h1, o.c_attn, 3 * C, b.qkv);
 
   where_ = "h." + std::to_string(l) + ".attn";
-  if (dense) {
-    for (int i = 0; i < 3; ++i) b.parts[i] = kept("qkv." + std::to_string(i), {M_, C}, act_);
-    split_qkv(p_.forward, b.qkv, b.parts, false);
-  }
-  auto part = [&](int which, std::int64_t r0, std::int64_t rows, bool transposed = false) {
-    return qkv_heads(b.qkv, b.parts, which, r0, rows, transposed);
-  };
-  const Dims p_strides{H * T * T, T * T, T, 1};
-  const auto blocks = row_blocks();
-  memory scores = temp("scores", {N, H, T, T}, Dt::f32);
-  // S = Q K^T, a row block's queries against the keys before its end.
-  for (const auto& [r0, r1] : blocks)
-    add_matmul(p_.forward, part(0, r0, r1 - r0), part(1, 0, r1, true),
-               view(scores, {N, H, r1 - r0, r1}, p_strides, r0 * T));
-  // P = the causal softmax of S / sqrt(hs): a query sees the keys at and before its position (the
-  // entries no block wrote are above the diagonal, and causal_softmax_forward does not read
-  // them). The scale is the softmax's, not the matmul's (gpt_kernels.hpp).
-  // The weights the values are averaged with, P dropped out and in the activations' type
-  // (b.p_used), written by the softmax too; P itself where neither applies.
+  // P (f32) and the weights the values are averaged with, P dropped out and in the activations'
+  // type (b.p_used), both written by the softmax; P itself where neither applies.
   b.p = kept("p", {N, H, T, T}, Dt::f32);
   const float* pm = drop_ ? causal_mask(p_.forward, dropout_layer(l, 0)) : nullptr;
   b.p_used = drop_ || half() ? kept("p_used", {N, H, T, T}, act_) : b.p;
-  {
-    const float* sc = static_cast<const float*>(scores.get_data_handle());
+  b.y = kept("y", {M_, C}, act_);
+  if (amx) {
+    // cohort's kernel, head by head (nn/gpt_attention.hpp).
+    const auto* qkv = static_cast<const bf16*>(b.qkv.get_data_handle());
     float* pp = static_cast<float*>(b.p.get_data_handle());
-    void* used = b.p_used == b.p ? nullptr : b.p_used.get_data_handle();
-    const bool half = this->half();
+    auto* used = static_cast<bf16*>(b.p_used.get_data_handle());
+    auto* y = static_cast<bf16*>(b.y.get_data_handle());
+    const AttentionShape shape{N, T, H, hs_};
     const float scale = attention_scale();
     custom(
-        p_.forward,
-        [=] {
-          if (!used)
-            causal_softmax_forward(sc, pp, N * H, T, scale);
-          else if (half)
-            causal_softmax_forward(sc, pp, pm, static_cast<bf16*>(used), N * H, T, scale);
-          else
-            causal_softmax_forward(sc, pp, pm, static_cast<float*>(used), N * H, T, scale);
-        },
+        p_.forward, [=] { amx_attention_forward(qkv, pm, pp, used, y, shape, scale); },
         Phase::kEltwise);
+  } else {
+    if (dense) {
+      for (int i = 0; i < 3; ++i) b.parts[i] = kept("qkv." + std::to_string(i), {M_, C}, act_);
+      split_qkv(p_.forward, b.qkv, b.parts, false);
+    }
+    attention_forward(b, pm);
   }
-  // Y = P V by row blocks: P is 0 after a block's last key.
-  b.y = kept("y", {M_, C}, act_);
-  for (const auto& [r0, r1] : blocks)
-    add_matmul(p_.forward, view(b.p_used, {N, H, r1 - r0, r1}, p_strides, r0 * T), part(2, 0, r1),
-               heads(b.y, C, 0, r0, r1 - r0));
 
   // The residual branches: x += dropout(branch), in f32; with `copy`, the sum also written there.
   auto residual = [this, &x](const memory& branch, std::size_t layer, const memory& copy) {
@@ -145,10 +126,51 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   return b;
 }
 
+// Attention on oneDNN's matmuls around cohort's causal softmax (block_forward's other way).
+void GptPlanBuilder::attention_forward(const BlockSaved& b, const float* pm) {
+  using namespace dnnl;
+  const std::int64_t T = T_, C = C_, H = H_, N = N_;
+  auto part = [&](int which, std::int64_t r0, std::int64_t rows, bool transposed = false) {
+    return qkv_heads(b.qkv, b.parts, which, r0, rows, transposed);
+  };
+  const Dims p_strides{H * T * T, T * T, T, 1};
+  const auto blocks = row_blocks();
+  memory scores = temp("scores", {N, H, T, T}, Dt::f32);
+  // S = Q K^T, a row block's queries against the keys before its end.
+  for (const auto& [r0, r1] : blocks)
+    add_matmul(p_.forward, part(0, r0, r1 - r0), part(1, 0, r1, true),
+               view(scores, {N, H, r1 - r0, r1}, p_strides, r0 * T));
+  // P = the causal softmax of S / sqrt(hs): a query sees the keys at and before its position (the
+  // entries no block wrote are above the diagonal, and causal_softmax_forward does not read
+  // them). The scale is the softmax's, not the matmul's (gpt_kernels.hpp).
+  {
+    const float* sc = static_cast<const float*>(scores.get_data_handle());
+    float* pp = static_cast<float*>(b.p.get_data_handle());
+    void* used = b.p_used == b.p ? nullptr : b.p_used.get_data_handle();
+    const bool half = this->half();
+    const float scale = attention_scale();
+    custom(
+        p_.forward,
+        [=] {
+          if (!used)
+            causal_softmax_forward(sc, pp, N * H, T, scale);
+          else if (half)
+            causal_softmax_forward(sc, pp, pm, static_cast<bf16*>(used), N * H, T, scale);
+          else
+            causal_softmax_forward(sc, pp, pm, static_cast<float*>(used), N * H, T, scale);
+        },
+        Phase::kEltwise);
+  }
+  // Y = P V by row blocks: P is 0 after a block's last key.
+  for (const auto& [r0, r1] : blocks)
+    add_matmul(p_.forward, view(b.p_used, {N, H, r1 - r0, r1}, p_strides, r0 * T), part(2, 0, r1),
+               heads(b.y, C, 0, r0, r1 - r0));
+}
+
 void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const memory& dx) {
   using namespace dnnl;
   const GptModel::BlockOffsets& o = m_.block(l);
-  const std::int64_t T = T_, C = C_, H = H_, N = N_;
+  const std::int64_t C = C_;
   const std::size_t n = static_cast<std::size_t>(M_ * C);
   float* dxs = static_cast<float*>(dx.get_data_handle());
   // A residual branch's gradient: dx through the branch's dropout, in the activations' type.
@@ -207,9 +229,38 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   linear_backward(b.y, o.attn_proj, C, da, dy);
 
   where_ = "h." + std::to_string(l) + ".attn";
+  const memory dqkv = temp("d.qkv", {M_, 3 * C}, act_);
+  const float* pm = drop_ ? causal_mask(p_.backward, dropout_layer(l, 0)) : nullptr;
+  if (amx_attention()) {
+    const auto* qkv = static_cast<const bf16*>(b.qkv.get_data_handle());
+    const auto* pp = static_cast<const float*>(b.p.get_data_handle());
+    const auto* used = static_cast<const bf16*>(b.p_used.get_data_handle());
+    const auto* dys = static_cast<const bf16*>(dy.get_data_handle());
+    auto* out = static_cast<bf16*>(dqkv.get_data_handle());
+    const AttentionShape shape{N_, T_, H_, hs_};
+    const float scale = attention_scale();
+    custom(
+        p_.backward,
+        [=] { amx_attention_backward(qkv, pp, used, pm, dys, out, shape, scale); },
+        Phase::kEltwise);
+  } else {
+    attention_backward(b, dy, dqkv, pm);
+  }
+
+  where_ = "h." + std::to_string(l) + ".attn.c_attn";
+  linear_backward(b.h1, o.c_attn, 3 * C, dqkv, dh);
+  where_ = "h." + std::to_string(l) + ".ln_1";
+  ln_backward(b.ln1, dh, dx, true);
+}
+
+// Attention's backward on oneDNN's matmuls around cohort's causal softmax backward
+// (block_backward's other way), into dqkv.
+void GptPlanBuilder::attention_backward(const BlockSaved& b, const memory& dy, const memory& dqkv,
+                                        const float* pm) {
+  using namespace dnnl;
+  const std::int64_t T = T_, C = C_, H = H_, N = N_;
   const bool dense = dense_attention();
   // q, k or v of every head as block_forward's `part`, and their gradients' parts.
-  memory dqkv = temp("d.qkv", {M_, 3 * C}, act_);
   memory dparts[3];
   if (dense)
     for (int i = 0; i < 3; ++i) dparts[i] = temp("d.qkv." + std::to_string(i), {M_, C}, act_);
@@ -238,7 +289,6 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   // reads the causal part and writes 0 above the diagonal).
   const memory ds_act = temp("d.s", {N, H, T, T}, act_);
   {
-    const float* pm = drop_ ? causal_mask(p_.backward, dropout_layer(l, 0)) : nullptr;
     const float* pp = static_cast<const float*>(b.p.get_data_handle());
     const float* dps = static_cast<const float*>(dp.get_data_handle());
     void* out = ds_act.get_data_handle();
@@ -262,16 +312,21 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
     add_matmul(p_.backward, view(ds_act, {N, H, c1 - c0, T - c0}, transposed, c0 * T + c0),
                part(0, c0, T - c0), dpart(1, c0, c1 - c0));
   if (dense) split_qkv(p_.backward, dqkv, dparts, true);
+}
 
-  where_ = "h." + std::to_string(l) + ".attn.c_attn";
-  linear_backward(b.h1, o.c_attn, 3 * C, dqkv, dh);
-  where_ = "h." + std::to_string(l) + ".ln_1";
-  ln_backward(b.ln1, dh, dx, true);
+bool GptPlanBuilder::amx_attention() {
+  if (!amx_attention_) {
+    const bool wanted = paths_.attention == GptPaths::Attention::kAuto ||
+                        paths_.attention == GptPaths::Attention::kAmx;
+    amx_attention_ = half() && wanted && amx_attention_usable(T_, hs_);
+  }
+  return *amx_attention_;
 }
 
 bool GptPlanBuilder::dense_attention() {
-  if (!dense_attention_ && paths_.attention != GptPaths::Attention::kAuto)
-    dense_attention_ = paths_.attention == GptPaths::Attention::kDense;
+  using Attention = GptPaths::Attention;
+  if (!dense_attention_ && paths_.attention != Attention::kAuto && paths_.attention != Attention::kAmx)
+    dense_attention_ = paths_.attention == Attention::kDense;
   if (!dense_attention_) {
     using namespace dnnl;
     const memory::desc q({N_, H_, T_, hs_}, act_, Dims{T_ * C_, hs_, C_, 1});

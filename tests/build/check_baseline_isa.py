@@ -7,7 +7,7 @@ x86-64-v3 (AVX2, FMA, BMI2): any EVEX-encoded instruction (AVX-512: the opcode's
 after the legacy prefixes), the AVX-512 mask instructions (VEX-encoded k*), and VEX or legacy
 instructions of later extensions (AVX-VNNI, GFNI, VAES, VPCLMULQDQ, AVX-IFMA, AMX, ADX, SHA, ...).
 Such instructions may appear only in functions of the namespaces that cohort compiles for
-AVX-512 and enters after checking cpuid (`::avx512::` and `::avx512_bf16::`) and in the AVX-512
+AVX-512 and enters after checking cpuid (`::avx512::`, `::avx512_bf16::` and `::amx::`) and in the AVX-512
 clones the loader picks by cpuid (`[clone .arch_x86_64_v4]`); see include/cohort/core/cpu.hpp. Also requires those kernels to be present: every build carries
 them.
 
@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 
-DISPATCHED = re.compile(r"::avx512(_bf16)?::|\[clone \.arch_x86_64_v4\]")
+DISPATCHED = re.compile(r"::avx512(_bf16)?::|::amx::|\[clone \.arch_x86_64_v4\]")
 LEGACY_PREFIXES = {0x66, 0x67, 0xF2, 0xF3, 0x2E, 0x3E, 0x26, 0x64, 0x65, 0x36}
 # Mnemonic prefixes of extensions beyond x86-64-v3 that are not EVEX-encoded.
 BEYOND_V3 = ("vpdpbusd", "vpdpwssd",               # AVX-VNNI

@@ -305,12 +305,19 @@ INSTANTIATE_TEST_SUITE_P(Leaves, GptWeightGradPaths,
 // layers' backward themselves: attention's two ways only.
 const auto kPathCases = ::testing::Values(Case{"Dropout", "gpt:2-2-8-5-0.3", 7, 2},
                                           Case{"FourBlocksDropout", "gpt:2-2-8-259-0.3", 7, 2},
-                                          Case{"Rows768", "gpt:1-2-128-64", 7, 12});
+                                          Case{"Rows768", "gpt:1-2-128-64", 7, 12},
+                                          Case{"Heads32Dropout", "gpt:2-2-64-32-0.3", 7, 3});
 const auto kAttentionPaths =
     ::testing::Values(GptPaths::Attention::kDense, GptPaths::Attention::kRowBlocks);
+// bf16 plans also have cohort's AMX kernel where heads and windows are multiples of 32
+// (Rows768, Heads32Dropout; elsewhere kAmx takes kAuto's other way).
+const auto kBf16AttentionPaths = ::testing::Values(
+    GptPaths::Attention::kDense, GptPaths::Attention::kRowBlocks, GptPaths::Attention::kAmx);
 
 std::string attention_name(GptPaths::Attention a) {
-  return a == GptPaths::Attention::kDense ? "_Dense" : "_RowBlocks";
+  return a == GptPaths::Attention::kDense  ? "_Dense"
+         : a == GptPaths::Attention::kAmx ? "_Amx"
+                                           : "_RowBlocks";
 }
 
 class GptForcedAttention : public ::testing::TestWithParam<std::tuple<Case, GptPaths::Attention>> {
@@ -336,7 +343,7 @@ TEST_P(GptForcedPaths, Bf16NetMatchesTheReferenceWithinBf16) {
 
 INSTANTIATE_TEST_SUITE_P(
     Paths, GptForcedPaths,
-    ::testing::Combine(kPathCases, kAttentionPaths,
+    ::testing::Combine(kPathCases, kBf16AttentionPaths,
                        ::testing::Values(GptPaths::Bf16LinearBackward::kMatmul,
                                          GptPaths::Bf16LinearBackward::kInnerProduct)),
     [](const auto& p) {
