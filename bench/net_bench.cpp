@@ -217,20 +217,17 @@ void gpt_attention_amx(benchmark::State& state, std::int64_t N, std::int64_t T, 
   }
   const cohort::nn::AttentionShape shape{N, T, H, hs};
   const auto rows = static_cast<std::size_t>(N * T), C = static_cast<std::size_t>(H * hs);
-  const auto mats = static_cast<std::size_t>(N * H * T * T);
-  std::vector<cohort::bf16> qkv(rows * 3 * C), dy(rows * C), y(rows * C), dqkv(rows * 3 * C),
-      used(mats);
-  std::vector<float> p(mats);
+  std::vector<cohort::bf16> qkv(rows * 3 * C), dy(rows * C), y(rows * C), dqkv(rows * 3 * C);
+  std::vector<float> stats(rows * static_cast<std::size_t>(H) * 2);
   for (std::size_t i = 0; i < qkv.size(); ++i)
     qkv[i] = cohort::to_bf16(static_cast<float>(i % 13) / 6.0f - 1.0f);
   for (std::size_t i = 0; i < dy.size(); ++i)
     dy[i] = cohort::to_bf16(static_cast<float>(i % 7) / 3.0f - 1.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (auto _ : state) {
-    cohort::nn::amx_attention_forward(qkv.data(), nullptr, p.data(), used.data(), y.data(), shape,
-                                      scale);
-    cohort::nn::amx_attention_backward(qkv.data(), p.data(), used.data(), nullptr, dy.data(),
-                                       dqkv.data(), shape, scale);
+    cohort::nn::amx_attention_forward(qkv.data(), nullptr, stats.data(), y.data(), shape, scale);
+    cohort::nn::amx_attention_backward(qkv.data(), stats.data(), nullptr, dy.data(), dqkv.data(),
+                                       shape, scale);
     benchmark::DoNotOptimize(dqkv.data());
   }
 }

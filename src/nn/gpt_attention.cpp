@@ -23,7 +23,7 @@
 
 #include "cohort/core/cpu.hpp"
 #include "cohort/core/error.hpp"
-#include "cohort/nn/gpt_kernels.hpp"
+#include "gpt_lanes.hpp"
 
 #if defined(COHORT_X86_DISPATCH)
 #include <immintrin.h>
@@ -43,19 +43,27 @@ bool tiles_permitted() {
   return permitted;
 }
 
-// A head's scratch, on the calling thread: reused from call to call.
+// A head's scratch, on the calling thread: reused from call to call. f, fd: a query block's
+// scores or weights and dused, (16, T); used and ds: the head's, (T, T); pairs: ds's or used's
+// row pairs before their tiles are transposed; packed: B and A tiles, (T, max(T, hs)) each;
+// sums: a block's products, (16, hs).
 struct Scratch {
-  std::vector<float> f;       // the scores forward, dused backward: (T, T)
-  std::vector<bf16> ds;       // ds backward: (T, T)
-  std::vector<bf16> pairs;    // ds's or used's row pairs before their tiles are transposed
-  std::vector<bf16> packed[4];
+  std::vector<float> f, fd, sums;
+  std::vector<bf16> used, ds, pairs, packed[6];
   void fit(std::int64_t T, std::int64_t hs) {
-    const auto tt = static_cast<std::size_t>(T * T), th = static_cast<std::size_t>(T * hs);
-    if (f.size() < tt) f.resize(tt);
-    if (ds.size() < tt) ds.resize(tt);
-    if (pairs.size() < tt) pairs.resize(tt);
-    for (auto& p : packed)
-      if (p.size() < tt) p.resize(std::max(tt, th));
+    const auto tt = static_cast<std::size_t>(T * T);
+    const auto tiles = static_cast<std::size_t>(T * std::max(T, hs));
+    grow(f, static_cast<std::size_t>(16 * T));
+    grow(fd, static_cast<std::size_t>(16 * T));
+    grow(sums, static_cast<std::size_t>(16 * hs));
+    grow(used, tt);
+    grow(ds, tt);
+    grow(pairs, tt);
+    for (auto& p : packed) grow(p, tiles);
+  }
+  template <class V>
+  static void grow(V& v, std::size_t n) {
+    if (v.size() < n) v.resize(n);
   }
 };
 
@@ -85,12 +93,12 @@ namespace amx {  // entered where amx_attention_usable (tests/build/check_baseli
 
 using attention_detail::Scratch;
 
-// Tiles 0 and 1 hold sums, 4 an A operand, 6 and 7 B operands; every tile 16 rows of 64 bytes.
+// Tiles 0 to 3 hold sums, 4 an A operand, 6 and 7 B operands; each 16 rows of 64 bytes.
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1, start_row = 0;
   std::uint8_t reserved[14] = {};
-  std::uint16_t bytes_per_row[16] = {64, 64, 0, 0, 64, 0, 64, 64};
-  std::uint8_t rows[16] = {16, 16, 0, 0, 16, 0, 16, 16};
+  std::uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 0, 64, 64};
+  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 0, 16, 16};
 };
 
 // The whole configuration as the instruction's memory operand (GCC 12's _tile_loadconfig names
@@ -207,127 +215,284 @@ void pack_causal_transposed(const bf16* x, std::int64_t T, bf16* pairs, bf16* ou
       transpose16(pairs + (m * chunks + c) * 512, 64, out + (m * chunks + c) * 512);
 }
 
-// Sums of 16 rows by 32 columns, or 16 (`two` false): the sum over chunks [c0, c1) of A tile k
-// (at a + k a_step bytes, its rows lda bytes apart) times B tile k of two column blocks (the first
-// at b, each chunk's 1 KB after the last; the second `next` bytes after the first), stored as f32
+// Sums of 16 rows by 16 NB columns (NB column blocks, tiles 0 .. NB - 1): the sum over chunks
+// [c0, c1) of A tile k (at a + k a_step bytes, its rows lda bytes apart) times B tile k of each
+// column block (block m's at b + m next bytes, each chunk's 1 KB after the last), stored as f32
 // rows ldc bytes apart.
+template <int NB>
 [[gnu::always_inline]] inline void product(const char* a, std::int64_t lda, std::int64_t a_step,
-                                           const bf16* b, std::int64_t next, bool two,
-                                           std::int64_t c0, std::int64_t c1, float* c,
-                                           std::int64_t ldc) {
-  const char* b0 = reinterpret_cast<const char*>(b);
+                                           const char* b, std::int64_t next, std::int64_t c0,
+                                           std::int64_t c1, float* c, std::int64_t ldc) {
+  static_assert(NB >= 1 && NB <= 4);
   _tile_zero(0);
-  _tile_zero(1);
+  if constexpr (NB > 1) _tile_zero(1);
+  if constexpr (NB > 2) _tile_zero(2);
+  if constexpr (NB > 3) _tile_zero(3);
   for (std::int64_t k = c0; k < c1; ++k) {
+    const char* bk = b + k * 1024;
     _tile_loadd(4, a + k * a_step, lda);
-    _tile_loadd(6, b0 + k * 1024, 64);
+    _tile_loadd(6, bk, 64);
     _tile_dpbf16ps(0, 4, 6);
-    if (two) {
-      _tile_loadd(7, b0 + k * 1024 + next, 64);
+    if constexpr (NB > 1) {
+      _tile_loadd(7, bk + next, 64);
       _tile_dpbf16ps(1, 4, 7);
+    }
+    if constexpr (NB > 2) {
+      _tile_loadd(6, bk + 2 * next, 64);
+      _tile_dpbf16ps(2, 4, 6);
+    }
+    if constexpr (NB > 3) {
+      _tile_loadd(7, bk + 3 * next, 64);
+      _tile_dpbf16ps(3, 4, 7);
     }
   }
   _tile_stored(0, c, ldc);
-  if (two) _tile_stored(1, c + 16, ldc);
+  if constexpr (NB > 1) _tile_stored(1, c + 16, ldc);
+  if constexpr (NB > 2) _tile_stored(2, c + 32, ldc);
+  if constexpr (NB > 3) _tile_stored(3, c + 48, ldc);
 }
 
-// 16 rows of 32 sums (rows 32 floats apart) rounded to bf16 (to nearest even) into out, its rows
-// ld elements apart.
-inline void store_rows(const float* sums, bf16* out, std::int64_t ld) {
-  for (int r = 0; r < 16; ++r) {
-    const __m512 lo = _mm512_loadu_ps(sums + 32 * r), hi = _mm512_loadu_ps(sums + 32 * r + 16);
-    _mm512_storeu_si512(out + r * ld, __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));
+// product() over `blocks` column blocks, four at a time.
+inline void products(const char* a, std::int64_t lda, std::int64_t a_step, const bf16* b,
+                     std::int64_t next, std::int64_t blocks, std::int64_t c0, std::int64_t c1,
+                     float* c, std::int64_t ldc) {
+  const char* bb = reinterpret_cast<const char*>(b);
+  std::int64_t m = 0;
+  for (; m + 4 <= blocks; m += 4)
+    product<4>(a, lda, a_step, bb + m * next, next, c0, c1, c + 16 * m, ldc);
+  switch (blocks - m) {
+    case 3:
+      product<3>(a, lda, a_step, bb + m * next, next, c0, c1, c + 16 * m, ldc);
+      break;
+    case 2:
+      product<2>(a, lda, a_step, bb + m * next, next, c0, c1, c + 16 * m, ldc);
+      break;
+    case 1:
+      product<1>(a, lda, a_step, bb + m * next, next, c0, c1, c + 16 * m, ldc);
+      break;
+    default:
+      break;
   }
 }
 
-// out (T, hs) rows ld apart = A (T, T: a query block's A tile k at a + (row block) a_block +
-// k a_step bytes, rows lda bytes apart) times B (T, hs) packed by pack_pairs, over the chunks
-// [first(block), last(block)).
-template <class First, class Last>
-void rows_by_pairs(const char* a, std::int64_t a_block, std::int64_t lda, std::int64_t a_step,
-                   const bf16* b, std::int64_t T, std::int64_t hs, First first, Last last,
-                   bf16* out, std::int64_t ld) {
-  alignas(64) float sums[16 * 32];
-  const std::int64_t chunks = T / 32;
-  for (std::int64_t i = 0; i < T / 16; ++i)
-    for (std::int64_t n = 0; n < hs / 16; n += 2) {
-      product(a + i * a_block, lda, a_step, b + n * chunks * 512, chunks * 1024, true, first(i),
-              last(i), sums, 128);
-      store_rows(sums, out + 16 * i * ld + 16 * n, ld);
+// 16 rows of `cols` sums (rows `ld_sums` floats apart; cols a multiple of 32) rounded to bf16 (to
+// nearest even) into out, its rows ld elements apart.
+inline void store_rows(const float* sums, std::int64_t ld_sums, std::int64_t cols, bf16* out,
+                       std::int64_t ld) {
+  for (int r = 0; r < 16; ++r)
+    for (std::int64_t d = 0; d < cols; d += 32) {
+      const float* x = sums + r * ld_sums + d;
+      const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+      _mm512_storeu_si512(out + r * ld + d,
+                          __builtin_bit_cast(__m512i, _mm512_cvtne2ps_pbh(hi, lo)));
     }
 }
 
-// f (T, T) f32 at and below the diagonal's blocks = x (T, hs) rows ld apart times y^T, y packed
-// by pack_transposed.
-void causal_scores(const bf16* x, std::int64_t ld, const bf16* yt, std::int64_t T,
-                   std::int64_t hs, float* f) {
-  const std::int64_t chunks = hs / 32;
-  const char* a = reinterpret_cast<const char*>(x);
-  for (std::int64_t i = 0; i < T / 16; ++i)
-    for (std::int64_t j = 0; j <= i; j += 2)
-      product(a + 16 * i * ld * 2, ld * 2, 64, yt + j * chunks * 512, chunks * 1024, j + 1 <= i, 0,
-              chunks, f + 16 * i * T + 16 * j, T * 4);
+using lanes::F16;
+using lanes::U16;
+constexpr std::int64_t kW = 16;
+
+[[gnu::always_inline]] inline F16 select(U16 keep, F16 v, F16 other) { return keep ? v : other; }
+[[gnu::always_inline]] inline U16 first_lanes(std::int64_t count) {
+  const U16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return lane < static_cast<std::uint32_t>(count);
+}
+// Sixteen lanes added pairwise, as eight twice (gpt_lanes.hpp's add_lanes).
+[[gnu::always_inline]] inline float add16(F16 v) {
+  const lanes::F8 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const lanes::F8 hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  return lanes::add_lanes(lo) + lanes::add_lanes(hi);
+}
+[[gnu::always_inline]] inline F16 fma16(F16 a, F16 b, F16 c) {
+  return __builtin_bit_cast(F16, _mm512_fmadd_ps(__builtin_bit_cast(__m512, a),
+                                                 __builtin_bit_cast(__m512, b),
+                                                 __builtin_bit_cast(__m512, c)));
 }
 
-void forward(const bf16* qkv, const float* mask, float* p, bf16* used, bf16* y,
-             const AttentionShape& s, float scale, Scratch& w) {
-  const std::int64_t T = s.T, hs = s.hs, C = s.H * s.hs, ld = 3 * C;
+// A score row's first n entries (the rest of the vector holding the last one ignored): the
+// largest, scaled (scale > 0).
+float row_top(const float* s, std::int64_t n, float scale) {
+  F16 top = lanes::splat<F16>(s[0]);
+  for (std::int64_t j = 0; j < n; j += kW) {
+    const F16 v = select(first_lanes(n - j), lanes::load<F16>(s + j), lanes::splat<F16>(s[0]));
+    top = top < v ? v : top;
+  }
+  float t = top[0];
+  for (int k = 1; k < kW; ++k) t = t < top[k] ? top[k] : t;
+  return t * scale;
+}
+
+// e = exp(scale s - top) over a row's first n entries, in place (the vector holding the last one
+// written whole, its other lanes 0), in one form for forward and backward so that both compute
+// the same weights bit for bit; returns their sum (16 lanes in two chains, added pairwise).
+[[gnu::noinline]] float row_exps(float* f, std::int64_t n, float top, float scale) {
+  const F16 scale16 = lanes::splat<F16>(scale), minus_top = lanes::splat<F16>(-top);
+  F16 sum[2] = {};
+  for (std::int64_t j = 0; j < n; j += kW) {
+    const F16 e = select(first_lanes(n - j),
+                         lanes::exp_nonpositive(fma16(lanes::load<F16>(f + j), scale16, minus_top)),
+                         F16{});
+    lanes::store(f + j, e);
+    sum[(j / kW) & 1] += e;
+  }
+  return add16(sum[0] + sum[1]);
+}
+
+// p = e inv in place over a row's first n entries, and used = p mask (or p) rounded to bf16,
+// used 0 from n to `end` (the end of the 32-key chunk that holds the diagonal).
+[[gnu::noinline]] void row_weights(float* f, std::int64_t n, std::int64_t end, float inv,
+                                   const float* mask, bf16* used) {
+  const F16 inv16 = lanes::splat<F16>(inv);
+  std::int64_t j = 0;
+  for (; j < n; j += kW) {
+    const F16 v = lanes::load<F16>(f + j) * inv16;  // 0 past n (row_exps)
+    lanes::store(f + j, v);
+    lanes::store(used + j, mask ? select(first_lanes(n - j), v * lanes::load<F16>(mask + j), F16{})
+                                : v);
+  }
+  for (; j < end; j += kW) lanes::store(used + j, F16{});
+}
+
+// ds = scale p (d - sum_k p d) with d = dp mask (or dp) over a row's first n entries, rounded to
+// bf16, 0 from n to `end`.
+void row_ds(const float* p, const float* dp, const float* mask, std::int64_t n, std::int64_t end,
+            float scale, bf16* ds) {
+  F16 dot[2] = {};
+  for (std::int64_t j = 0; j < n; j += kW) {
+    const U16 keep = first_lanes(n - j);
+    F16 d = lanes::load<F16>(dp + j);
+    if (mask) d *= lanes::load<F16>(mask + j);
+    dot[(j / kW) & 1] += select(keep, lanes::load<F16>(p + j) * d, F16{});
+  }
+  const F16 sum = lanes::splat<F16>(add16(dot[0] + dot[1])), scale16 = lanes::splat<F16>(scale);
+  std::int64_t j = 0;
+  for (; j < n; j += kW) {
+    F16 d = lanes::load<F16>(dp + j);
+    if (mask) d *= lanes::load<F16>(mask + j);
+    const F16 v = scale16 * lanes::load<F16>(p + j) * (d - sum);
+    lanes::store(ds + j, select(first_lanes(n - j), v, F16{}));
+  }
+  for (; j < end; j += kW) lanes::store(ds + j, F16{});
+}
+
+// Query block i's scores (16 rows of f, T apart) = q's rows times k^T (packed by
+// pack_transposed), on the key blocks up to the diagonal.
+void block_scores(const bf16* q, std::int64_t ld, const bf16* kt, std::int64_t i, std::int64_t hs,
+                  float* f, std::int64_t T) {
+  const std::int64_t chunks = hs / 32;
+  products(reinterpret_cast<const char*>(q + 16 * i * ld), ld * 2, 64, kt, chunks * 1024, i + 1, 0,
+           chunks, f, T * 4);
+}
+
+// Query block i's weights from its scores in f (16 rows T apart, `mask` the block's rows or null):
+// p in f and used (16 rows T apart). With `found`, each row's top and 1 / sum are computed and
+// written there (found[2 r], found[2 r + 1]); else read from `given`.
+void block_weights(float* f, std::int64_t T, std::int64_t i, const float* mask, bf16* used,
+                   const float* given, float* found, float scale) {
+  const std::int64_t end = (16 * i + 16 + 31) / 32 * 32;
+  for (std::int64_t r = 0; r < 16; ++r) {
+    const std::int64_t n = 16 * i + r + 1;
+    float* fr = f + r * T;
+    float top, inv;
+    if (found) {
+      top = row_top(fr, n, scale);
+      inv = 1.0f / row_exps(fr, n, top, scale);
+      found[2 * r] = top;
+      found[2 * r + 1] = inv;
+    } else {
+      top = given[2 * r];
+      inv = given[2 * r + 1];
+      row_exps(fr, n, top, scale);
+    }
+    row_weights(fr, n, end, inv, mask ? mask + r * T : nullptr, used + r * T);
+  }
+}
+
+void forward(const bf16* qkv, const float* mask, float* stats, bf16* y, const AttentionShape& s,
+             float scale, Scratch& w) {
+  const std::int64_t T = s.T, hs = s.hs, C = s.H * s.hs, ld = 3 * C, chunks = T / 32;
   bf16* kt = w.packed[0].data();
   bf16* vp = w.packed[1].data();
+  float* f = w.f.data();
+  bf16* used = w.used.data();
+  float* sums = w.sums.data();
   configure_tiles();
   for (std::int64_t n = 0; n < s.N; ++n)
     for (std::int64_t h = 0; h < s.H; ++h) {
       const bf16* q = qkv + n * T * ld + h * hs;
-      const std::int64_t head = (n * s.H + h) * T * T;
-      bf16* u = used + head;
+      const std::int64_t head = (n * s.H + h) * T;
       pack_transposed(q + C, ld, T, hs, kt);
       pack_pairs(q + 2 * C, ld, T, hs, vp);
-      causal_scores(q, ld, kt, T, hs, w.f.data());
-      causal_softmax_forward(w.f.data(), p + head, mask ? mask + head : nullptr, u, 1, T, scale);
-      rows_by_pairs(
-          reinterpret_cast<const char*>(u), 16 * T * 2, T * 2, 64, vp, T, hs,
-          [](std::int64_t) { return std::int64_t{0}; },
-          [](std::int64_t i) { return (16 * i + 16 + 31) / 32; }, y + n * T * C + h * hs, C);
+      for (std::int64_t i = 0; i < T / 16; ++i) {
+        block_scores(q, ld, kt, i, hs, f, T);
+        block_weights(f, T, i, mask ? mask + (head + 16 * i) * T : nullptr, used, nullptr,
+                      stats + 2 * (head + 16 * i), scale);
+        // y = used v over the keys up to the chunk of the diagonal.
+        products(reinterpret_cast<const char*>(used), T * 2, 64, vp, chunks * 1024, hs / 16, 0,
+                 (16 * i + 16 + 31) / 32, sums, hs * 4);
+        store_rows(sums, hs, hs, y + (n * T + 16 * i) * C + h * hs, C);
+      }
     }
   _tile_release();
 }
 
-void backward(const bf16* qkv, const float* p, const bf16* used, const float* mask,
-              const bf16* dy, bf16* dqkv, const AttentionShape& s, float scale, Scratch& w) {
+void backward(const bf16* qkv, const float* stats, const float* mask, const bf16* dy, bf16* dqkv,
+              const AttentionShape& s, float scale, Scratch& w) {
   const std::int64_t T = s.T, hs = s.hs, C = s.H * s.hs, ld = 3 * C, chunks = T / 32;
-  bf16* vt = w.packed[0].data();  // B of dy v^T; then ds^T's A tiles
-  bf16* kp = w.packed[1].data();  // B of ds k
-  bf16* qp = w.packed[2].data();  // B of ds^T q
-  bf16* yp = w.packed[3].data();  // B of used^T dy
-  bf16* at = w.packed[0].data();
+  const std::int64_t hchunks = hs / 32;
+  bf16* kt = w.packed[0].data();  // B of q k^T
+  bf16* vt = w.packed[1].data();  // B of dy v^T
+  bf16* kp = w.packed[2].data();  // B of ds k
+  bf16* qp = w.packed[3].data();  // B of ds^T q
+  bf16* yp = w.packed[4].data();  // B of used^T dy
+  bf16* at = w.packed[5].data();  // A tiles of ds^T, then of used^T
+  float* f = w.f.data();
+  float* fd = w.fd.data();
+  float* sums = w.sums.data();
   configure_tiles();
   for (std::int64_t n = 0; n < s.N; ++n)
     for (std::int64_t h = 0; h < s.H; ++h) {
       const bf16* q = qkv + n * T * ld + h * hs;
       const bf16* g = dy + n * T * C + h * hs;
       bf16* dq = dqkv + n * T * ld + h * hs;
-      const std::int64_t head = (n * s.H + h) * T * T;
+      const std::int64_t head = (n * s.H + h) * T;
+      pack_transposed(q + C, ld, T, hs, kt);
       pack_transposed(q + 2 * C, ld, T, hs, vt);
       pack_pairs(q + C, ld, T, hs, kp);
       pack_pairs(q, ld, T, hs, qp);
       pack_pairs(g, C, T, hs, yp);
-      causal_scores(g, C, vt, T, hs, w.f.data());
-      causal_softmax_backward(p + head, w.f.data(), mask ? mask + head : nullptr, w.ds.data(), 1,
-                              T, scale);
-      // dq = ds k: a query block's keys up to the chunk of its diagonal.
-      rows_by_pairs(
-          reinterpret_cast<const char*>(w.ds.data()), 16 * T * 2, T * 2, 64, kp, T, hs,
-          [](std::int64_t) { return std::int64_t{0}; },
-          [](std::int64_t i) { return (16 * i + 16 + 31) / 32; }, dq, ld);
+      for (std::int64_t i = 0; i < T / 16; ++i) {
+        // The forward's weights again (the same bits: its top and 1 / sum, the same loops).
+        const float* mi = mask ? mask + (head + 16 * i) * T : nullptr;
+        bf16* ui = w.used.data() + 16 * i * T;
+        bf16* di = w.ds.data() + 16 * i * T;
+        block_scores(q, ld, kt, i, hs, f, T);
+        block_weights(f, T, i, mi, ui, stats + 2 * (head + 16 * i), nullptr, scale);
+        // dused = dy v^T on the key blocks up to the diagonal, then ds.
+        products(reinterpret_cast<const char*>(g + 16 * i * C), C * 2, 64, vt, hchunks * 1024,
+                 i + 1, 0, hchunks, fd, T * 4);
+        const std::int64_t end = (16 * i + 16 + 31) / 32 * 32;
+        for (std::int64_t r = 0; r < 16; ++r)
+          row_ds(f + r * T, fd + r * T, mi ? mi + r * T : nullptr, 16 * i + r + 1, end, scale,
+                 di + r * T);
+        // dq = ds k over the keys up to the chunk of the diagonal.
+        products(reinterpret_cast<const char*>(di), T * 2, 64, kp, chunks * 1024, hs / 16, 0,
+                 end / 32, sums, hs * 4);
+        store_rows(sums, hs, hs, dq + 16 * i * ld, ld);
+      }
       // dk = ds^T q and dv = used^T dy: a key block's queries from the chunk of its diagonal.
-      const auto from = [](std::int64_t i) { return i / 2; };
-      const auto to = [chunks](std::int64_t) { return chunks; };
       pack_causal_transposed(w.ds.data(), T, w.pairs.data(), at);
-      rows_by_pairs(reinterpret_cast<const char*>(at), chunks * 1024, 64, 1024, qp, T, hs, from,
-                    to, dq + C, ld);
-      pack_causal_transposed(used + head, T, w.pairs.data(), at);
-      rows_by_pairs(reinterpret_cast<const char*>(at), chunks * 1024, 64, 1024, yp, T, hs, from,
-                    to, dq + 2 * C, ld);
+      for (std::int64_t m = 0; m < T / 16; ++m) {
+        products(reinterpret_cast<const char*>(at + m * chunks * 512), 64, 1024, qp,
+                 chunks * 1024, hs / 16, m / 2, chunks, sums, hs * 4);
+        store_rows(sums, hs, hs, dq + C + 16 * m * ld, ld);
+      }
+      pack_causal_transposed(w.used.data(), T, w.pairs.data(), at);
+      for (std::int64_t m = 0; m < T / 16; ++m) {
+        products(reinterpret_cast<const char*>(at + m * chunks * 512), 64, 1024, yp,
+                 chunks * 1024, hs / 16, m / 2, chunks, sums, hs * 4);
+        store_rows(sums, hs, hs, dq + 2 * C + 16 * m * ld, ld);
+      }
     }
   _tile_release();
 }
@@ -336,29 +501,28 @@ void backward(const bf16* qkv, const float* p, const bf16* used, const float* ma
 COHORT_TARGET_END
 #endif
 
-void amx_attention_forward(const bf16* qkv, const float* mask, float* p, bf16* used, bf16* y,
+void amx_attention_forward(const bf16* qkv, const float* mask, float* stats, bf16* y,
                            const AttentionShape& shape, float scale) {
 #if defined(COHORT_X86_DISPATCH)
   if (amx_attention_usable(shape.T, shape.hs)) {
-    amx::forward(qkv, mask, p, used, y, shape, scale,
-                 attention_detail::scratch(shape.T, shape.hs));
+    amx::forward(qkv, mask, stats, y, shape, scale, attention_detail::scratch(shape.T, shape.hs));
     return;
   }
 #endif
-  (void)qkv, (void)mask, (void)p, (void)used, (void)y, (void)scale;
+  (void)qkv, (void)mask, (void)stats, (void)y, (void)scale;
   COHORT_CHECK(false, "amx_attention_forward where amx_attention_usable is false");
 }
 
-void amx_attention_backward(const bf16* qkv, const float* p, const bf16* used, const float* mask,
-                            const bf16* dy, bf16* dqkv, const AttentionShape& shape, float scale) {
+void amx_attention_backward(const bf16* qkv, const float* stats, const float* mask, const bf16* dy,
+                            bf16* dqkv, const AttentionShape& shape, float scale) {
 #if defined(COHORT_X86_DISPATCH)
   if (amx_attention_usable(shape.T, shape.hs)) {
-    amx::backward(qkv, p, used, mask, dy, dqkv, shape, scale,
+    amx::backward(qkv, stats, mask, dy, dqkv, shape, scale,
                   attention_detail::scratch(shape.T, shape.hs));
     return;
   }
 #endif
-  (void)qkv, (void)p, (void)used, (void)mask, (void)dy, (void)dqkv, (void)scale;
+  (void)qkv, (void)stats, (void)mask, (void)dy, (void)dqkv, (void)scale;
   COHORT_CHECK(false, "amx_attention_backward where amx_attention_usable is false");
 }
 

@@ -88,6 +88,7 @@ class GptPlanBuilder {
     LnSaved ln1, ln2;
     memory h1, qkv, p, p_used, y, x_mid, h2, g;
     memory parts[3];  // dense attention (dense_attention()): q, k and v split from qkv
+    memory stats;     // attention as cohort's AMX kernel: each row's softmax top and 1 / sum
     memory slope;     // training plans: GELU's slope at f (gelu_forward), in place of f
   };
 

@@ -44,24 +44,24 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   linear(b.h1, o.c_attn, 3 * C, b.qkv);
 
   where_ = "h." + std::to_string(l) + ".attn";
-  // P (f32) and the weights the values are averaged with, P dropped out and in the activations'
-  // type (b.p_used), both written by the softmax; P itself where neither applies.
-  b.p = kept("p", {N, H, T, T}, Dt::f32);
   const float* pm = drop_ ? causal_mask(p_.forward, dropout_layer(l, 0)) : nullptr;
-  b.p_used = drop_ || half() ? kept("p_used", {N, H, T, T}, act_) : b.p;
   b.y = kept("y", {M_, C}, act_);
   if (amx) {
-    // cohort's kernel, head by head (nn/gpt_attention.hpp).
+    // cohort's kernel, head by head (nn/gpt_attention.hpp): each row's softmax statistics kept.
+    b.stats = kept("stats", {N, H, T, 2}, Dt::f32);
     const auto* qkv = static_cast<const bf16*>(b.qkv.get_data_handle());
-    float* pp = static_cast<float*>(b.p.get_data_handle());
-    auto* used = static_cast<bf16*>(b.p_used.get_data_handle());
+    float* stats = static_cast<float*>(b.stats.get_data_handle());
     auto* y = static_cast<bf16*>(b.y.get_data_handle());
     const AttentionShape shape{N, T, H, hs_};
     const float scale = attention_scale();
     custom(
-        p_.forward, [=] { amx_attention_forward(qkv, pm, pp, used, y, shape, scale); },
+        p_.forward, [=] { amx_attention_forward(qkv, pm, stats, y, shape, scale); },
         Phase::kEltwise);
   } else {
+    // P (f32) and the weights the values are averaged with, P dropped out and in the activations'
+    // type (b.p_used), both written by the softmax; P itself where neither applies.
+    b.p = kept("p", {N, H, T, T}, Dt::f32);
+    b.p_used = drop_ || half() ? kept("p_used", {N, H, T, T}, act_) : b.p;
     if (dense) {
       for (int i = 0; i < 3; ++i) b.parts[i] = kept("qkv." + std::to_string(i), {M_, C}, act_);
       split_qkv(p_.forward, b.qkv, b.parts, false);
@@ -233,15 +233,13 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   const float* pm = drop_ ? causal_mask(p_.backward, dropout_layer(l, 0)) : nullptr;
   if (amx_attention()) {
     const auto* qkv = static_cast<const bf16*>(b.qkv.get_data_handle());
-    const auto* pp = static_cast<const float*>(b.p.get_data_handle());
-    const auto* used = static_cast<const bf16*>(b.p_used.get_data_handle());
+    const auto* stats = static_cast<const float*>(b.stats.get_data_handle());
     const auto* dys = static_cast<const bf16*>(dy.get_data_handle());
     auto* out = static_cast<bf16*>(dqkv.get_data_handle());
     const AttentionShape shape{N_, T_, H_, hs_};
     const float scale = attention_scale();
     custom(
-        p_.backward,
-        [=] { amx_attention_backward(qkv, pp, used, pm, dys, out, shape, scale); },
+        p_.backward, [=] { amx_attention_backward(qkv, stats, pm, dys, out, shape, scale); },
         Phase::kEltwise);
   } else {
     attention_backward(b, dy, dqkv, pm);

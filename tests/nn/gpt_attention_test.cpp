@@ -1,9 +1,9 @@
 // amx_attention_forward and amx_attention_backward against float64 references, on random bf16
-// q, k, v and dy, with and without a dropout mask, heads of 32 and 64 with windows of one to ten
-// 16-row blocks (an odd and an even number of 32-key chunks). Each product is checked on the
-// kernel's own rounded inputs (used, ds), so its tolerance is f32 accumulation and the output's
-// rounding; the softmax's outputs against softmax(scale q k^T) itself. Skipped where the CPU or
-// the OS offers no AMX tiles (amx_attention_usable).
+// q, k, v and dy, with and without a dropout mask, heads of 32, 64 and 96 with windows of two to
+// ten 16-row blocks (an odd and an even number of 32-key chunks): the softmax's statistics
+// against softmax(scale q k^T) itself; y, dq, dk and dv within the rounding of their bf16
+// operands (used and ds, 2^-9 relative a term) and of their own, plus f32 accumulation. Skipped
+// where the CPU or the OS offers no AMX tiles (amx_attention_usable).
 #include "cohort/nn/gpt_attention.hpp"
 
 #include <gtest/gtest.h>
@@ -78,25 +78,32 @@ TEST_P(AmxAttention, MatchesTheFloat64Reference) {
   }
   const float* mk = mask.empty() ? nullptr : mask.data();
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
-  std::vector<float> p(mats * tt, -7.0f);
-  std::vector<bf16> used(mats * tt, to_bf16(-7.0f)), y(static_cast<std::size_t>(M * C));
+  std::vector<float> stats(mats * static_cast<std::size_t>(2 * T), -7.0f);
+  std::vector<bf16> y(static_cast<std::size_t>(M * C), to_bf16(-7.0f));
   std::vector<bf16> dqkv(static_cast<std::size_t>(M * 3 * C), to_bf16(-7.0f));
-  amx_attention_forward(qkv.data(), mk, p.data(), used.data(), y.data(), s, scale);
-  amx_attention_backward(qkv.data(), p.data(), used.data(), mk, dy.data(), dqkv.data(), s, scale);
+  amx_attention_forward(qkv.data(), mk, stats.data(), y.data(), s, scale);
+  amx_attention_backward(qkv.data(), stats.data(), mk, dy.data(), dqkv.data(), s, scale);
 
+  // A bf16 operand's terms: 2^-9 relative each, i.e. 2^-9 of the terms' magnitudes (`mass`,
+  // which expect_close weighs 1e-5 a unit).
+  constexpr double kRounded = 400;
   const Heads x{qkv, s};
   for (std::int64_t n = 0; n < s.N; ++n)
     for (std::int64_t h = 0; h < s.H; ++h) {
       const std::size_t head = static_cast<std::size_t>(n * s.H + h) * tt;
       const std::string where = "window " + std::to_string(n) + ", head " + std::to_string(h);
-      auto P = [&](std::int64_t i, std::int64_t j) { return double(p[head + i * T + j]); };
-      auto U = [&](std::int64_t i, std::int64_t j) { return f(used[head + i * T + j]); };
       auto G = [&](std::int64_t t, std::int64_t d) {
         return f(dy[static_cast<std::size_t>((n * T + t) * C + h * s.hs + d)]);
       };
-      std::vector<double> ds(tt, 0.0);  // the reference's gradient of the scores
+      auto Mask = [&](std::int64_t i, std::int64_t j) {
+        return mk ? double(mk[head + static_cast<std::size_t>(i * T + j)]) : 1.0;
+      };
+      // The reference's weights and score gradient, and ds's size for the products' tolerance: its
+      // own plus its f32 rounding (some 16 ulps of its terms, 1e-6; where d - sum_k p d cancels,
+      // as on row 0, ds is that rounding), the latter as a mass (over kRounded 1e-5).
+      std::vector<double> P(tt, 0.0), ds(tt, 0.0), ds_size(tt, 0.0);
       for (std::int64_t i = 0; i < T; ++i) {
-        // Forward: p = softmax(scale q k^T) over j <= i, 0 after; used = p mask rounded.
+        // Forward: p = softmax(scale q k^T) over j <= i; the kernel's top and 1 / sum.
         std::vector<double> e(static_cast<std::size_t>(i + 1));
         double top = -1e300, sum = 0;
         for (std::int64_t j = 0; j <= i; ++j) {
@@ -105,27 +112,23 @@ TEST_P(AmxAttention, MatchesTheFloat64Reference) {
           top = std::max(top, e[static_cast<std::size_t>(j)] = scale * dot);
         }
         for (auto& v : e) sum += v = std::exp(v - top);
-        for (std::int64_t j = 0; j < T; ++j) {
-          const double want = j <= i ? e[static_cast<std::size_t>(j)] / sum : 0.0;
-          const std::string at = where + ", p[" + std::to_string(i) + "][" + std::to_string(j) + "]";
-          if (j > i) {
-            ASSERT_EQ(P(i, j), 0.0) << at;
-            ASSERT_EQ(U(i, j), 0.0) << at;
-            continue;
-          }
-          ASSERT_NEAR(P(i, j), want, 2e-6 + 1e-5 * want) << at;
-          const double m = mk ? double(mk[head + i * T + j]) : 1.0;
-          expect_close(U(i, j), P(i, j) * m, 0, "used " + at);
-        }
-        // y = used v (the kernel's used).
+        for (std::int64_t j = 0; j <= i; ++j)
+          P[static_cast<std::size_t>(i * T + j)] = e[static_cast<std::size_t>(j)] / sum;
+        const float* st = stats.data() + (static_cast<std::size_t>(n * s.H + h) * T + i) * 2;
+        const std::string row = where + ", row " + std::to_string(i);
+        ASSERT_NEAR(st[0], top, 1e-5 * (1 + std::abs(top))) << "top, " << row;
+        ASSERT_NEAR(st[1], 1 / sum, 1e-5 / sum) << "1 / sum, " << row;
+        // y = (p mask) v.
         for (std::int64_t d = 0; d < s.hs; ++d) {
           double want = 0, mass = 0;
           for (std::int64_t j = 0; j <= i; ++j) {
-            want += U(i, j) * x.at(n, h, 2, j, d);
-            mass += std::abs(U(i, j) * x.at(n, h, 2, j, d));
+            const double term = P[static_cast<std::size_t>(i * T + j)] * Mask(i, j) *
+                                x.at(n, h, 2, j, d);
+            want += term;
+            mass += std::abs(term);
           }
           const double got = f(y[static_cast<std::size_t>((n * T + i) * C + h * s.hs + d)]);
-          expect_close(got, want, mass, where + ", y row " + std::to_string(i));
+          expect_close(got, want, kRounded * mass, "y, " + row);
         }
         // Backward: dused = dy v^T; ds = scale p (dused mask - sum_k p dused mask).
         std::vector<double> dm(static_cast<std::size_t>(i + 1));
@@ -133,34 +136,41 @@ TEST_P(AmxAttention, MatchesTheFloat64Reference) {
         for (std::int64_t j = 0; j <= i; ++j) {
           double g = 0;
           for (std::int64_t d = 0; d < s.hs; ++d) g += G(i, d) * x.at(n, h, 2, j, d);
-          dm[static_cast<std::size_t>(j)] = g * (mk ? double(mk[head + i * T + j]) : 1.0);
-          dot += P(i, j) * dm[static_cast<std::size_t>(j)];
+          dm[static_cast<std::size_t>(j)] = g * Mask(i, j);
+          dot += P[static_cast<std::size_t>(i * T + j)] * dm[static_cast<std::size_t>(j)];
         }
-        for (std::int64_t j = 0; j <= i; ++j)
-          ds[static_cast<std::size_t>(i * T + j)] =
-              scale * P(i, j) * (dm[static_cast<std::size_t>(j)] - dot);
+        for (std::int64_t j = 0; j <= i; ++j) {
+          const std::size_t at = static_cast<std::size_t>(i * T + j);
+          const double d = dm[static_cast<std::size_t>(j)];
+          ds[at] = scale * P[at] * (d - dot);
+          ds_size[at] = std::abs(ds[at]) + 1e-6 / (kRounded * 1e-5) * scale * P[at] *
+                                                (std::abs(d) + std::abs(dot));
+        }
       }
-      // dq = ds k, dk = ds^T q, dv = used^T dy. ds reaches the products rounded to bf16: its
-      // terms carry 2^-9 more relative error (the mass's tolerance widened to match).
+      // dq = ds k, dk = ds^T q, dv = (p mask)^T dy.
       for (std::int64_t t = 0; t < T; ++t)
         for (std::int64_t d = 0; d < s.hs; ++d) {
           double dq = 0, dk = 0, dv = 0, mq = 0, mk2 = 0, mv = 0;
           for (std::int64_t j = 0; j <= t; ++j) {
-            dq += ds[static_cast<std::size_t>(t * T + j)] * x.at(n, h, 1, j, d);
-            mq += std::abs(ds[static_cast<std::size_t>(t * T + j)] * x.at(n, h, 1, j, d));
+            const std::size_t at = static_cast<std::size_t>(t * T + j);
+            dq += ds[at] * x.at(n, h, 1, j, d);
+            mq += ds_size[at] * std::abs(x.at(n, h, 1, j, d));
           }
           for (std::int64_t i = t; i < T; ++i) {
-            dk += ds[static_cast<std::size_t>(i * T + t)] * x.at(n, h, 0, i, d);
-            mk2 += std::abs(ds[static_cast<std::size_t>(i * T + t)] * x.at(n, h, 0, i, d));
-            dv += U(i, t) * G(i, d);
-            mv += std::abs(U(i, t) * G(i, d));
+            const std::size_t at = static_cast<std::size_t>(i * T + t);
+            const double v = P[at] * Mask(i, t) * G(i, d);
+            dk += ds[at] * x.at(n, h, 0, i, d);
+            mk2 += ds_size[at] * std::abs(x.at(n, h, 0, i, d));
+            dv += v;
+            mv += std::abs(v);
           }
-          const std::size_t row = static_cast<std::size_t>((n * T + t) * 3 * C + h * s.hs + d);
-          const std::string at = where + ", row " + std::to_string(t) + ", column " +
-                                 std::to_string(d);
-          expect_close(f(dqkv[row]), dq, 400 * mq, "dq " + at);
-          expect_close(f(dqkv[row + static_cast<std::size_t>(C)]), dk, 400 * mk2, "dk " + at);
-          expect_close(f(dqkv[row + 2 * static_cast<std::size_t>(C)]), dv, mv, "dv " + at);
+          const std::size_t at = static_cast<std::size_t>((n * T + t) * 3 * C + h * s.hs + d);
+          const std::string row = where + ", row " + std::to_string(t) + ", column " +
+                                  std::to_string(d);
+          expect_close(f(dqkv[at]), dq, kRounded * mq, "dq, " + row);
+          expect_close(f(dqkv[at + static_cast<std::size_t>(C)]), dk, kRounded * mk2, "dk, " + row);
+          expect_close(f(dqkv[at + 2 * static_cast<std::size_t>(C)]), dv, kRounded * mv,
+                       "dv, " + row);
         }
     }
 }
@@ -177,18 +187,17 @@ TEST(AmxAttention, AWindowsResultsAreItsOwnBitForBit) {
   const std::vector<bf16> dy = random_bf16(static_cast<std::size_t>(M * C), rng, 1.0);
   const float scale = 1.0f / std::sqrt(32.0f);
   struct Out {
-    std::vector<float> p;
-    std::vector<bf16> used, y, dqkv;
+    std::vector<float> stats;
+    std::vector<bf16> y, dqkv;
   };
   auto run = [&](const AttentionShape& shape, std::int64_t first) {
     const auto rows = static_cast<std::size_t>(shape.N * T);
-    const auto mats = static_cast<std::size_t>(shape.N * shape.H * T * T);
-    Out o{std::vector<float>(mats), std::vector<bf16>(mats), std::vector<bf16>(rows * C),
+    Out o{std::vector<float>(rows * shape.H * 2), std::vector<bf16>(rows * C),
           std::vector<bf16>(rows * 3 * C)};
     const bf16* x = qkv.data() + first * T * 3 * C;
-    amx_attention_forward(x, nullptr, o.p.data(), o.used.data(), o.y.data(), shape, scale);
-    amx_attention_backward(x, o.p.data(), o.used.data(), nullptr, dy.data() + first * T * C,
-                           o.dqkv.data(), shape, scale);
+    amx_attention_forward(x, nullptr, o.stats.data(), o.y.data(), shape, scale);
+    amx_attention_backward(x, o.stats.data(), nullptr, dy.data() + first * T * C, o.dqkv.data(),
+                           shape, scale);
     return o;
   };
   const Out all = run(s, 0), again = run(s, 0), one = run({1, T, s.H, s.hs}, 2);
@@ -197,11 +206,10 @@ TEST(AmxAttention, AWindowsResultsAreItsOwnBitForBit) {
     std::memcpy(b.data(), v.data() + from, b.size());
     return b;
   };
-  EXPECT_EQ(bits(all.p, 0, all.p.size()), bits(again.p, 0, again.p.size()));
+  EXPECT_EQ(bits(all.y, 0, all.y.size()), bits(again.y, 0, again.y.size()));
   EXPECT_EQ(bits(all.dqkv, 0, all.dqkv.size()), bits(again.dqkv, 0, again.dqkv.size()));
-  const auto mats = static_cast<std::size_t>(s.H * T * T), rows = static_cast<std::size_t>(T);
-  EXPECT_EQ(bits(all.p, 2 * mats, mats), bits(one.p, 0, mats));
-  EXPECT_EQ(bits(all.used, 2 * mats, mats), bits(one.used, 0, mats));
+  const auto rows = static_cast<std::size_t>(T), stat = static_cast<std::size_t>(s.H * T * 2);
+  EXPECT_EQ(bits(all.stats, 2 * stat, stat), bits(one.stats, 0, stat));
   EXPECT_EQ(bits(all.y, 2 * rows * C, rows * C), bits(one.y, 0, rows * C));
   EXPECT_EQ(bits(all.dqkv, 2 * rows * 3 * C, rows * 3 * C), bits(one.dqkv, 0, rows * 3 * C));
 }

@@ -1,15 +1,16 @@
 // Causal self-attention of bf16 heads as one kernel of cohort's own on AMX tiles, window by
-// window and head by head: the scores, the causal softmax and the weighted values forward; the
-// five products and the softmax's backward backward. Each head's operands (a few tens of KB)
-// stay in the core's caches between the products, where oneDNN 2.6.3's batched matmuls on the
-// same shapes ran each product as a call of its own over the whole leaf at 84-140 GFLOP/s in
-// training (docs/decisions.md, "Attention as cohort's AMX kernel").
+// window, head by head and 16 queries at a time: the scores, the causal softmax and the weighted
+// values forward; the scores and softmax again, then the five products and the softmax's backward
+// backward. A head's operands (tens of KB) stay in the core's caches between the products and no
+// (T, T) matrix goes to memory, where oneDNN 2.6.3's batched matmuls run each product as a call
+// of its own over the whole leaf, between passes of the softmax over the leaf's (N, H, T, T)
+// scores (docs/decisions.md, "Attention as cohort's AMX kernel").
 //
 // The layouts are a language model's (GptPlanBuilder): qkv (N T, 3C) bf16, row-major, with q, k
 // and v of head h at columns h hs, C + h hs and 2C + h hs; y and dy (N T, C) bf16 with head h's
-// at columns h hs; p, used and the dropout mask (N, H, T, T), row-major, as the causal softmax
-// (gpt_kernels.hpp) writes and reads them. The products accumulate in f32 (AMX's TDPBF16PS) and
-// are rounded to bf16 where they are written in bf16.
+// at columns h hs; the dropout mask (N, H, T, T), row-major, of which row i's first i + 1 entries
+// are read (nn/dropout.hpp's causal_dropout_mask). The products accumulate in f32 (AMX's
+// TDPBF16PS) and are rounded to bf16 (to nearest even) where they are written in bf16.
 #pragma once
 
 #include <cstdint>
@@ -30,17 +31,20 @@ struct AttentionShape {
 // once), and T and hs are multiples of 32 with T <= 1024 and hs <= 256.
 bool amx_attention_usable(std::int64_t T, std::int64_t hs);
 
-// Forward: for each window and head, s = q k^T, then causal_softmax_forward(s, p, mask, used,
-// scale) (p f32, used bf16: p times the mask, or p where mask is null), then y = used v.
-// Only where amx_attention_usable(T, hs).
-void amx_attention_forward(const bf16* qkv, const float* mask, float* p, bf16* used, bf16* y,
+// Forward: for each window and head, with s = q k^T, p = the causal softmax of scale s (each
+// row's top = scale max_j s[j] and 1 / sum_j exp(scale s[j] - top) over j <= i, the sum in 16
+// lanes in two chains, added pairwise), used = p times `mask` (dropout's; p where null) rounded
+// to bf16, and y = used v. Nothing of size T x T is written: `stats` (N, H, T, 2) keeps each
+// row's top and 1 / sum for backward. Only where amx_attention_usable(T, hs).
+void amx_attention_forward(const bf16* qkv, const float* mask, float* stats, bf16* y,
                            const AttentionShape& shape, float scale);
 
-// Backward, from dy (the gradient of y), p and used as the forward wrote them and the same mask:
-//   dused = dy v^T, ds = causal_softmax_backward(p, dused, mask, scale) rounded to bf16,
+// Backward, from dy (the gradient of y), the forward's stats and the same mask: p and used again
+// (the same bits: the same loops from the same top and 1 / sum), then
+//   dused = dy v^T, ds = scale p (d - sum_k p d) with d = dused mask, rounded to bf16,
 //   dq = ds k, dk = ds^T q, dv = used^T dy,
 // written into dqkv (every column of every row written).
-void amx_attention_backward(const bf16* qkv, const float* p, const bf16* used, const float* mask,
-                            const bf16* dy, bf16* dqkv, const AttentionShape& shape, float scale);
+void amx_attention_backward(const bf16* qkv, const float* stats, const float* mask, const bf16* dy,
+                            bf16* dqkv, const AttentionShape& shape, float scale);
 
 }  // namespace cohort::nn
