@@ -323,30 +323,38 @@ float row_top(const float* s, std::int64_t n, float scale) {
 }
 
 // e = exp(scale s - top) over a row's first n entries, in place (the vector holding the last one
-// written whole, its other lanes 0), in one form for forward and backward so that both compute
-// the same weights bit for bit; returns their sum (16 lanes in two chains, added pairwise).
-[[gnu::noinline]] float row_exps(float* f, std::int64_t n, float top, float scale) {
+// written whole, its other lanes 0); returns their sum (16 lanes in two chains, vectors
+// alternating, added pairwise).
+[[gnu::always_inline]] inline float row_exps(float* f, std::int64_t n, float top, float scale) {
   const F16 scale16 = lanes::splat<F16>(scale), minus_top = lanes::splat<F16>(-top);
-  F16 sum[2] = {};
-  for (std::int64_t j = 0; j < n; j += kW) {
+  auto exps = [&](std::int64_t j) __attribute__((always_inline)) {
     const F16 e = select(first_lanes(n - j),
                          lanes::exp_nonpositive(fma16(lanes::load<F16>(f + j), scale16, minus_top)),
                          F16{});
     lanes::store(f + j, e);
-    sum[(j / kW) & 1] += e;
+    return e;
+  };
+  F16 even = {}, odd = {};
+  std::int64_t j = 0;
+  for (; j + kW < n; j += 2 * kW) {
+    even += exps(j);
+    odd += exps(j + kW);
   }
-  return add16(sum[0] + sum[1]);
+  if (j < n) even += exps(j);
+  return add16(even + odd);
 }
 
-// p = e inv in place over a row's first n entries, and used = p mask (or p) rounded to bf16,
-// used 0 from n to `end` (the end of the 32-key chunk that holds the diagonal).
-[[gnu::noinline]] void row_weights(float* f, std::int64_t n, std::int64_t end, float inv,
+// p = e inv in place (kP: else not stored) over a row's first n entries, and used = p mask (or
+// p) rounded to bf16, used 0 from n to `end` (the end of the 32-key chunk that holds the
+// diagonal).
+template <bool kP>
+[[gnu::always_inline]] inline void row_weights(float* f, std::int64_t n, std::int64_t end, float inv,
                                    const float* mask, bf16* used) {
   const F16 inv16 = lanes::splat<F16>(inv);
   std::int64_t j = 0;
   for (; j < n; j += kW) {
     const F16 v = lanes::load<F16>(f + j) * inv16;  // 0 past n (row_exps)
-    lanes::store(f + j, v);
+    if constexpr (kP) lanes::store(f + j, v);
     lanes::store(used + j, mask ? select(first_lanes(n - j), v * lanes::load<F16>(mask + j), F16{})
                                 : v);
   }
@@ -357,19 +365,23 @@ float row_top(const float* s, std::int64_t n, float scale) {
 // bf16, 0 from n to `end`.
 void row_ds(const float* p, const float* dp, const float* mask, std::int64_t n, std::int64_t end,
             float scale, bf16* ds) {
-  F16 dot[2] = {};
-  for (std::int64_t j = 0; j < n; j += kW) {
-    const U16 keep = first_lanes(n - j);
-    F16 d = lanes::load<F16>(dp + j);
-    if (mask) d *= lanes::load<F16>(mask + j);
-    dot[(j / kW) & 1] += select(keep, lanes::load<F16>(p + j) * d, F16{});
-  }
-  const F16 sum = lanes::splat<F16>(add16(dot[0] + dot[1])), scale16 = lanes::splat<F16>(scale);
+  auto d = [&](std::int64_t j) __attribute__((always_inline)) {
+    const F16 g = lanes::load<F16>(dp + j);
+    return mask ? g * lanes::load<F16>(mask + j) : g;
+  };
+  auto pd = [&](std::int64_t j) __attribute__((always_inline)) {
+    return select(first_lanes(n - j), lanes::load<F16>(p + j) * d(j), F16{});
+  };
+  F16 even = {}, odd = {};
   std::int64_t j = 0;
-  for (; j < n; j += kW) {
-    F16 d = lanes::load<F16>(dp + j);
-    if (mask) d *= lanes::load<F16>(mask + j);
-    const F16 v = scale16 * lanes::load<F16>(p + j) * (d - sum);
+  for (; j + kW < n; j += 2 * kW) {
+    even += pd(j);
+    odd += pd(j + kW);
+  }
+  if (j < n) even += pd(j);
+  const F16 sum = lanes::splat<F16>(add16(even + odd)), scale16 = lanes::splat<F16>(scale);
+  for (j = 0; j < n; j += kW) {
+    const F16 v = scale16 * lanes::load<F16>(p + j) * (d(j) - sum);
     lanes::store(ds + j, select(first_lanes(n - j), v, F16{}));
   }
   for (; j < end; j += kW) lanes::store(ds + j, F16{});
@@ -384,28 +396,49 @@ void block_scores(const bf16* q, std::int64_t ld, const bf16* kt, std::int64_t i
            chunks, f, T * 4);
 }
 
-// Query block i's weights from its scores in f (16 rows T apart, `mask` the block's rows or null):
-// p in f and used (16 rows T apart). With `found`, each row's top and 1 / sum are computed and
-// written there (found[2 r], found[2 r + 1]); else read from `given`.
-void block_weights(float* f, std::int64_t T, std::int64_t i, const float* mask, bf16* used,
-                   const float* given, float* found, float scale) {
+// row_exps over query block i's 16 rows (f's, T apart), each from its top: the rows' sums. One
+// function for forward and backward, so that both compute the same weights bit for bit.
+[[gnu::noinline]] void block_exps(float* f, std::int64_t T, std::int64_t i, const float* tops,
+                                  float* sums, float scale) {
+  for (std::int64_t r = 0; r < 16; ++r) sums[r] = row_exps(f + r * T, 16 * i + r + 1, tops[r], scale);
+}
+
+// row_weights over query block i's 16 rows.
+template <bool kP>
+[[gnu::noinline]] void block_used(float* f, std::int64_t T, std::int64_t i, const float* invs,
+                                  const float* mask, bf16* used) {
   const std::int64_t end = (16 * i + 16 + 31) / 32 * 32;
+  for (std::int64_t r = 0; r < 16; ++r)
+    row_weights<kP>(f + r * T, 16 * i + r + 1, end, invs[r], mask ? mask + r * T : nullptr,
+                    used + r * T);
+}
+
+// Query block i's weights from its scores in f (16 rows T apart; `mask` the block's rows or
+// null), forward: used (16 rows T apart), each row's top and 1 / sum written to stats[2 r] and
+// stats[2 r + 1].
+void forward_weights(float* f, std::int64_t T, std::int64_t i, const float* mask, bf16* used,
+                     float* stats, float scale) {
+  float tops[16], sums[16], invs[16];
+  for (std::int64_t r = 0; r < 16; ++r) tops[r] = row_top(f + r * T, 16 * i + r + 1, scale);
+  block_exps(f, T, i, tops, sums, scale);
   for (std::int64_t r = 0; r < 16; ++r) {
-    const std::int64_t n = 16 * i + r + 1;
-    float* fr = f + r * T;
-    float top, inv;
-    if (found) {
-      top = row_top(fr, n, scale);
-      inv = 1.0f / row_exps(fr, n, top, scale);
-      found[2 * r] = top;
-      found[2 * r + 1] = inv;
-    } else {
-      top = given[2 * r];
-      inv = given[2 * r + 1];
-      row_exps(fr, n, top, scale);
-    }
-    row_weights(fr, n, end, inv, mask ? mask + r * T : nullptr, used + r * T);
+    invs[r] = 1.0f / sums[r];
+    stats[2 * r] = tops[r];
+    stats[2 * r + 1] = invs[r];
   }
+  block_used<false>(f, T, i, invs, mask, used);
+}
+
+// The same backward from the forward's stats: used again, and p in f.
+void backward_weights(float* f, std::int64_t T, std::int64_t i, const float* mask, bf16* used,
+                      const float* stats, float scale) {
+  float tops[16], sums[16], invs[16];
+  for (std::int64_t r = 0; r < 16; ++r) {
+    tops[r] = stats[2 * r];
+    invs[r] = stats[2 * r + 1];
+  }
+  block_exps(f, T, i, tops, sums, scale);
+  block_used<true>(f, T, i, invs, mask, used);
 }
 
 void forward(const bf16* qkv, const float* mask, float* stats, bf16* y, const AttentionShape& s,
@@ -425,8 +458,8 @@ void forward(const bf16* qkv, const float* mask, float* stats, bf16* y, const At
       pack_pairs(q + 2 * C, ld, T, hs, vp);
       for (std::int64_t i = 0; i < T / 16; ++i) {
         block_scores(q, ld, kt, i, hs, f, T);
-        block_weights(f, T, i, mask ? mask + (head + 16 * i) * T : nullptr, used, nullptr,
-                      stats + 2 * (head + 16 * i), scale);
+        forward_weights(f, T, i, mask ? mask + (head + 16 * i) * T : nullptr, used,
+                        stats + 2 * (head + 16 * i), scale);
         // y = used v over the keys up to the chunk of the diagonal.
         products(reinterpret_cast<const char*>(used), T * 2, 64, vp, chunks * 1024, hs / 16, 0,
                  (16 * i + 16 + 31) / 32, sums, hs * 4);
@@ -467,7 +500,7 @@ void backward(const bf16* qkv, const float* stats, const float* mask, const bf16
         bf16* ui = w.used.data() + 16 * i * T;
         bf16* di = w.ds.data() + 16 * i * T;
         block_scores(q, ld, kt, i, hs, f, T);
-        block_weights(f, T, i, mi, ui, stats + 2 * (head + 16 * i), nullptr, scale);
+        backward_weights(f, T, i, mi, ui, stats + 2 * (head + 16 * i), scale);
         // dused = dy v^T on the key blocks up to the diagonal, then ds.
         products(reinterpret_cast<const char*>(g + 16 * i * C), C * 2, 64, vt, hchunks * 1024,
                  i + 1, 0, hchunks, fd, T * 4);
