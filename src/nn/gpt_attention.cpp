@@ -309,84 +309,6 @@ constexpr std::int64_t kW = 16;
                                                  __builtin_bit_cast(__m512, c)));
 }
 
-// A score row's first n entries (the rest of the vector holding the last one ignored): the
-// largest, scaled (scale > 0).
-float row_top(const float* s, std::int64_t n, float scale) {
-  F16 top = lanes::splat<F16>(s[0]);
-  for (std::int64_t j = 0; j < n; j += kW) {
-    const F16 v = select(first_lanes(n - j), lanes::load<F16>(s + j), lanes::splat<F16>(s[0]));
-    top = top < v ? v : top;
-  }
-  float t = top[0];
-  for (int k = 1; k < kW; ++k) t = t < top[k] ? top[k] : t;
-  return t * scale;
-}
-
-// e = exp(scale s - top) over a row's first n entries, in place (the vector holding the last one
-// written whole, its other lanes 0); returns their sum (16 lanes in two chains, vectors
-// alternating, added pairwise).
-[[gnu::always_inline]] inline float row_exps(float* f, std::int64_t n, float top, float scale) {
-  const F16 scale16 = lanes::splat<F16>(scale), minus_top = lanes::splat<F16>(-top);
-  auto exps = [&](std::int64_t j) __attribute__((always_inline)) {
-    const F16 e = select(first_lanes(n - j),
-                         lanes::exp_nonpositive(fma16(lanes::load<F16>(f + j), scale16, minus_top)),
-                         F16{});
-    lanes::store(f + j, e);
-    return e;
-  };
-  F16 even = {}, odd = {};
-  std::int64_t j = 0;
-  for (; j + kW < n; j += 2 * kW) {
-    even += exps(j);
-    odd += exps(j + kW);
-  }
-  if (j < n) even += exps(j);
-  return add16(even + odd);
-}
-
-// p = e inv in place (kP: else not stored) over a row's first n entries, and used = p mask (or
-// p) rounded to bf16, used 0 from n to `end` (the end of the 32-key chunk that holds the
-// diagonal).
-template <bool kP>
-[[gnu::always_inline]] inline void row_weights(float* f, std::int64_t n, std::int64_t end, float inv,
-                                   const float* mask, bf16* used) {
-  const F16 inv16 = lanes::splat<F16>(inv);
-  std::int64_t j = 0;
-  for (; j < n; j += kW) {
-    const F16 v = lanes::load<F16>(f + j) * inv16;  // 0 past n (row_exps)
-    if constexpr (kP) lanes::store(f + j, v);
-    lanes::store(used + j, mask ? select(first_lanes(n - j), v * lanes::load<F16>(mask + j), F16{})
-                                : v);
-  }
-  for (; j < end; j += kW) lanes::store(used + j, F16{});
-}
-
-// ds = scale p (d - sum_k p d) with d = dp mask (or dp) over a row's first n entries, rounded to
-// bf16, 0 from n to `end`.
-void row_ds(const float* p, const float* dp, const float* mask, std::int64_t n, std::int64_t end,
-            float scale, bf16* ds) {
-  auto d = [&](std::int64_t j) __attribute__((always_inline)) {
-    const F16 g = lanes::load<F16>(dp + j);
-    return mask ? g * lanes::load<F16>(mask + j) : g;
-  };
-  auto pd = [&](std::int64_t j) __attribute__((always_inline)) {
-    return select(first_lanes(n - j), lanes::load<F16>(p + j) * d(j), F16{});
-  };
-  F16 even = {}, odd = {};
-  std::int64_t j = 0;
-  for (; j + kW < n; j += 2 * kW) {
-    even += pd(j);
-    odd += pd(j + kW);
-  }
-  if (j < n) even += pd(j);
-  const F16 sum = lanes::splat<F16>(add16(even + odd)), scale16 = lanes::splat<F16>(scale);
-  for (j = 0; j < n; j += kW) {
-    const F16 v = scale16 * lanes::load<F16>(p + j) * (d(j) - sum);
-    lanes::store(ds + j, select(first_lanes(n - j), v, F16{}));
-  }
-  for (; j < end; j += kW) lanes::store(ds + j, F16{});
-}
-
 // Query block i's scores (16 rows of f, T apart) = q's rows times k^T (packed by
 // pack_transposed), on the key blocks up to the diagonal.
 void block_scores(const bf16* q, std::int64_t ld, const bf16* kt, std::int64_t i, std::int64_t hs,
@@ -396,21 +318,96 @@ void block_scores(const bf16* q, std::int64_t ld, const bf16* kt, std::int64_t i
            chunks, f, T * 4);
 }
 
-// row_exps over query block i's 16 rows (f's, T apart), each from its top: the rows' sums. One
-// function for forward and backward, so that both compute the same weights bit for bit.
-[[gnu::noinline]] void block_exps(float* f, std::int64_t T, std::int64_t i, const float* tops,
-                                  float* sums, float scale) {
-  for (std::int64_t r = 0; r < 16; ++r) sums[r] = row_exps(f + r * T, 16 * i + r + 1, tops[r], scale);
+// Query block i's 16 rows (row r: queries 16 i + r, its first 16 i + r + 1 entries unmasked) are
+// i + 1 vectors of 16 lanes each, the last holding the diagonal: lanes 0 .. r of row r. The loops
+// below walk them column of vectors by column, the 16 rows' work independent within a column.
+[[gnu::always_inline]] inline U16 diagonal(std::int64_t r) { return first_lanes(r + 1); }
+
+// Each row's largest score, scaled (scale > 0).
+void block_tops(const float* f, std::int64_t T, std::int64_t i, float scale, float* tops) {
+  F16 top[16];
+  for (std::int64_t r = 0; r < 16; ++r) top[r] = lanes::splat<F16>(f[r * T]);
+  for (std::int64_t j = 0; j <= i; ++j)
+    for (std::int64_t r = 0; r < 16; ++r) {
+      F16 v = lanes::load<F16>(f + r * T + 16 * j);
+      if (j == i) v = select(diagonal(r), v, top[r]);
+      top[r] = top[r] < v ? v : top[r];
+    }
+  for (std::int64_t r = 0; r < 16; ++r) {
+    float t = top[r][0];
+    for (int k = 1; k < kW; ++k) t = t < top[r][k] ? top[r][k] : t;
+    tops[r] = t * scale;
+  }
 }
 
-// row_weights over query block i's 16 rows.
+// e = exp(scale s - top) in place over each row's unmasked entries (the diagonal's vector written
+// whole, its other lanes 0); with `sums`, each row's sum (its vectors added in order in 16 lanes,
+// then the lanes pairwise). One function for forward and backward, so that both compute the same
+// weights bit for bit.
+[[gnu::noinline]] void block_exps(float* f, std::int64_t T, std::int64_t i, const float* tops,
+                                  float* sums, float scale) {
+  const F16 scale16 = lanes::splat<F16>(scale);
+  F16 acc[16] = {};
+  for (std::int64_t j = 0; j <= i; ++j)
+    for (std::int64_t r = 0; r < 16; ++r) {
+      float* x = f + r * T + 16 * j;
+      F16 e = lanes::exp_nonpositive(fma16(lanes::load<F16>(x), scale16, lanes::splat<F16>(-tops[r])));
+      if (j == i) e = select(diagonal(r), e, F16{});
+      lanes::store(x, e);
+      acc[r] += e;
+    }
+  if (sums)
+    for (std::int64_t r = 0; r < 16; ++r) sums[r] = add16(acc[r]);
+}
+
+// p = e inv in place (kP: else not stored), and used = p mask (or p) rounded to bf16, 0 past the
+// diagonal to the end of the 32-key chunk that holds it.
 template <bool kP>
 [[gnu::noinline]] void block_used(float* f, std::int64_t T, std::int64_t i, const float* invs,
                                   const float* mask, bf16* used) {
-  const std::int64_t end = (16 * i + 16 + 31) / 32 * 32;
-  for (std::int64_t r = 0; r < 16; ++r)
-    row_weights<kP>(f + r * T, 16 * i + r + 1, end, invs[r], mask ? mask + r * T : nullptr,
-                    used + r * T);
+  for (std::int64_t j = 0; j <= i; ++j)
+    for (std::int64_t r = 0; r < 16; ++r) {
+      const std::int64_t at = r * T + 16 * j;
+      const F16 v = lanes::load<F16>(f + at) * lanes::splat<F16>(invs[r]);  // 0 past the diagonal
+      if constexpr (kP) lanes::store(f + at, v);
+      F16 u = v;
+      if (mask) u = select(j == i ? diagonal(r) : first_lanes(16), v * lanes::load<F16>(mask + at),
+                           F16{});
+      lanes::store(used + at, u);
+    }
+  if (i % 2 == 0)
+    for (std::int64_t r = 0; r < 16; ++r) lanes::store(used + r * T + 16 * (i + 1), F16{});
+}
+
+// ds = scale p (d - sum_k p d) with d = dp mask (or dp) over each row's unmasked entries (p's
+// rows T apart, dp's too), rounded to bf16 (16 rows T apart), 0 past the diagonal to the end of
+// its chunk; the sums as block_exps's.
+void block_ds(const float* p, const float* dp, std::int64_t T, std::int64_t i, const float* mask,
+              float scale, bf16* ds) {
+  auto d = [&](std::int64_t at) __attribute__((always_inline)) {
+    const F16 g = lanes::load<F16>(dp + at);
+    return mask ? g * lanes::load<F16>(mask + at) : g;
+  };
+  F16 acc[16] = {};
+  for (std::int64_t j = 0; j <= i; ++j)
+    for (std::int64_t r = 0; r < 16; ++r) {
+      const std::int64_t at = r * T + 16 * j;
+      F16 v = lanes::load<F16>(p + at) * d(at);
+      if (j == i) v = select(diagonal(r), v, F16{});
+      acc[r] += v;
+    }
+  float dot[16];
+  for (std::int64_t r = 0; r < 16; ++r) dot[r] = add16(acc[r]);
+  const F16 scale16 = lanes::splat<F16>(scale);
+  for (std::int64_t j = 0; j <= i; ++j)
+    for (std::int64_t r = 0; r < 16; ++r) {
+      const std::int64_t at = r * T + 16 * j;
+      F16 v = scale16 * lanes::load<F16>(p + at) * (d(at) - lanes::splat<F16>(dot[r]));
+      if (j == i) v = select(diagonal(r), v, F16{});
+      lanes::store(ds + at, v);
+    }
+  if (i % 2 == 0)
+    for (std::int64_t r = 0; r < 16; ++r) lanes::store(ds + r * T + 16 * (i + 1), F16{});
 }
 
 // Query block i's weights from its scores in f (16 rows T apart; `mask` the block's rows or
@@ -419,7 +416,7 @@ template <bool kP>
 void forward_weights(float* f, std::int64_t T, std::int64_t i, const float* mask, bf16* used,
                      float* stats, float scale) {
   float tops[16], sums[16], invs[16];
-  for (std::int64_t r = 0; r < 16; ++r) tops[r] = row_top(f + r * T, 16 * i + r + 1, scale);
+  block_tops(f, T, i, scale, tops);
   block_exps(f, T, i, tops, sums, scale);
   for (std::int64_t r = 0; r < 16; ++r) {
     invs[r] = 1.0f / sums[r];
@@ -432,12 +429,12 @@ void forward_weights(float* f, std::int64_t T, std::int64_t i, const float* mask
 // The same backward from the forward's stats: used again, and p in f.
 void backward_weights(float* f, std::int64_t T, std::int64_t i, const float* mask, bf16* used,
                       const float* stats, float scale) {
-  float tops[16], sums[16], invs[16];
+  float tops[16], invs[16];
   for (std::int64_t r = 0; r < 16; ++r) {
     tops[r] = stats[2 * r];
     invs[r] = stats[2 * r + 1];
   }
-  block_exps(f, T, i, tops, sums, scale);
+  block_exps(f, T, i, tops, nullptr, scale);
   block_used<true>(f, T, i, invs, mask, used);
 }
 
@@ -505,9 +502,7 @@ void backward(const bf16* qkv, const float* stats, const float* mask, const bf16
         products(reinterpret_cast<const char*>(g + 16 * i * C), C * 2, 64, vt, hchunks * 1024,
                  i + 1, 0, hchunks, fd, T * 4);
         const std::int64_t end = (16 * i + 16 + 31) / 32 * 32;
-        for (std::int64_t r = 0; r < 16; ++r)
-          row_ds(f + r * T, fd + r * T, mi ? mi + r * T : nullptr, 16 * i + r + 1, end, scale,
-                 di + r * T);
+        block_ds(f, fd, T, i, mi, scale, di);
         // dq = ds k over the keys up to the chunk of the diagonal.
         products(reinterpret_cast<const char*>(di), T * 2, 64, kp, chunks * 1024, hs / 16, 0,
                  end / 32, sums, hs * 4);
