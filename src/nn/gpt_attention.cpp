@@ -38,8 +38,7 @@ constexpr int kArchReqXcompPerm = 0x1023;
 constexpr int kXfeatureXtiledata = 18;
 
 bool tiles_permitted() {
-  static const bool permitted =
-      syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  static const bool permitted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
   return permitted;
 }
 
@@ -132,37 +131,37 @@ inline void transpose16(const void* in, std::int64_t ld, void* out) {
   // Within each 128-bit lane L: rows 2i and 2i + 1 interleaved, columns 4L, 4L + 1 (t[2i]) and
   // 4L + 2, 4L + 3 (t[2i + 1]).
   for (int i = 0; i < 8; ++i) {
-    t[2 * i] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24,
-                                       9, 25, 12, 28, 13, 29);
+    t[2 * i] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9,
+                                       25, 12, 28, 13, 29);
     t[2 * i + 1] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10,
                                            26, 11, 27, 14, 30, 15, 31);
   }
   // r[4g + k]: in each lane L, column 4L + k of rows 4g .. 4g + 3.
   for (int g = 0; g < 4; ++g) {
     const D16 a = t[4 * g], b = t[4 * g + 1], c = t[4 * g + 2], d = t[4 * g + 3];
-    r[4 * g] = __builtin_shufflevector(a, c, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28,
-                                       29);
-    r[4 * g + 1] = __builtin_shufflevector(a, c, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14,
-                                           15, 30, 31);
-    r[4 * g + 2] = __builtin_shufflevector(b, d, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13,
-                                           28, 29);
-    r[4 * g + 3] = __builtin_shufflevector(b, d, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14,
-                                           15, 30, 31);
+    r[4 * g] =
+        __builtin_shufflevector(a, c, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    r[4 * g + 1] =
+        __builtin_shufflevector(a, c, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    r[4 * g + 2] =
+        __builtin_shufflevector(b, d, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    r[4 * g + 3] =
+        __builtin_shufflevector(b, d, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
   }
   // Lanes 0 and 2 (even), 1 and 3 (odd) of two vectors, twice: the row of column c in r[c].
   for (int g = 0; g < 2; ++g)
     for (int k = 0; k < 4; ++k) {
       const D16 a = r[8 * g + k], b = r[8 * g + 4 + k];
-      t[8 * g + k] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24,
-                                             25, 26, 27);
-      t[8 * g + 4 + k] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23,
-                                                 28, 29, 30, 31);
+      t[8 * g + k] =
+          __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+      t[8 * g + 4 + k] =
+          __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
     }
   for (int k = 0; k < 8; ++k) {
     const D16 a = t[k], b = t[8 + k];
     r[k] = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-    r[8 + k] = __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29,
-                                       30, 31);
+    r[8 + k] =
+        __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
   }
   for (int i = 0; i < 16; ++i) store_vector(static_cast<char*>(out) + i * 64, r[i]);
 }
@@ -197,8 +196,8 @@ void pack_pairs(const bf16* x, std::int64_t ld, std::int64_t rows, std::int64_t 
                                                    44, 13, 45, 14, 46, 15, 47));
         store_vector(tile + chunks * 512,
                      __builtin_shufflevector(a, b, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53,
-                                             22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28,
-                                             60, 29, 61, 30, 62, 31, 63));
+                                             22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60,
+                                             29, 61, 30, 62, 31, 63));
       }
     }
   }
@@ -304,9 +303,9 @@ constexpr std::int64_t kW = 16;
   return lanes::add_lanes(lo) + lanes::add_lanes(hi);
 }
 [[gnu::always_inline]] inline F16 fma16(F16 a, F16 b, F16 c) {
-  return __builtin_bit_cast(F16, _mm512_fmadd_ps(__builtin_bit_cast(__m512, a),
-                                                 __builtin_bit_cast(__m512, b),
-                                                 __builtin_bit_cast(__m512, c)));
+  return __builtin_bit_cast(
+      F16, _mm512_fmadd_ps(__builtin_bit_cast(__m512, a), __builtin_bit_cast(__m512, b),
+                           __builtin_bit_cast(__m512, c)));
 }
 
 // Query block i's scores (16 rows of f, T apart) = q's rows times k^T (packed by
@@ -351,7 +350,8 @@ void block_tops(const float* f, std::int64_t T, std::int64_t i, float scale, flo
   for (std::int64_t j = 0; j <= i; ++j)
     for (std::int64_t r = 0; r < 16; ++r) {
       float* x = f + r * T + 16 * j;
-      F16 e = lanes::exp_nonpositive(fma16(lanes::load<F16>(x), scale16, lanes::splat<F16>(-tops[r])));
+      F16 e =
+          lanes::exp_nonpositive(fma16(lanes::load<F16>(x), scale16, lanes::splat<F16>(-tops[r])));
       if (j == i) e = select(diagonal(r), e, F16{});
       lanes::store(x, e);
       acc[r] += e;
@@ -371,8 +371,8 @@ template <bool kP>
       const F16 v = lanes::load<F16>(f + at) * lanes::splat<F16>(invs[r]);  // 0 past the diagonal
       if constexpr (kP) lanes::store(f + at, v);
       F16 u = v;
-      if (mask) u = select(j == i ? diagonal(r) : first_lanes(16), v * lanes::load<F16>(mask + at),
-                           F16{});
+      if (mask)
+        u = select(j == i ? diagonal(r) : first_lanes(16), v * lanes::load<F16>(mask + at), F16{});
       lanes::store(used + at, u);
     }
   if (i % 2 == 0)
@@ -511,14 +511,14 @@ void backward(const bf16* qkv, const float* stats, const float* mask, const bf16
       // dk = ds^T q and dv = used^T dy: a key block's queries from the chunk of its diagonal.
       pack_causal_transposed(w.ds.data(), T, w.pairs.data(), at);
       for (std::int64_t m = 0; m < T / 16; ++m) {
-        products(reinterpret_cast<const char*>(at + m * chunks * 512), 64, 1024, qp,
-                 chunks * 1024, hs / 16, m / 2, chunks, sums, hs * 4);
+        products(reinterpret_cast<const char*>(at + m * chunks * 512), 64, 1024, qp, chunks * 1024,
+                 hs / 16, m / 2, chunks, sums, hs * 4);
         store_rows(sums, hs, hs, dq + C + 16 * m * ld, ld);
       }
       pack_causal_transposed(w.used.data(), T, w.pairs.data(), at);
       for (std::int64_t m = 0; m < T / 16; ++m) {
-        products(reinterpret_cast<const char*>(at + m * chunks * 512), 64, 1024, yp,
-                 chunks * 1024, hs / 16, m / 2, chunks, sums, hs * 4);
+        products(reinterpret_cast<const char*>(at + m * chunks * 512), 64, 1024, yp, chunks * 1024,
+                 hs / 16, m / 2, chunks, sums, hs * 4);
         store_rows(sums, hs, hs, dq + 2 * C + 16 * m * ld, ld);
       }
     }

@@ -323,7 +323,8 @@ bool GptPlanBuilder::amx_attention() {
 
 bool GptPlanBuilder::dense_attention() {
   using Attention = GptPaths::Attention;
-  if (!dense_attention_ && paths_.attention != Attention::kAuto && paths_.attention != Attention::kAmx)
+  if (!dense_attention_ && paths_.attention != Attention::kAuto &&
+      paths_.attention != Attention::kAmx)
     dense_attention_ = paths_.attention == Attention::kDense;
   if (!dense_attention_) {
     using namespace dnnl;

@@ -11,6 +11,8 @@
 
 #include "batch_grads.hpp"
 #include "cohort/nn/batch_grad.hpp"
+#include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt_attention.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/tensor/buffer.hpp"
 #include "time_account.hpp"
@@ -200,6 +202,10 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
   double leaf = 0, root_gemms = 0;
   graph.for_each_replica(1, [&](std::size_t) {  // a replica's thread: OpenMP pinned to one
     leaf = leaf_matmul_seconds(model, config, graph.replica(0).net, scratch);
+    // Attention as cohort's AMX kernel: its products at oneDNN's rate all the same.
+    if (const nn::GptModel* gpt = model.gpt();
+        gpt && nn::gpt_attention_on_amx(*gpt, config.precision))
+      leaf += nn::gpt_attention_onednn_seconds(*gpt, static_cast<std::int64_t>(config.micro_batch));
     root_gemms = batch_gemm_seconds(model, config);
   });
   const std::size_t leaves = config.batch / config.micro_batch;

@@ -122,8 +122,8 @@ TEST_P(AmxAttention, MatchesTheFloat64Reference) {
         for (std::int64_t d = 0; d < s.hs; ++d) {
           double want = 0, mass = 0;
           for (std::int64_t j = 0; j <= i; ++j) {
-            const double term = P[static_cast<std::size_t>(i * T + j)] * Mask(i, j) *
-                                x.at(n, h, 2, j, d);
+            const double term =
+                P[static_cast<std::size_t>(i * T + j)] * Mask(i, j) * x.at(n, h, 2, j, d);
             want += term;
             mass += std::abs(term);
           }
@@ -143,8 +143,8 @@ TEST_P(AmxAttention, MatchesTheFloat64Reference) {
           const std::size_t at = static_cast<std::size_t>(i * T + j);
           const double d = dm[static_cast<std::size_t>(j)];
           ds[at] = scale * P[at] * (d - dot);
-          ds_size[at] = std::abs(ds[at]) + 1e-6 / (kRounded * 1e-5) * scale * P[at] *
-                                                (std::abs(d) + std::abs(dot));
+          ds_size[at] = std::abs(ds[at]) +
+                        1e-6 / (kRounded * 1e-5) * scale * P[at] * (std::abs(d) + std::abs(dot));
         }
       }
       // dq = ds k, dk = ds^T q, dv = (p mask)^T dy.
@@ -165,8 +165,8 @@ TEST_P(AmxAttention, MatchesTheFloat64Reference) {
             mv += std::abs(v);
           }
           const std::size_t at = static_cast<std::size_t>((n * T + t) * 3 * C + h * s.hs + d);
-          const std::string row = where + ", row " + std::to_string(t) + ", column " +
-                                  std::to_string(d);
+          const std::string row =
+              where + ", row " + std::to_string(t) + ", column " + std::to_string(d);
           expect_close(f(dqkv[at]), dq, kRounded * mq, "dq, " + row);
           expect_close(f(dqkv[at + static_cast<std::size_t>(C)]), dk, kRounded * mk2, "dk, " + row);
           expect_close(f(dqkv[at + 2 * static_cast<std::size_t>(C)]), dv, kRounded * mv,
@@ -214,14 +214,13 @@ TEST(AmxAttention, AWindowsResultsAreItsOwnBitForBit) {
   EXPECT_EQ(bits(all.dqkv, 2 * rows * 3 * C, rows * 3 * C), bits(one.dqkv, 0, rows * 3 * C));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Heads, AmxAttention,
-    ::testing::Values(Shape{"T32_Head32_TwoWindows", {2, 32, 2, 32}, 0.0f},
-                      Shape{"T64_Head32_FourHeads", {1, 64, 4, 32}, 0.0f},
-                      Shape{"T96_Head64_Dropout", {2, 96, 1, 64}, 0.3f},
-                      Shape{"T160_Head64", {1, 160, 2, 64}, 0.0f},
-                      Shape{"T128_Head96_Dropout", {1, 128, 1, 96}, 0.2f}),
-    [](const auto& p) { return std::string(p.param.name); });
+INSTANTIATE_TEST_SUITE_P(Heads, AmxAttention,
+                         ::testing::Values(Shape{"T32_Head32_TwoWindows", {2, 32, 2, 32}, 0.0f},
+                                           Shape{"T64_Head32_FourHeads", {1, 64, 4, 32}, 0.0f},
+                                           Shape{"T96_Head64_Dropout", {2, 96, 1, 64}, 0.3f},
+                                           Shape{"T160_Head64", {1, 160, 2, 64}, 0.0f},
+                                           Shape{"T128_Head96_Dropout", {1, 128, 1, 96}, 0.2f}),
+                         [](const auto& p) { return std::string(p.param.name); });
 
 }  // namespace gpt_attention_test
 }  // namespace cohort::nn

@@ -303,10 +303,9 @@ INSTANTIATE_TEST_SUITE_P(Leaves, GptWeightGradPaths,
 // so that every CPU runs all of them (kAuto takes one by what oneDNN dispatches): windows of one
 // row block and of four with dropout, and leaves of 768 rows. f32 plans choose their linear
 // layers' backward themselves: attention's two ways only.
-const auto kPathCases = ::testing::Values(Case{"Dropout", "gpt:2-2-8-5-0.3", 7, 2},
-                                          Case{"FourBlocksDropout", "gpt:2-2-8-259-0.3", 7, 2},
-                                          Case{"Rows768", "gpt:1-2-128-64", 7, 12},
-                                          Case{"Heads32Dropout", "gpt:2-2-64-32-0.3", 7, 3});
+const auto kPathCases = ::testing::Values(
+    Case{"Dropout", "gpt:2-2-8-5-0.3", 7, 2}, Case{"FourBlocksDropout", "gpt:2-2-8-259-0.3", 7, 2},
+    Case{"Rows768", "gpt:1-2-128-64", 7, 12}, Case{"Heads32Dropout", "gpt:2-2-64-32-0.3", 7, 3});
 const auto kAttentionPaths =
     ::testing::Values(GptPaths::Attention::kDense, GptPaths::Attention::kRowBlocks);
 // bf16 plans also have cohort's AMX kernel where heads and windows are multiples of 32
@@ -315,9 +314,9 @@ const auto kBf16AttentionPaths = ::testing::Values(
     GptPaths::Attention::kDense, GptPaths::Attention::kRowBlocks, GptPaths::Attention::kAmx);
 
 std::string attention_name(GptPaths::Attention a) {
-  return a == GptPaths::Attention::kDense  ? "_Dense"
+  return a == GptPaths::Attention::kDense ? "_Dense"
          : a == GptPaths::Attention::kAmx ? "_Amx"
-                                           : "_RowBlocks";
+                                          : "_RowBlocks";
 }
 
 class GptForcedAttention : public ::testing::TestWithParam<std::tuple<Case, GptPaths::Attention>> {

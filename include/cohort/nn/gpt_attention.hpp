@@ -47,4 +47,16 @@ void amx_attention_forward(const bf16* qkv, const float* mask, float* stats, bf1
 void amx_attention_backward(const bf16* qkv, const float* stats, const float* mask, const bf16* dy,
                             bf16* dqkv, const AttentionShape& shape, float scale);
 
+class GptModel;
+enum class Precision;
+
+// Whether a model's plans in this precision run attention as this kernel (GptPlanBuilder: bf16
+// where amx_attention_usable; GptPaths can ask for the other ways).
+bool gpt_attention_on_amx(const GptModel& model, Precision precision);
+// The seconds oneDNN's matmuls take for the attention products of a leaf of N windows (the six
+// of each layer, as the plans run them where the kernel does not: bf16 on dense (N, H, T, hs)
+// views, the scores f32), timed on this thread, best of five calls after a warm one: the step's
+// roofline counts attention's products at oneDNN's rate even where this kernel computes them.
+double gpt_attention_onednn_seconds(const GptModel& model, std::int64_t N);
+
 }  // namespace cohort::nn
