@@ -38,27 +38,28 @@ constexpr int kArchReqXcompPerm = 0x1023;
 constexpr int kXfeatureXtiledata = 18;
 
 bool tiles_permitted() {
+#if defined(COHORT_X86_DISPATCH) && defined(SYS_arch_prctl)
   static const bool permitted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
   return permitted;
+#else
+  return false;
+#endif
 }
 
 // A head's scratch, on the calling thread: reused from call to call. f, fd: a query block's
 // scores or weights and dused, (16, T); used and ds: the head's, (T, T); pairs: ds's or used's
-// row pairs before their tiles are transposed; packed: B and A tiles, (T, max(T, hs)) each;
-// sums: a block's products, (16, hs).
+// row pairs before their tiles are transposed; packed: a (T, hs) operand's B tiles each;
+// transposed: ds^T's or used^T's A tiles, (T, T); sums: a block's products, (16, hs).
 struct Scratch {
   std::vector<float> f, fd, sums;
-  std::vector<bf16> used, ds, pairs, packed[6];
+  std::vector<bf16> used, ds, pairs, packed[5], transposed;
   void fit(std::int64_t T, std::int64_t hs) {
-    const auto tt = static_cast<std::size_t>(T * T);
-    const auto tiles = static_cast<std::size_t>(T * std::max(T, hs));
+    const auto tt = static_cast<std::size_t>(T * T), th = static_cast<std::size_t>(T * hs);
     grow(f, static_cast<std::size_t>(16 * T));
     grow(fd, static_cast<std::size_t>(16 * T));
     grow(sums, static_cast<std::size_t>(16 * hs));
-    grow(used, tt);
-    grow(ds, tt);
-    grow(pairs, tt);
-    for (auto& p : packed) grow(p, tiles);
+    for (auto* v : {&used, &ds, &pairs, &transposed}) grow(*v, tt);
+    for (auto& p : packed) grow(p, th);
   }
   template <class V>
   static void grow(V& v, std::size_t n) {
@@ -475,7 +476,7 @@ void backward(const bf16* qkv, const float* stats, const float* mask, const bf16
   bf16* kp = w.packed[2].data();  // B of ds k
   bf16* qp = w.packed[3].data();  // B of ds^T q
   bf16* yp = w.packed[4].data();  // B of used^T dy
-  bf16* at = w.packed[5].data();  // A tiles of ds^T, then of used^T
+  bf16* at = w.transposed.data();  // A tiles of ds^T, then of used^T
   float* f = w.f.data();
   float* fd = w.fd.data();
   float* sums = w.sums.data();
