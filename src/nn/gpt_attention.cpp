@@ -25,7 +25,12 @@
 #include "cohort/core/error.hpp"
 #include "gpt_lanes.hpp"
 
-#if defined(COHORT_X86_DISPATCH)
+// The kernel is built by GCC only: clang 14 refuses its calls into gpt_lanes.hpp's vector helpers,
+// which are compiled for the build's baseline, from the AMX region (a 64-byte vector crossing that
+// ABI boundary is an error there). The clang builds (the tsan and fuzz presets) run attention on
+// oneDNN's matmuls.
+#if defined(COHORT_X86_DISPATCH) && !defined(__clang__)
+#define COHORT_AMX_ATTENTION 1
 #include <immintrin.h>
 #endif
 
@@ -33,12 +38,11 @@ namespace cohort::nn {
 
 namespace attention_detail {
 
-// Linux's arch_prctl codes: the process asks for AMX's tile data state once (since 5.16).
-constexpr int kArchReqXcompPerm = 0x1023;
-constexpr int kXfeatureXtiledata = 18;
-
 bool tiles_permitted() {
-#if defined(COHORT_X86_DISPATCH) && defined(SYS_arch_prctl)
+#if defined(COHORT_AMX_ATTENTION) && defined(SYS_arch_prctl)
+  // Linux's arch_prctl codes: the process asks for AMX's tile data state once (since 5.16).
+  constexpr int kArchReqXcompPerm = 0x1023;
+  constexpr int kXfeatureXtiledata = 18;
   static const bool permitted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
   return permitted;
 #else
@@ -76,7 +80,7 @@ Scratch& scratch(std::int64_t T, std::int64_t hs) {
 }  // namespace attention_detail
 
 bool amx_attention_usable(std::int64_t T, std::int64_t hs) {
-#if defined(COHORT_X86_DISPATCH)
+#if defined(COHORT_AMX_ATTENTION)
   const CpuFeatures& f = cpu_features();
   return f.amx_bf16 && f.avx512_bf16_kernels() && T > 0 && T % 32 == 0 && T <= 1024 && hs > 0 &&
          hs % 32 == 0 && hs <= 256 && attention_detail::tiles_permitted();
@@ -87,7 +91,7 @@ bool amx_attention_usable(std::int64_t T, std::int64_t hs) {
 #endif
 }
 
-#if defined(COHORT_X86_DISPATCH)
+#if defined(COHORT_AMX_ATTENTION)
 COHORT_TARGET_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")
 namespace amx {  // entered where amx_attention_usable (tests/build/check_baseline_isa.py)
 
@@ -471,11 +475,11 @@ void backward(const bf16* qkv, const float* stats, const float* mask, const bf16
               const AttentionShape& s, float scale, Scratch& w) {
   const std::int64_t T = s.T, hs = s.hs, C = s.H * s.hs, ld = 3 * C, chunks = T / 32;
   const std::int64_t hchunks = hs / 32;
-  bf16* kt = w.packed[0].data();  // B of q k^T
-  bf16* vt = w.packed[1].data();  // B of dy v^T
-  bf16* kp = w.packed[2].data();  // B of ds k
-  bf16* qp = w.packed[3].data();  // B of ds^T q
-  bf16* yp = w.packed[4].data();  // B of used^T dy
+  bf16* kt = w.packed[0].data();   // B of q k^T
+  bf16* vt = w.packed[1].data();   // B of dy v^T
+  bf16* kp = w.packed[2].data();   // B of ds k
+  bf16* qp = w.packed[3].data();   // B of ds^T q
+  bf16* yp = w.packed[4].data();   // B of used^T dy
   bf16* at = w.transposed.data();  // A tiles of ds^T, then of used^T
   float* f = w.f.data();
   float* fd = w.fd.data();
@@ -532,26 +536,26 @@ COHORT_TARGET_END
 
 void amx_attention_forward(const bf16* qkv, const float* mask, float* stats, bf16* y,
                            const AttentionShape& shape, float scale) {
-#if defined(COHORT_X86_DISPATCH)
+#if defined(COHORT_AMX_ATTENTION)
   if (amx_attention_usable(shape.T, shape.hs)) {
     amx::forward(qkv, mask, stats, y, shape, scale, attention_detail::scratch(shape.T, shape.hs));
     return;
   }
 #endif
-  (void)qkv, (void)mask, (void)stats, (void)y, (void)scale;
+  (void)qkv, (void)mask, (void)stats, (void)y, (void)shape, (void)scale;
   COHORT_CHECK(false, "amx_attention_forward where amx_attention_usable is false");
 }
 
 void amx_attention_backward(const bf16* qkv, const float* stats, const float* mask, const bf16* dy,
                             bf16* dqkv, const AttentionShape& shape, float scale) {
-#if defined(COHORT_X86_DISPATCH)
+#if defined(COHORT_AMX_ATTENTION)
   if (amx_attention_usable(shape.T, shape.hs)) {
     amx::backward(qkv, stats, mask, dy, dqkv, shape, scale,
                   attention_detail::scratch(shape.T, shape.hs));
     return;
   }
 #endif
-  (void)qkv, (void)stats, (void)mask, (void)dy, (void)dqkv, (void)scale;
+  (void)qkv, (void)stats, (void)mask, (void)dy, (void)dqkv, (void)shape, (void)scale;
   COHORT_CHECK(false, "amx_attention_backward where amx_attention_usable is false");
 }
 
