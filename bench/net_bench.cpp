@@ -212,7 +212,7 @@ BENCHMARK_CAPTURE(gpt_softmax_backward, full_recipe, 4 * 6, 256)->Unit(benchmark
 void gpt_attention_amx(benchmark::State& state, std::int64_t N, std::int64_t T, std::int64_t H,
                        std::int64_t hs) {
   if (!cohort::nn::amx_attention_usable(T, hs)) {
-    state.SkipWithError("no AMX tiles on this CPU or OS");
+    state.SkipWithError("the AMX kernel cannot run here (amx_attention_usable)");
     return;
   }
   const cohort::nn::AttentionShape shape{N, T, H, hs};

@@ -3,7 +3,7 @@
 // ten 16-row blocks (an odd and an even number of 32-key chunks): the softmax's statistics
 // against softmax(scale q k^T) itself; y, dq, dk and dv within the rounding of their bf16
 // operands (used and ds, 2^-9 relative a term) and of their own, plus f32 accumulation. Skipped
-// where the CPU or the OS offers no AMX tiles (amx_attention_usable).
+// where the kernel cannot run (amx_attention_usable: the CPU, the OS or a clang build).
 #include "cohort/nn/gpt_attention.hpp"
 
 #include <gtest/gtest.h>
@@ -23,6 +23,8 @@ namespace cohort::nn {
 namespace gpt_attention_test {
 
 constexpr std::uint64_t kSeed = 20261204;
+constexpr const char* kCannotRun =
+    "the AMX kernel cannot run here (CPU, OS or compiler: amx_attention_usable)";
 
 struct Shape {
   const char* name;
@@ -60,7 +62,7 @@ class AmxAttention : public ::testing::TestWithParam<Shape> {};
 TEST_P(AmxAttention, MatchesTheFloat64Reference) {
   const Shape& c = GetParam();
   const AttentionShape& s = c.s;
-  if (!amx_attention_usable(s.T, s.hs)) GTEST_SKIP() << "no AMX tiles on this CPU or OS";
+  if (!amx_attention_usable(s.T, s.hs)) GTEST_SKIP() << kCannotRun;
   std::printf("seed %llu, N %lld, T %lld, H %lld, hs %lld, dropout %g\n",
               static_cast<unsigned long long>(kSeed), static_cast<long long>(s.N),
               static_cast<long long>(s.T), static_cast<long long>(s.H),
@@ -179,7 +181,7 @@ TEST_P(AmxAttention, MatchesTheFloat64Reference) {
 // others in the call (one window alone against the same window among three).
 TEST(AmxAttention, AWindowsResultsAreItsOwnBitForBit) {
   const AttentionShape s{3, 64, 2, 32};
-  if (!amx_attention_usable(s.T, s.hs)) GTEST_SKIP() << "no AMX tiles on this CPU or OS";
+  if (!amx_attention_usable(s.T, s.hs)) GTEST_SKIP() << kCannotRun;
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
   const std::int64_t C = s.H * s.hs, T = s.T, M = s.N * T;
   Rng rng({kSeed, 7});

@@ -26,9 +26,10 @@ struct AttentionShape {
   std::int64_t hs;  // head size: C = H hs
 };
 
-// Whether this process can run the kernel on heads of this shape: the CPU has AMX-BF16 (and
-// AVX-512 with BF16), the OS lets the process use the tiles (Linux's ARCH_REQ_XCOMP_PERM, asked
-// once), and T and hs are multiples of 32 with T <= 1024 and hs <= 256.
+// Whether this process can run the kernel on heads of this shape: a GCC build (clang builds do
+// not carry it: gpt_attention.cpp), the CPU has AMX-BF16 (and AVX-512 with BF16), the OS lets the
+// process use the tiles (Linux's ARCH_REQ_XCOMP_PERM, asked once), and T and hs are multiples of
+// 32 with T <= 1024 and hs <= 256.
 bool amx_attention_usable(std::int64_t T, std::int64_t hs);
 
 // Forward: for each window and head, with s = q k^T, p = the causal softmax of scale s (each
