@@ -125,18 +125,23 @@ TEST(GptRun, ValidationLossFallsAndIsTheSameEachTime) {
   EXPECT_EQ(val.count, (val.tokens.size() - 1) / kBlock);
 }
 
-// nanoGPT's full recipe (6-6-384-256) gets 4 windows a leaf in bf16 and 2 in f32 (its leaf
-// plans near 250 MB a replica); the medium model's leaves hold 1,024 tokens (8 windows), below
-// its activations' cap; the CPU recipe's cap (16 windows) lies above batch / cores.
+// Leaves hold at most 512 tokens: nanoGPT's full recipe (6-6-384-256) gets 2 windows a leaf in
+// both precisions (its activations' cap: 4 in bf16, 2 in f32, plans near 250 MB a replica), the
+// medium model 4 windows; the CPU recipe's cap (8 windows) lies above batch / cores (6 on 2
+// cores). A model of short, wide windows whose activations cap its leaves below the tokens'
+// (16-16-1024-64: 6 windows in bf16, 3 in f32, against 8).
 TEST(GptRun, DefaultLeavesBoundALeafsActivationsAndTokens) {
   const nn::GptShape full{.layers = 6, .heads = 6, .embd = 384, .block = 256};
   const nn::GptShape medium{.layers = 4, .heads = 4, .embd = 256, .block = 128};
   const nn::GptShape cpu{.layers = 4, .heads = 4, .embd = 128, .block = 64};
-  EXPECT_EQ(gpt_leaf_windows(full, nn::Precision::kBf16), 4u);
+  const nn::GptShape wide{.layers = 16, .heads = 16, .embd = 1024, .block = 64};
+  EXPECT_EQ(gpt_leaf_windows(full, nn::Precision::kBf16), 2u);
   EXPECT_EQ(gpt_leaf_windows(full, nn::Precision::kF32), 2u);
-  EXPECT_EQ(gpt_leaf_windows(medium, nn::Precision::kBf16), 8u);
-  EXPECT_EQ(gpt_leaf_windows(medium, nn::Precision::kF32), 8u);
-  EXPECT_EQ(gpt_leaf_windows(cpu, nn::Precision::kF32), 16u);
+  EXPECT_EQ(gpt_leaf_windows(medium, nn::Precision::kBf16), 4u);
+  EXPECT_EQ(gpt_leaf_windows(medium, nn::Precision::kF32), 4u);
+  EXPECT_EQ(gpt_leaf_windows(cpu, nn::Precision::kF32), 8u);
+  EXPECT_EQ(gpt_leaf_windows(wide, nn::Precision::kBf16), 6u);
+  EXPECT_EQ(gpt_leaf_windows(wide, nn::Precision::kF32), 3u);
   const nn::GptShape huge{.layers = 48, .heads = 16, .embd = 1024, .block = 1024};
   EXPECT_EQ(gpt_leaf_windows(huge, nn::Precision::kBf16), 1u);  // never 0
 }

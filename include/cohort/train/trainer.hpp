@@ -158,10 +158,11 @@ inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
 // bytes, half as many values (2 windows of the full recipe).
 inline constexpr std::size_t kLeafActivationValues = std::size_t{12} << 20;
 // The most tokens in a language model's default leaf: 4-4-256-128 at batch 32 on 2 cores trains
-// faster in two leaves of 8 windows a core than in one of 16, and the full recipe as fast in
-// leaves of 4 windows as of 2; the CPU recipe's leaves (batch / cores: 6 windows, 384 tokens)
-// stay below it (docs/decisions.md, "Language models' leaves of at most 1,024 tokens").
-inline constexpr std::size_t kLeafTokens = 1024;
+// faster in bf16 on AMX in four leaves of 4 windows a core than in two of 8 or one of 16, as fast
+// in f32, and the full recipe as fast in leaves of 2 windows as of 4; the CPU recipe's leaves
+// (batch / cores: 6 windows, 384 tokens) stay below it (docs/decisions.md, "Language models'
+// leaves of at most 512 tokens").
+inline constexpr std::size_t kLeafTokens = 512;
 // The bytes a leaf plan takes per such value, as above: about 20 in bf16 and 30 in f32
 // (check_training_memory).
 constexpr double leaf_bytes_per_activation_value(nn::Precision p) {
