@@ -26,7 +26,8 @@ namespace cohort::nn {
 // Seconds spent, accumulated over calls, by kind of work.
 struct PhaseTimes {
   double matmul = 0;   // inner products and convolutions: forward, backward-data, -weights
-  double eltwise = 0;  // ReLU (and residual adds), GELU, attention's softmax: oneDNN's
+  double eltwise = 0;  // ReLU (and residual adds), GELU, attention's softmax; attention as
+                       // cohort's AMX kernel (nn/gpt_attention.hpp), its products included
   double loss = 0;     // softmax cross-entropy
   double other = 0;    // bn, LayerNorm, pooling, dropout, reorders, cohort's own loops
   double total() const { return matmul + eltwise + loss + other; }

@@ -204,7 +204,7 @@ struct TimeBreakdown {
   double step = 0;             // wall time of the training steps: the samples/s denominator
   double compute = 0;          // forward + loss + backward (the four below), over replicas
   double matmul = 0;           // oneDNN inner products and convolutions
-  double eltwise = 0;          // oneDNN ReLU
+  double eltwise = 0;          // ReLU, GELU, the causal softmax (nn::PhaseTimes::eltwise)
   double loss = 0;             // softmax cross-entropy
   double other = 0;            // pooling, dropout, layout reorders
   double data = 0;             // batch assembly (in the replicas)
