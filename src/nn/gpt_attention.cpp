@@ -375,9 +375,8 @@ template <bool kP>
       const std::int64_t at = r * T + 16 * j;
       const F16 v = lanes::load<F16>(f + at) * lanes::splat<F16>(invs[r]);  // 0 past the diagonal
       if constexpr (kP) lanes::store(f + at, v);
-      F16 u = v;
-      if (mask)
-        u = select(j == i ? diagonal(r) : first_lanes(16), v * lanes::load<F16>(mask + at), F16{});
+      F16 u = mask ? v * lanes::load<F16>(mask + at) : v;
+      if (mask && j == i) u = select(diagonal(r), u, F16{});  // the mask past it is not read
       lanes::store(used + at, u);
     }
   if (i % 2 == 0)

@@ -316,7 +316,8 @@ bool GptPlanBuilder::amx_attention() {
   if (!amx_attention_) {
     const bool wanted = paths_.attention == GptPaths::Attention::kAuto ||
                         paths_.attention == GptPaths::Attention::kAmx;
-    amx_attention_ = half() && wanted && amx_attention_usable(T_, hs_);
+    amx_attention_ =
+        wanted && gpt_attention_on_amx(m_, half() ? Precision::kBf16 : Precision::kF32);
   }
   return *amx_attention_;
 }
