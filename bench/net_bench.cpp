@@ -207,12 +207,14 @@ BENCHMARK_CAPTURE(gpt_softmax_backward, cpu_recipe, 6 * 4, 64)->Unit(benchmark::
 BENCHMARK_CAPTURE(gpt_softmax_backward, medium, 16 * 4, 128)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(gpt_softmax_backward, full_recipe, 4 * 6, 256)->Unit(benchmark::kMicrosecond);
 
-// amx_attention_forward then amx_attention_backward on one leaf's heads (the default leaf's
-// windows), random bf16 q, k, v and dy; skipped where the kernel cannot run.
-void gpt_attention_amx(benchmark::State& state, std::int64_t N, std::int64_t T, std::int64_t H,
-                       std::int64_t hs) {
-  if (!cohort::nn::amx_attention_usable(T, hs)) {
-    state.SkipWithError("the AMX kernel cannot run here (amx_attention_usable)");
+// attention_kernel_forward then attention_kernel_backward with one engine on a leaf's heads (6, 8
+// and 4 windows), random bf16 q, k, v and dy; skipped where the engine cannot run.
+// gpt_attention_onednn: the same leaf's six products as oneDNN's matmuls alone
+// (gpt_attention_onednn_seconds, the roofline's floor; no softmax), for scale.
+void gpt_attention_kernel(benchmark::State& state, cohort::nn::AttentionEngine engine,
+                          std::int64_t N, std::int64_t T, std::int64_t H, std::int64_t hs) {
+  if (!cohort::nn::attention_kernel_usable(engine, T, hs)) {
+    state.SkipWithError("the engine cannot run here (attention_kernel_usable)");
     return;
   }
   const cohort::nn::AttentionShape shape{N, T, H, hs};
@@ -225,15 +227,43 @@ void gpt_attention_amx(benchmark::State& state, std::int64_t N, std::int64_t T, 
     dy[i] = cohort::to_bf16(static_cast<float>(i % 7) / 3.0f - 1.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (auto _ : state) {
-    cohort::nn::amx_attention_forward(qkv.data(), nullptr, stats.data(), y.data(), shape, scale);
-    cohort::nn::amx_attention_backward(qkv.data(), stats.data(), nullptr, dy.data(), dqkv.data(),
-                                       shape, scale);
+    cohort::nn::attention_kernel_forward(engine, qkv.data(), nullptr, stats.data(), y.data(), shape,
+                                         scale);
+    cohort::nn::attention_kernel_backward(engine, qkv.data(), stats.data(), nullptr, dy.data(),
+                                          dqkv.data(), shape, scale);
     benchmark::DoNotOptimize(dqkv.data());
   }
 }
-BENCHMARK_CAPTURE(gpt_attention_amx, cpu_recipe, 6, 64, 4, 32)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(gpt_attention_amx, medium, 8, 128, 4, 64)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(gpt_attention_amx, full_recipe, 4, 256, 6, 64)->Unit(benchmark::kMicrosecond);
+void gpt_attention_onednn(benchmark::State& state, const char* spec, std::int64_t N) {
+  omp_set_num_threads(1);
+  const auto model = cohort::nn::GptModel::parse(spec, 65);
+  for (auto _ : state) {
+    const double seconds =
+        cohort::nn::gpt_attention_onednn_seconds(model, N) / model.shape().layers;
+    state.SetIterationTime(seconds);
+  }
+}
+#define COHORT_ATTENTION_BENCH(engine, name)                                                       \
+  BENCHMARK_CAPTURE(gpt_attention_kernel, name##_cpu_recipe, cohort::nn::AttentionEngine::engine,  \
+                    6, 64, 4, 32)                                                                  \
+      ->Unit(benchmark::kMicrosecond);                                                             \
+  BENCHMARK_CAPTURE(gpt_attention_kernel, name##_medium, cohort::nn::AttentionEngine::engine, 8,   \
+                    128, 4, 64)                                                                    \
+      ->Unit(benchmark::kMicrosecond);                                                             \
+  BENCHMARK_CAPTURE(gpt_attention_kernel, name##_full_recipe, cohort::nn::AttentionEngine::engine, \
+                    4, 256, 6, 64)                                                                 \
+      ->Unit(benchmark::kMicrosecond)
+COHORT_ATTENTION_BENCH(kAmx, amx);
+COHORT_ATTENTION_BENCH(kAvx512Bf16, avx512_bf16);
+BENCHMARK_CAPTURE(gpt_attention_onednn, cpu_recipe, "gpt:1-4-128-64", 6)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(gpt_attention_onednn, medium, "gpt:1-4-256-128", 8)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(gpt_attention_onednn, full_recipe, "gpt:1-6-384-256", 4)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // layer_norm_forward then layer_norm_backward over `rows` rows of C, inputs on a fixed pattern.
 void gpt_layer_norm(benchmark::State& state, std::int64_t rows, std::int64_t C) {

@@ -1,4 +1,4 @@
-// The roofline's floor for attention where cohort's AMX kernel runs it: oneDNN's matmuls on the
+// The roofline's floor for attention where cohort's kernel runs it: oneDNN's matmuls on the
 // same products; see cohort/nn/gpt_attention.hpp.
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -15,9 +15,10 @@
 
 namespace cohort::nn {
 
-bool gpt_attention_on_amx(const GptModel& model, Precision precision) {
+std::optional<AttentionEngine> gpt_attention_kernel(const GptModel& model, Precision precision) {
   const GptShape& s = model.shape();
-  return precision == Precision::kBf16 && amx_attention_usable(s.block, s.head_size());
+  if (precision != Precision::kBf16) return std::nullopt;
+  return attention_kernel_engine(s.block, s.head_size());
 }
 
 double gpt_attention_onednn_seconds(const GptModel& model, std::int64_t N) {

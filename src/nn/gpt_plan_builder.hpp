@@ -36,6 +36,7 @@
 
 #include "cohort/nn/dropout.hpp"
 #include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt_attention.hpp"
 #include "gpt_plan.hpp"
 
 namespace cohort::nn::detail {
@@ -88,7 +89,7 @@ class GptPlanBuilder {
     LnSaved ln1, ln2;
     memory h1, qkv, p, p_used, y, x_mid, h2, g;
     memory parts[3];  // dense attention (dense_attention()): q, k and v split from qkv
-    memory stats;     // attention as cohort's AMX kernel: each row's softmax top and 1 / sum
+    memory stats;     // attention as cohort's kernel: each row's softmax top and 1 / sum
     memory slope;     // training plans: GELU's slope at f (gelu_forward), in place of f
   };
 
@@ -179,9 +180,10 @@ class GptPlanBuilder {
   // views of qkv or the row blocks' (docs/decisions.md, "Attention on AMX"), or where
   // GptPaths::attention says so. Decided once a plan.
   bool dense_attention();
-  // Whether attention runs as cohort's AMX kernel (nn/gpt_attention.hpp) on qkv itself: bf16 plans
-  // where amx_attention_usable and GptPaths::attention is kAuto or kAmx. Decided once a plan.
-  bool amx_attention();
+  // The engine with which attention runs as cohort's kernel (nn/gpt_attention.hpp) on qkv itself,
+  // or none: bf16 plans where the kernel can run and GptPaths::attention is kAuto, kKernel or
+  // kKernelAvx512Bf16. Decided once a plan.
+  std::optional<AttentionEngine> attention_kernel();
   void attention_forward(const BlockSaved& b, const float* pm);
   void attention_backward(const BlockSaved& b, const memory& dy, const memory& dqkv,
                           const float* pm);
@@ -323,7 +325,8 @@ class GptPlanBuilder {
   std::optional<dnnl::layer_normalization_backward::primitive_desc> ln_bwd_;
   std::map<std::string, memory> temps_;
   std::map<std::size_t, memory> blocked_weights_;  // by offset: forward's copy in its layout
-  std::optional<bool> dense_attention_, amx_attention_;
+  std::optional<bool> dense_attention_;
+  std::optional<std::optional<AttentionEngine>> attention_kernel_;
 };
 
 // Whether oneDNN runs `pd` on AMX (its implementation's name says so: "brg:avx512_core_amx").

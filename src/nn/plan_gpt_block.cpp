@@ -38,15 +38,15 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   b.h1 = kept("h1", {M_, C}, act_);
   b.ln1 = ln_forward(x, o.ln_1, b.h1);
   where_ = "h." + std::to_string(l) + ".attn.c_attn";
-  const bool amx = amx_attention();
-  const bool dense = !amx && dense_attention();
+  const std::optional<AttentionEngine> kernel = attention_kernel();
+  const bool dense = !kernel && dense_attention();
   b.qkv = dense ? temp("qkv", {M_, 3 * C}, act_) : kept("qkv", {M_, 3 * C}, act_);
   linear(b.h1, o.c_attn, 3 * C, b.qkv);
 
   where_ = "h." + std::to_string(l) + ".attn";
   const float* pm = drop_ ? causal_mask(p_.forward, dropout_layer(l, 0)) : nullptr;
   b.y = kept("y", {M_, C}, act_);
-  if (amx) {
+  if (kernel) {
     // cohort's kernel, head by head (nn/gpt_attention.hpp): each row's softmax statistics kept.
     b.stats = kept("stats", {N, H, T, 2}, Dt::f32);
     const auto* qkv = static_cast<const bf16*>(b.qkv.get_data_handle());
@@ -54,8 +54,9 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
     auto* y = static_cast<bf16*>(b.y.get_data_handle());
     const AttentionShape shape{N, T, H, hs_};
     const float scale = attention_scale();
+    const AttentionEngine engine = *kernel;
     custom(
-        p_.forward, [=] { amx_attention_forward(qkv, pm, stats, y, shape, scale); },
+        p_.forward, [=] { attention_kernel_forward(engine, qkv, pm, stats, y, shape, scale); },
         Phase::kEltwise);
   } else {
     // P (f32) and the weights the values are averaged with, P dropped out and in the activations'
@@ -231,15 +232,17 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   where_ = "h." + std::to_string(l) + ".attn";
   const memory dqkv = temp("d.qkv", {M_, 3 * C}, act_);
   const float* pm = drop_ ? causal_mask(p_.backward, dropout_layer(l, 0)) : nullptr;
-  if (amx_attention()) {
+  if (const std::optional<AttentionEngine> kernel = attention_kernel()) {
     const auto* qkv = static_cast<const bf16*>(b.qkv.get_data_handle());
     const auto* stats = static_cast<const float*>(b.stats.get_data_handle());
     const auto* dys = static_cast<const bf16*>(dy.get_data_handle());
     auto* out = static_cast<bf16*>(dqkv.get_data_handle());
     const AttentionShape shape{N_, T_, H_, hs_};
     const float scale = attention_scale();
+    const AttentionEngine engine = *kernel;
     custom(
-        p_.backward, [=] { amx_attention_backward(qkv, stats, pm, dys, out, shape, scale); },
+        p_.backward,
+        [=] { attention_kernel_backward(engine, qkv, stats, pm, dys, out, shape, scale); },
         Phase::kEltwise);
   } else {
     attention_backward(b, dy, dqkv, pm);
@@ -312,20 +315,25 @@ void GptPlanBuilder::attention_backward(const BlockSaved& b, const memory& dy, c
   if (dense) split_qkv(p_.backward, dqkv, dparts, true);
 }
 
-bool GptPlanBuilder::amx_attention() {
-  if (!amx_attention_) {
-    const bool wanted = paths_.attention == GptPaths::Attention::kAuto ||
-                        paths_.attention == GptPaths::Attention::kAmx;
-    amx_attention_ =
-        wanted && gpt_attention_on_amx(m_, half() ? Precision::kBf16 : Precision::kF32);
+std::optional<AttentionEngine> GptPlanBuilder::attention_kernel() {
+  using Attention = GptPaths::Attention;
+  if (!attention_kernel_) {
+    std::optional<AttentionEngine> engine;
+    const Attention a = paths_.attention;
+    if (a == Attention::kKernelAvx512Bf16 && half() &&
+        attention_kernel_usable(AttentionEngine::kAvx512Bf16, T_, hs_))
+      engine = AttentionEngine::kAvx512Bf16;
+    else if (a == Attention::kAuto || a == Attention::kKernel || a == Attention::kKernelAvx512Bf16)
+      engine = gpt_attention_kernel(m_, half() ? Precision::kBf16 : Precision::kF32);
+    attention_kernel_ = engine;
   }
-  return *amx_attention_;
+  return *attention_kernel_;
 }
 
 bool GptPlanBuilder::dense_attention() {
   using Attention = GptPaths::Attention;
   if (!dense_attention_ && paths_.attention != Attention::kAuto &&
-      paths_.attention != Attention::kAmx)
+      paths_.attention != Attention::kKernel && paths_.attention != Attention::kKernelAvx512Bf16)
     dense_attention_ = paths_.attention == Attention::kDense;
   if (!dense_attention_) {
     using namespace dnnl;

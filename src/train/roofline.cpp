@@ -202,9 +202,9 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
   double leaf = 0, root_gemms = 0;
   graph.for_each_replica(1, [&](std::size_t) {  // a replica's thread: OpenMP pinned to one
     leaf = leaf_matmul_seconds(model, config, graph.replica(0).net, scratch);
-    // Attention as cohort's AMX kernel: its products at oneDNN's rate all the same.
+    // Attention as cohort's kernel: its products at oneDNN's rate all the same.
     if (const nn::GptModel* gpt = model.gpt();
-        gpt && nn::gpt_attention_on_amx(*gpt, config.precision))
+        gpt && nn::gpt_attention_kernel(*gpt, config.precision))
       leaf += nn::gpt_attention_onednn_seconds(*gpt, static_cast<std::int64_t>(config.micro_batch));
     root_gemms = batch_gemm_seconds(model, config);
   });

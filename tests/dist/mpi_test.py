@@ -138,7 +138,7 @@ class MpiTest(MpiCase):
         """A language model (gpt:, with dropout, AdamW, clipping) on text: 2 and 3 ranks give the
         single process's weights and validation loss, in f32 and bf16; a checkpoint of 2 ranks
         resumes on 3 to the uninterrupted run's weights. Heads of 32 in windows of 32: bf16
-        attention is cohort's AMX kernel where the CPU has AMX."""
+        attention is cohort's kernel where the CPU has AVX-512 with BF16."""
         folder = os.path.join(self.tmp, "text")
         os.makedirs(folder)
         with open(os.path.join(mpi_testing.DATA, "..", "tinyshakespeare", "input.txt"),

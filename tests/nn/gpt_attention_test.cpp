@@ -1,9 +1,10 @@
-// amx_attention_forward and amx_attention_backward against float64 references, on random bf16
+// attention_kernel_forward and attention_kernel_backward, each engine, against float64 references,
+// on random bf16
 // q, k, v and dy, with and without a dropout mask, heads of 32, 64 and 96 with windows of two to
 // ten 16-row blocks (an odd and an even number of 32-key chunks): the softmax's statistics
 // against softmax(scale q k^T) itself; y, dq, dk and dv within the rounding of their bf16
 // operands (used and ds, 2^-9 relative a term) and of their own, plus f32 accumulation. Skipped
-// where the kernel cannot run (amx_attention_usable: the CPU, the OS or a clang build).
+// where an engine cannot run (attention_kernel_usable: the CPU, the OS or a clang build).
 #include "cohort/nn/gpt_attention.hpp"
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cohort/core/rng.hpp"
@@ -24,7 +26,8 @@ namespace gpt_attention_test {
 
 constexpr std::uint64_t kSeed = 20261204;
 constexpr const char* kCannotRun =
-    "the AMX kernel cannot run here (CPU, OS or compiler: amx_attention_usable)";
+    "the engine cannot run here (CPU, OS or compiler: attention_kernel_usable)";
+constexpr AttentionEngine kEngines[] = {AttentionEngine::kAmx, AttentionEngine::kAvx512Bf16};
 
 struct Shape {
   const char* name;
@@ -57,15 +60,15 @@ void expect_close(double got, double want, double mass, const std::string& what)
   ASSERT_LE(std::abs(got - want), tol) << what << ": got " << got << ", want " << want;
 }
 
-class AmxAttention : public ::testing::TestWithParam<Shape> {};
+class AttentionKernel : public ::testing::TestWithParam<std::tuple<AttentionEngine, Shape>> {};
 
-TEST_P(AmxAttention, MatchesTheFloat64Reference) {
-  const Shape& c = GetParam();
+TEST_P(AttentionKernel, MatchesTheFloat64Reference) {
+  const auto& [engine, c] = GetParam();
   const AttentionShape& s = c.s;
-  if (!amx_attention_usable(s.T, s.hs)) GTEST_SKIP() << kCannotRun;
-  std::printf("seed %llu, N %lld, T %lld, H %lld, hs %lld, dropout %g\n",
-              static_cast<unsigned long long>(kSeed), static_cast<long long>(s.N),
-              static_cast<long long>(s.T), static_cast<long long>(s.H),
+  if (!attention_kernel_usable(engine, s.T, s.hs)) GTEST_SKIP() << kCannotRun;
+  std::printf("engine %s, seed %llu, N %lld, T %lld, H %lld, hs %lld, dropout %g\n",
+              attention_engine_name(engine), static_cast<unsigned long long>(kSeed),
+              static_cast<long long>(s.N), static_cast<long long>(s.T), static_cast<long long>(s.H),
               static_cast<long long>(s.hs), static_cast<double>(c.dropout));
   const std::int64_t C = s.H * s.hs, T = s.T, M = s.N * s.T;
   const auto mats = static_cast<std::size_t>(s.N * s.H), tt = static_cast<std::size_t>(T * T);
@@ -83,8 +86,8 @@ TEST_P(AmxAttention, MatchesTheFloat64Reference) {
   std::vector<float> stats(mats * static_cast<std::size_t>(2 * T), -7.0f);
   std::vector<bf16> y(static_cast<std::size_t>(M * C), to_bf16(-7.0f));
   std::vector<bf16> dqkv(static_cast<std::size_t>(M * 3 * C), to_bf16(-7.0f));
-  amx_attention_forward(qkv.data(), mk, stats.data(), y.data(), s, scale);
-  amx_attention_backward(qkv.data(), stats.data(), mk, dy.data(), dqkv.data(), s, scale);
+  attention_kernel_forward(engine, qkv.data(), mk, stats.data(), y.data(), s, scale);
+  attention_kernel_backward(engine, qkv.data(), stats.data(), mk, dy.data(), dqkv.data(), s, scale);
 
   // A bf16 operand's terms: 2^-9 relative each, i.e. 2^-9 of the terms' magnitudes (`mass`,
   // which expect_close weighs 1e-5 a unit).
@@ -179,10 +182,14 @@ TEST_P(AmxAttention, MatchesTheFloat64Reference) {
 
 // The same call twice gives the same bits, and each window's results do not depend on the
 // others in the call (one window alone against the same window among three).
-TEST(AmxAttention, AWindowsResultsAreItsOwnBitForBit) {
+class AttentionKernelBits : public ::testing::TestWithParam<AttentionEngine> {};
+
+TEST_P(AttentionKernelBits, AWindowsResultsAreItsOwnBitForBit) {
+  const AttentionEngine engine = GetParam();
   const AttentionShape s{3, 64, 2, 32};
-  if (!amx_attention_usable(s.T, s.hs)) GTEST_SKIP() << kCannotRun;
-  std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
+  if (!attention_kernel_usable(engine, s.T, s.hs)) GTEST_SKIP() << kCannotRun;
+  std::printf("engine %s, seed %llu\n", attention_engine_name(engine),
+              static_cast<unsigned long long>(kSeed));
   const std::int64_t C = s.H * s.hs, T = s.T, M = s.N * T;
   Rng rng({kSeed, 7});
   const std::vector<bf16> qkv = random_bf16(static_cast<std::size_t>(M * 3 * C), rng, 2.0);
@@ -197,9 +204,9 @@ TEST(AmxAttention, AWindowsResultsAreItsOwnBitForBit) {
     Out o{std::vector<float>(rows * shape.H * 2), std::vector<bf16>(rows * C),
           std::vector<bf16>(rows * 3 * C)};
     const bf16* x = qkv.data() + first * T * 3 * C;
-    amx_attention_forward(x, nullptr, o.stats.data(), o.y.data(), shape, scale);
-    amx_attention_backward(x, o.stats.data(), nullptr, dy.data() + first * T * C, o.dqkv.data(),
-                           shape, scale);
+    attention_kernel_forward(engine, x, nullptr, o.stats.data(), o.y.data(), shape, scale);
+    attention_kernel_backward(engine, x, o.stats.data(), nullptr, dy.data() + first * T * C,
+                              o.dqkv.data(), shape, scale);
     return o;
   };
   const Out all = run(s, 0), again = run(s, 0), one = run({1, T, s.H, s.hs}, 2);
@@ -216,13 +223,23 @@ TEST(AmxAttention, AWindowsResultsAreItsOwnBitForBit) {
   EXPECT_EQ(bits(all.dqkv, 2 * rows * 3 * C, rows * 3 * C), bits(one.dqkv, 0, rows * 3 * C));
 }
 
-INSTANTIATE_TEST_SUITE_P(Heads, AmxAttention,
-                         ::testing::Values(Shape{"T32_Head32_TwoWindows", {2, 32, 2, 32}, 0.0f},
-                                           Shape{"T64_Head32_FourHeads", {1, 64, 4, 32}, 0.0f},
-                                           Shape{"T96_Head64_Dropout", {2, 96, 1, 64}, 0.3f},
-                                           Shape{"T160_Head64", {1, 160, 2, 64}, 0.0f},
-                                           Shape{"T128_Head96_Dropout", {1, 128, 1, 96}, 0.2f}),
-                         [](const auto& p) { return std::string(p.param.name); });
+std::string engine_name(AttentionEngine e) {
+  return e == AttentionEngine::kAmx ? "Amx" : "Avx512Bf16";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Heads, AttentionKernel,
+    ::testing::Combine(::testing::ValuesIn(kEngines),
+                       ::testing::Values(Shape{"T32_Head32_TwoWindows", {2, 32, 2, 32}, 0.0f},
+                                         Shape{"T64_Head32_FourHeads", {1, 64, 4, 32}, 0.0f},
+                                         Shape{"T96_Head64_Dropout", {2, 96, 1, 64}, 0.3f},
+                                         Shape{"T160_Head64", {1, 160, 2, 64}, 0.0f},
+                                         Shape{"T128_Head96_Dropout", {1, 128, 1, 96}, 0.2f})),
+    [](const auto& p) {
+      return engine_name(std::get<0>(p.param)) + "_" + std::get<1>(p.param).name;
+    });
+INSTANTIATE_TEST_SUITE_P(Engines, AttentionKernelBits, ::testing::ValuesIn(kEngines),
+                         [](const auto& p) { return engine_name(p.param); });
 
 }  // namespace gpt_attention_test
 }  // namespace cohort::nn

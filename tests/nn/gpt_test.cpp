@@ -308,15 +308,24 @@ const auto kPathCases = ::testing::Values(
     Case{"Rows768", "gpt:1-2-128-64", 7, 12}, Case{"Heads32Dropout", "gpt:2-2-64-32-0.3", 7, 3});
 const auto kAttentionPaths =
     ::testing::Values(GptPaths::Attention::kDense, GptPaths::Attention::kRowBlocks);
-// bf16 plans also have cohort's AMX kernel where heads and windows are multiples of 32
-// (Rows768, Heads32Dropout; elsewhere kAmx takes kAuto's other way).
-const auto kBf16AttentionPaths = ::testing::Values(
-    GptPaths::Attention::kDense, GptPaths::Attention::kRowBlocks, GptPaths::Attention::kAmx);
+// bf16 plans also have cohort's kernel, on its preferred engine and on AVX-512's, where heads
+// and windows are multiples of 32 (Rows768, Heads32Dropout; elsewhere, and where the CPU has no
+// engine, kKernel and kKernelAvx512Bf16 take kAuto's other way).
+const auto kBf16AttentionPaths =
+    ::testing::Values(GptPaths::Attention::kDense, GptPaths::Attention::kRowBlocks,
+                      GptPaths::Attention::kKernel, GptPaths::Attention::kKernelAvx512Bf16);
 
 std::string attention_name(GptPaths::Attention a) {
-  return a == GptPaths::Attention::kDense ? "_Dense"
-         : a == GptPaths::Attention::kAmx ? "_Amx"
-                                          : "_RowBlocks";
+  switch (a) {
+    case GptPaths::Attention::kDense:
+      return "_Dense";
+    case GptPaths::Attention::kKernel:
+      return "_Kernel";
+    case GptPaths::Attention::kKernelAvx512Bf16:
+      return "_KernelAvx512Bf16";
+    default:
+      return "_RowBlocks";
+  }
 }
 
 class GptForcedAttention : public ::testing::TestWithParam<std::tuple<Case, GptPaths::Attention>> {

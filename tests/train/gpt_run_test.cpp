@@ -39,12 +39,12 @@ const data::Splits& text() {
   return splits;
 }
 
-// Heads of 32 in windows of 32, where bf16 attention runs as cohort's AMX kernel on CPUs that
-// have it (nn/gpt_attention.hpp), and its windows.
-constexpr const char* kAmxSpec = "gpt:1-2-64-32-0.1";
+// Heads of 32 in windows of 32, where bf16 attention runs as cohort's kernel on CPUs with AVX-512
+// and BF16 (nn/gpt_attention.hpp: on AMX's tiles where the CPU has them), and its windows.
+constexpr const char* kKernelSpec = "gpt:1-2-64-32-0.1";
 const data::Splits& text_for(const TrainConfig& c) {
   static const data::Splits splits32 = shakespeare(32);
-  return c.model == kAmxSpec ? splits32 : text();
+  return c.model == kKernelSpec ? splits32 : text();
 }
 
 // nanoGPT's recipe on a small model: AdamW (0.9, 0.99), weight decay 0.1, clipping at 1.0.
@@ -75,10 +75,10 @@ std::string digest_after(TrainConfig c) {
 bool bf16_runs() { return nn::bf16_support() == nn::Bf16Support::kNative; }
 
 // Also with 256 embedding dimensions: the MLP's rows of 4 KB take the f32 weight gradients on
-// dnnl_sgemm and skewed buffers (GptPlanBuilder::wide_rows); and kAmxSpec.
+// dnnl_sgemm and skewed buffers (GptPlanBuilder::wide_rows); and kKernelSpec.
 
 TEST(GptRun, SameWeightsForEveryWorkerCount) {
-  for (const char* spec : {"gpt:2-2-16-16-0.1", "gpt:1-2-256-16-0.1", kAmxSpec})
+  for (const char* spec : {"gpt:2-2-16-16-0.1", "gpt:1-2-256-16-0.1", kKernelSpec})
     for (const nn::Precision p : {nn::Precision::kF32, nn::Precision::kBf16}) {
       if (p == nn::Precision::kBf16 && !bf16_runs()) continue;
       TrainConfig c = gpt_config(spec);
@@ -96,7 +96,7 @@ TEST(GptRun, SameWeightsForEveryWorkerCount) {
 }
 
 TEST(GptRun, AResumeIsTheUninterruptedRun) {
-  for (const char* spec : {"gpt:2-2-16-16-0.1", kAmxSpec})
+  for (const char* spec : {"gpt:2-2-16-16-0.1", kKernelSpec})
     for (const nn::Precision p : {nn::Precision::kF32, nn::Precision::kBf16}) {
       if (p == nn::Precision::kBf16 && !bf16_runs()) continue;
       TrainConfig c = gpt_config(spec);

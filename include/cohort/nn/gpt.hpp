@@ -80,11 +80,19 @@ class GptModel {
 // oneDNN dispatches on this CPU (the trainer's choice); the others force one way, so that tests
 // run each on any CPU.
 struct GptPaths {
-  // Attention as cohort's AMX kernel on qkv (bf16 plans where amx_attention_usable,
-  // nn/gpt_attention.hpp); else on oneDNN's matmuls, on dense copies of q, k and v over whole
-  // windows (where oneDNN's matmul runs AMX's kernel) or on strided views of qkv by row blocks
-  // (elsewhere). kAmx where the kernel cannot run, and in f32 plans, takes kAuto's other choice.
-  enum class Attention { kAuto, kDense, kRowBlocks, kAmx } attention = Attention::kAuto;
+  // Attention as cohort's kernel on qkv (bf16 plans where nn/gpt_attention.hpp's
+  // attention_kernel_engine has an engine: AMX's, else AVX-512's); else on oneDNN's matmuls, on
+  // dense copies of q, k and v over whole windows (where oneDNN's matmul runs AMX's kernel) or on
+  // strided views of qkv by row blocks (elsewhere). kKernelAvx512Bf16 runs the kernel on
+  // AVX-512's engine where AMX's is there too. kKernel and kKernelAvx512Bf16 where the kernel
+  // cannot run, and in f32 plans, take kAuto's other choice.
+  enum class Attention {
+    kAuto,
+    kDense,
+    kRowBlocks,
+    kKernel,
+    kKernelAvx512Bf16
+  } attention = Attention::kAuto;
   // A bf16 linear layer's backward as matmuls on plain operands, W = dY^T X and dX = dY W (each
   // where it runs AMX's kernel), or as oneDNN's inner product's backward-weights and
   // backward-data (elsewhere). f32 plans choose among their own (plan_gpt.cpp).
