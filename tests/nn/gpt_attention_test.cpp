@@ -223,10 +223,6 @@ TEST_P(AttentionKernelBits, AWindowsResultsAreItsOwnBitForBit) {
   EXPECT_EQ(bits(all.dqkv, 2 * rows * 3 * C, rows * 3 * C), bits(one.dqkv, 0, rows * 3 * C));
 }
 
-std::string engine_name(AttentionEngine e) {
-  return e == AttentionEngine::kAmx ? "Amx" : "Avx512Bf16";
-}
-
 INSTANTIATE_TEST_SUITE_P(
     Heads, AttentionKernel,
     ::testing::Combine(::testing::ValuesIn(kEngines),
@@ -236,10 +232,11 @@ INSTANTIATE_TEST_SUITE_P(
                                          Shape{"T160_Head64", {1, 160, 2, 64}, 0.0f},
                                          Shape{"T128_Head96_Dropout", {1, 128, 1, 96}, 0.2f})),
     [](const auto& p) {
-      return engine_name(std::get<0>(p.param)) + "_" + std::get<1>(p.param).name;
+      return std::string(attention_engine_name(std::get<0>(p.param))) + "_" +
+             std::get<1>(p.param).name;
     });
 INSTANTIATE_TEST_SUITE_P(Engines, AttentionKernelBits, ::testing::ValuesIn(kEngines),
-                         [](const auto& p) { return engine_name(p.param); });
+                         [](const auto& p) { return std::string(attention_engine_name(p.param)); });
 
 }  // namespace gpt_attention_test
 }  // namespace cohort::nn

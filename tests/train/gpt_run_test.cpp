@@ -74,46 +74,53 @@ std::string digest_after(TrainConfig c) {
 
 bool bf16_runs() { return nn::bf16_support() == nn::Bf16Support::kNative; }
 
+// gpt_config(spec) in f32 and, where the CPU runs bf16, in bf16, for each of `specs`.
+std::vector<TrainConfig> configs(std::initializer_list<const char*> specs) {
+  std::vector<TrainConfig> out;
+  for (const char* spec : specs)
+    for (const nn::Precision p : {nn::Precision::kF32, nn::Precision::kBf16}) {
+      if (p == nn::Precision::kBf16 && !bf16_runs()) continue;
+      out.push_back(gpt_config(spec));
+      out.back().precision = p;
+    }
+  return out;
+}
+
+// What a failure names: the model and the precision.
+std::string run_name(const TrainConfig& c) {
+  return c.model + ", " + (c.precision == nn::Precision::kBf16 ? "bf16" : "f32");
+}
+
 // Also with 256 embedding dimensions: the MLP's rows of 4 KB take the f32 weight gradients on
 // dnnl_sgemm and skewed buffers (GptPlanBuilder::wide_rows); and kKernelSpec.
 
 TEST(GptRun, SameWeightsForEveryWorkerCount) {
-  for (const char* spec : {"gpt:2-2-16-16-0.1", "gpt:1-2-256-16-0.1", kKernelSpec})
-    for (const nn::Precision p : {nn::Precision::kF32, nn::Precision::kBf16}) {
-      if (p == nn::Precision::kBf16 && !bf16_runs()) continue;
-      TrainConfig c = gpt_config(spec);
-      c.precision = p;
-      const std::string one = digest_after(c);
-      TrainConfig other = c;
-      other.seed = 4;
-      EXPECT_NE(digest_after(other), one) << spec;  // the digest tells runs apart
-      for (const std::size_t w : {2u, 3u}) {
-        c.workers = w;
-        EXPECT_EQ(digest_after(c), one)
-            << spec << ", " << w << " workers, " << (p == nn::Precision::kBf16 ? "bf16" : "f32");
-      }
+  for (TrainConfig c : configs({"gpt:2-2-16-16-0.1", "gpt:1-2-256-16-0.1", kKernelSpec})) {
+    const std::string one = digest_after(c);
+    TrainConfig other = c;
+    other.seed = 4;
+    EXPECT_NE(digest_after(other), one) << run_name(c);  // the digest tells runs apart
+    for (const std::size_t w : {2u, 3u}) {
+      c.workers = w;
+      EXPECT_EQ(digest_after(c), one) << run_name(c) << ", " << w << " workers";
     }
+  }
 }
 
 TEST(GptRun, AResumeIsTheUninterruptedRun) {
-  for (const char* spec : {"gpt:2-2-16-16-0.1", kKernelSpec})
-    for (const nn::Precision p : {nn::Precision::kF32, nn::Precision::kBf16}) {
-      if (p == nn::Precision::kBf16 && !bf16_runs()) continue;
-      TrainConfig c = gpt_config(spec);
-      c.precision = p;
-      const std::string whole = digest_after(c);
-      TrainConfig first = c;
-      first.steps = 3;
-      Trainer a(first, text_for(c));
-      testing::Recorder rec;
-      a.run(rec);
-      const auto bytes = checkpoint::encode_checkpoint(a.checkpoint("{}"));
-      c.workers = 2;  // and on another worker count
-      Trainer b(c, text_for(c));
-      b.restore(checkpoint::decode_checkpoint(bytes, "mem"), "mem");
-      EXPECT_EQ(b.run(rec).weights_digest, whole)
-          << spec << ", " << (p == nn::Precision::kBf16 ? "bf16" : "f32");
-    }
+  for (TrainConfig c : configs({"gpt:2-2-16-16-0.1", kKernelSpec})) {
+    const std::string whole = digest_after(c);
+    TrainConfig first = c;
+    first.steps = 3;
+    Trainer a(first, text_for(c));
+    testing::Recorder rec;
+    a.run(rec);
+    const auto bytes = checkpoint::encode_checkpoint(a.checkpoint("{}"));
+    c.workers = 2;  // and on another worker count
+    Trainer b(c, text_for(c));
+    b.restore(checkpoint::decode_checkpoint(bytes, "mem"), "mem");
+    EXPECT_EQ(b.run(rec).weights_digest, whole) << run_name(c);
+  }
 }
 
 TEST(GptRun, ValidationLossFallsAndIsTheSameEachTime) {
