@@ -333,5 +333,10 @@ class GptPlanBuilder {
 inline bool amx_kernel(const dnnl::primitive_desc_base& pd) {
   return std::string(pd.impl_info_str()).find("amx") != std::string::npos;
 }
+// Whether oneDNN runs `pd` on a brgemm kernel, AMX's or AVX-512's ("brg:avx512_core_bf16"), not
+// its gemm-based one ("gemm:jit").
+inline bool brgemm_kernel(const dnnl::primitive_desc_base& pd) {
+  return std::string(pd.impl_info_str()).starts_with("brg");
+}
 
 }  // namespace cohort::nn::detail

@@ -231,13 +231,13 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
   }
   if (matmuls) {
     // W (O, I) = dY^T X as a matmul on dY's transposed view, written plain: where its kernel is
-    // AMX's, it ran faster than the inner product's backward-weights kernel on all but one of the
-    // shapes measured, and that kernel also writes a blocked layout to reorder (docs/decisions.md,
-    // "Language models' bf16 weight gradients on AMX"). Elsewhere where GptPaths says so.
+    // a brgemm, AMX's or AVX-512's, it ran faster than the inner product's backward-weights
+    // kernel, which also writes a blocked layout to reorder (docs/decisions.md, "Language
+    // models' bf16 weight gradients on AMX"). Elsewhere where GptPaths says so.
     const matmul::primitive_desc mpd(
         matmul::desc(memory::desc({O, M_}, act_, Dims{1, O}), src.get_desc(), dw.get_desc()),
         attr(), eng_);
-    if (forced || amx_kernel(mpd)) {
+    if (forced || brgemm_kernel(mpd)) {
       const memory dy_t(mpd.src_desc(), eng_, diff_dst.get_data_handle());
       add(p_.backward, matmul(mpd), mpd.scratchpad_desc(),
           {{DNNL_ARG_SRC, dy_t}, {DNNL_ARG_WEIGHTS, src}, {DNNL_ARG_DST, dw}}, Phase::kMatmul);

@@ -93,9 +93,10 @@ struct GptPaths {
     kKernel,
     kKernelAvx512Bf16
   } attention = Attention::kAuto;
-  // A bf16 linear layer's backward as matmuls on plain operands, W = dY^T X and dX = dY W (each
-  // where it runs AMX's kernel), or as oneDNN's inner product's backward-weights and
-  // backward-data (elsewhere). f32 plans choose among their own (plan_gpt.cpp).
+  // A bf16 linear layer's backward as matmuls on plain operands, W = dY^T X (where it runs a
+  // brgemm kernel, AMX's or AVX-512's) and dX = dY W (where it runs AMX's), or as oneDNN's inner
+  // product's backward-weights and backward-data (elsewhere). f32 plans choose among their own
+  // (plan_gpt.cpp).
   enum class Bf16LinearBackward {
     kAuto,
     kMatmul,
