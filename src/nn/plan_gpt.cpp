@@ -231,9 +231,10 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
   }
   if (matmuls) {
     // W (O, I) = dY^T X as a matmul on dY's transposed view, written plain: where its kernel is
-    // a brgemm, AMX's or AVX-512's, it ran faster than the inner product's backward-weights
-    // kernel, which also writes a blocked layout to reorder (docs/decisions.md, "Language
-    // models' bf16 weight gradients on AMX"). Elsewhere where GptPaths says so.
+    // a brgemm, it ran faster than the inner product's backward-weights kernel (which also writes
+    // a blocked layout to reorder) on all but one of the shapes measured on AMX, and in the three
+    // presets' leaves on AVX-512 without AMX (docs/decisions.md, "Language models' bf16 weight
+    // gradients on AMX"). Elsewhere where GptPaths says so.
     const matmul::primitive_desc mpd(
         matmul::desc(memory::desc({O, M_}, act_, Dims{1, O}), src.get_desc(), dw.get_desc()),
         attr(), eng_);
