@@ -14,7 +14,9 @@ Commands (each measurement one line `RESULT {json}` on stdout):
            on 2-D tensors, clipping at 1.0, --warmup-iters of linear warmup then cosine to
            --min-lr); the validation loss over the whole validation split in non-overlapping
            windows (cohort's measure) every --eval-every iterations, with the training seconds so
-           far (steps only)
+           far (steps only); with --estimates N, also the spread of N estimates of the trained
+           model's validation loss, each the mean loss of --estimate-batches random batches
+           (nanoGPT's estimate_loss; its CPU recipe uses 20)
 
 Data: the text's sorted distinct characters are the vocabulary; the first 90% trains, the rest
 validates. A batch is --batch windows at uniformly random offsets (torch's generator, --seed).
@@ -182,6 +184,32 @@ def step(model, opt, x, y, a):
     return loss.item()
 
 
+@torch.no_grad()
+def estimates(model, val, a):
+    """a.estimates estimates of the validation loss, each nanoGPT's: the mean loss of
+    a.estimate_batches random batches (torch's generator, seed a.seed + 1000); their spread."""
+    was = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(a.seed + 1000)
+    values = []
+    for _ in range(a.estimates):
+        losses = []
+        for _ in range(a.estimate_batches):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+                losses.append(model(*batch(val, a, gen)).item())
+        values.append(statistics.fmean(losses))
+    model.train(was)
+    values.sort()
+
+    def at(q):
+        return values[round(q * (len(values) - 1))]
+
+    return {"batches": a.estimate_batches, "count": len(values),
+            "mean": statistics.fmean(values),
+            "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "p05": at(0.05), "p95": at(0.95), "min": values[0], "max": values[-1]}
+
+
 def emit(d):
     print("RESULT " + json.dumps(d), flush=True)
 
@@ -223,8 +251,11 @@ def cmd_train(a):
             curve.append({"step": it + 1, "elapsed_s": seconds,
                           "val_loss": validation_loss(model, val, a.block, bf16=a.bf16)})
             print(json.dumps(curve[-1]), flush=True)
-    emit({"what": "train", "bf16": a.bf16, "curve": curve, "val_loss": curve[-1]["val_loss"],
-          "train_seconds": seconds, "peak_rss_bytes": peak_rss_bytes()})
+    result = {"what": "train", "bf16": a.bf16, "curve": curve, "val_loss": curve[-1]["val_loss"],
+              "train_seconds": seconds, "peak_rss_bytes": peak_rss_bytes()}
+    if a.estimates:
+        result["estimates"] = estimates(model, val, a)
+    emit(result)
 
 
 def main():
@@ -244,6 +275,9 @@ def main():
     p.add_argument("--warmup-iters", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--estimates", type=int, default=0,
+                   help="train: this many estimates of the final validation loss (see --help)")
+    p.add_argument("--estimate-batches", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--steps", type=int, default=20)
