@@ -19,7 +19,10 @@ side by side on one machine, Tiny Shakespeare.
       seed: the validation loss (whole split) every --eval-every iterations (250, the recipe's)
       against training seconds, the seconds to first reach --target (1.90); with --peer the
       PyTorch recipe too, evaluated at the same iterations. --out writes
-      every curve as JSON, --svg draws them (docs/gpt_char_cpu_curves.svg).
+      every curve as JSON, --svg draws them (docs/gpt_char_cpu_curves.svg). Ends with each side
+      and precision's final losses over the seeds: mean, standard deviation, how many at or
+      under --target (--merge adds runs saved by --out before; --seeds '' --merge FILES prints
+      that of saved runs alone).
 """
 import argparse
 import json
@@ -163,7 +166,7 @@ def cmd_curve(a):
     tmp = os.path.join(ROOT, "runs", "gpt_compare")
     os.makedirs(tmp, exist_ok=True)
     results = []
-    for seed in [int(s) for s in a.seeds.split(",")]:
+    for seed in [int(s) for s in a.seeds.split(",") if s]:
         for precision in cohort_precisions(a.cohort):
             curve = cohort_curve(a, seed, precision, tmp)
             results.append({"who": "cohort", "seed": seed, "precision": precision,
@@ -186,8 +189,27 @@ def cmd_curve(a):
     if a.out:
         with open(a.out, "w") as f:
             json.dump(results, f, indent=1)
+    for path in filter(None, a.merge.split(",")):
+        with open(path) as f:
+            results += [r for r in json.load(f) if (r["who"], r["precision"], r["seed"]) not in
+                        {(q["who"], q["precision"], q["seed"]) for q in results}]
+    print_spread(results, a.target)
     if a.svg:
         write_svg(results, a.svg, a.title)
+
+
+def print_spread(results, target):
+    """Per side and precision, over the seeds run (and merged): the final validation losses'
+    mean and standard deviation, and at how many seeds the run ends at or under the target."""
+    for key in dict.fromkeys((r["who"], r["precision"]) for r in results):
+        runs = sorted((r for r in results if (r["who"], r["precision"]) == key),
+                      key=lambda r: r["seed"])
+        final = [r["curve"][-1]["val_loss"] for r in runs]
+        sd = statistics.stdev(final) if len(final) > 1 else 0.0
+        under = [r["seed"] for r, v in zip(runs, final) if v <= target]
+        print(f"{key[0]} {key[1]}, seeds {[r['seed'] for r in runs]}: final val loss mean "
+              f"{statistics.fmean(final):.4f}, sd {sd:.4f}; at or under {target} at "
+              f"{len(under)} of {len(final)} (seeds {under})", flush=True)
 
 
 def write_svg(results, path, title):
@@ -255,6 +277,9 @@ def main():
                    help="curve: both sides' validation loss every this many iterations (the "
                         "recipe's 250; fewer place the first reach of --target more finely)")
     p.add_argument("--out", default="")
+    p.add_argument("--merge", default="",
+                   help="curve: also count these --out files' runs (comma-separated) in the "
+                        "spread printed at the end")
     p.add_argument("--svg", default="", help="curve: also draw the curves into this SVG")
     p.add_argument("--title", default="nanoGPT's CPU recipe on Tiny Shakespeare")
     a = p.parse_args()
