@@ -11,8 +11,9 @@ side by side on one machine, Tiny Shakespeare.
       RSS (the child's, from wait4). cohort's rate is the steady one: the tokens of its steps
       after the first --skip over their time (the metrics' elapsed_s, steps only), as the peer's
       excludes its warm-up steps. Prints medians, cohort's roofline fractions and the ratio of
-      cohort's best to PyTorch's best, of the medians and round by round. --baseline BIN runs another cohort build first in each
-      round and prints the per-round ratios; --peer-precisions none leaves the peer out.
+      cohort's best to PyTorch's best, of the medians and round by round. --baseline BIN runs
+      another cohort build first in each round and prints the per-round ratios;
+      --peer-precisions none leaves the peer out.
   bench/gpt_compare.py curve [--seeds 1,2,3] [--peer [--peer-precisions f32,bf16]]
                              [--eval-every 250]
       nanoGPT's CPU recipe for 2000 iterations (examples/gpt_char_cpu.toml) in f32 and bf16 per
