@@ -193,7 +193,8 @@ def cmd_curve(a):
     for path in filter(None, a.merge.split(",")):  # a run already here is not counted twice
         seen = {(r["who"], r["precision"], r["seed"]) for r in results}
         with open(path) as f:
-            results += [r for r in json.load(f) if (r["who"], r["precision"], r["seed"]) not in seen]
+            results += [r for r in json.load(f)
+                        if (r["who"], r["precision"], r["seed"]) not in seen]
     print_spread(results, a.target)
     if a.svg:
         write_svg(results, a.svg, a.title)
