@@ -19,7 +19,6 @@ struct Record {
   std::uint64_t text_bytes = 0;  // the problem and the facts' texts, sent only if needed
   std::uint64_t facts = 0;
   std::uint64_t known = 0;  // bit i: fact i is known
-  std::uint64_t values[2] = {0, 0};
   std::uint64_t digests[kMaxFacts] = {};
 };
 
@@ -153,7 +152,7 @@ JobInputError::JobInputError(std::vector<std::string> lines)
     : InputError(lines.empty() ? std::string("the ranks refused the job") : lines.front()),
       lines_(std::move(lines)) {}
 
-std::vector<std::array<std::uint64_t, 2>> agree(dist::Comm& comm, const Stand& mine) {
+void agree(dist::Comm& comm, const Stand& mine) {
   COHORT_CHECK(mine.facts.size() <= kMaxFacts, "agree: at most kMaxFacts facts");
   const auto ranks = static_cast<std::size_t>(comm.size());
   const auto me = static_cast<std::size_t>(comm.rank());
@@ -167,8 +166,6 @@ std::vector<std::array<std::uint64_t, 2>> agree(dist::Comm& comm, const Stand& m
     own.known |= std::uint64_t{mine.facts[i].known} << i;
     own.digests[i] = mine.facts[i].digest;
   }
-  own.values[0] = mine.values[0];
-  own.values[1] = mine.values[1];
   comm.allgatherv(records.data(), std::vector<std::size_t>(ranks, sizeof(Record)));
 
   // Decided from the records alone, which every rank has alike: every rank takes the same branch.
@@ -182,11 +179,7 @@ std::vector<std::array<std::uint64_t, 2>> agree(dist::Comm& comm, const Stand& m
         first = first.value_or(r.digests[i]);
       }
   }
-  if (!off) {
-    std::vector<std::array<std::uint64_t, 2>> values;
-    for (const Record& r : records) values.push_back({r.values[0], r.values[1]});
-    return values;
-  }
+  if (!off) return;
 
   // Something is wrong somewhere: every rank's texts, for the message.
   std::vector<std::size_t> bytes(ranks);

@@ -5,7 +5,6 @@
 // Not the checks themselves (train_command.cpp) and not the transport (dist::Comm).
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -30,11 +29,10 @@ struct Fact {
 };
 
 // What one rank brings to an agreement. Every rank brings the same list of facts (the same
-// `what`s in the same order); `values` are gathered as they are.
+// `what`s in the same order).
 struct Stand {
   std::optional<std::string> problem;  // this rank's checks failed: why
   std::vector<Fact> facts;             // at most kMaxFacts
-  std::array<std::uint64_t, 2> values{};
 };
 inline constexpr std::size_t kMaxFacts = 8;
 
@@ -49,12 +47,12 @@ class JobInputError : public InputError {
 };
 
 // Every rank calls it at the same point with its stand: one collective (fixed-size records), and
-// a second one only when some rank failed or some known fact differs (the texts). Returns every
-// rank's values, by rank, when every rank's checks passed and every fact is the same wherever it
-// is known. Otherwise throws JobInputError on every rank with the same lines: each fact that
-// differs, naming the ranks and what each has, then each distinct problem once, naming the
-// ranks that had it unless every rank did.
-std::vector<std::array<std::uint64_t, 2>> agree(dist::Comm& comm, const Stand& mine);
+// a second one only when some rank failed or some known fact differs (the texts). Returns when
+// every rank's checks passed and every fact is the same wherever it is known. Otherwise throws
+// JobInputError on every rank with the same lines: each fact that differs, naming the ranks and
+// what each has, then each distinct problem once, naming the ranks that had it unless every rank
+// did.
+void agree(dist::Comm& comm, const Stand& mine);
 
 // The exception being handled as a rank's problem: an InputError's message as it is, any other
 // as "internal error: ..." (e.g. std::bad_alloc while loading). Call from a catch block.

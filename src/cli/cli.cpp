@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <filesystem>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -97,7 +98,7 @@ int run_args(std::vector<std::string> args, std::ostream& all_out, std::ostream&
     return kExitBadInput;
   };
   try {
-    args = with_config_flags(std::move(args), loaders);
+    args = with_config_flags(std::move(args), loaders, /*outputs=*/comm.rank() == 0);
     CLI::App app{"cohort: synchronous data-parallel neural-network training on one CPU machine",
                  "cohort"};
     app.require_subcommand(1);
@@ -151,23 +152,18 @@ int run_args(std::vector<std::string> args, std::ostream& all_out, std::ostream&
   }
 }
 
-// train_schema() with its output paths (--summary, --save, ...) as plain strings.
-const config::Schema& schema_without_outputs() {
-  static const config::Schema schema = [] {
-    config::Schema keys = train_schema();
-    for (config::Key& k : keys)
-      if (k.type == config::Type::kFileOut) k.type = config::Type::kString;
-    return keys;
-  }();
-  return schema;
-}
-
 }  // namespace
 
 Loaders disk_loaders() {
   return {
+      // A TOML job file, or a run's summary (or its effective config) in JSON.
       .config =
-          [](const std::string& path) { return config::job_config_flags(path, train_schema()); },
+          [](const std::string& path, const config::Schema& schema) {
+            if (std::filesystem::path(path).extension() == ".json")
+              return config::job_config_flags_from_text(effective_config_toml(path),
+                                                        path + " (as TOML)", schema);
+            return config::job_config_flags(path, schema);
+          },
       .data = [](const std::string& dir,
                  std::size_t text_block) -> std::shared_ptr<const data::Splits> {
         return std::make_shared<const data::Splits>(data::load_data_folder(dir, 10, text_block));
@@ -187,13 +183,7 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
     err << "cohort: internal error: " << e.what() << "\n";
     return kExitInternal;
   }
-  Loaders loaders = disk_loaders();
-  // Only rank 0 writes files: the other ranks read a config file's output paths unchecked.
-  if (world->rank() != 0)
-    loaders.config = [](const std::string& path) {
-      return config::job_config_flags(path, schema_without_outputs());
-    };
-  return run_args(std::vector<std::string>(argv, argv + argc), out, err, loaders, Mode::kRun,
+  return run_args(std::vector<std::string>(argv, argv + argc), out, err, disk_loaders(), Mode::kRun,
                   *world);
 }
 

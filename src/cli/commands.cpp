@@ -138,6 +138,7 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
       out << ": test loss " << loss << ", test accuracy " << accuracy;
     out << ", weights digest " << digest << "\n";
   }
+  create_output_folders({o.summary_path, o.logits_path});
   if (!o.summary_path.empty()) {
     json summary{
         {"checkpoint", o.checkpoint}, {"model", ck.model},         {"step", ck.step},
@@ -186,6 +187,7 @@ int plot_command(const PlotOptions& o, std::ostream& out) {
     for (std::size_t j = 0; j < runs.size(); ++j)
       if (i != j && runs[i].label == fs::path(o.files[j]).filename().string())
         runs[i].label = fs::path(o.files[i]).lexically_normal().string();
+  create_output_folders({o.output});
   write_file_atomically(o.output, report::render_svg(runs, {.width = o.width, .title = o.title}));
   if (!o.quiet)
     out << "cohort plot: " << runs.size() << (runs.size() == 1 ? " run" : " runs") << " -> "

@@ -187,8 +187,8 @@ std::vector<TrainFlag> make_table() {
           "global batch size (samples; a language model's windows)"),
       number_flag<&O::config, &TC::micro_batch>(
           "--micro-batch", "run.micro_batch", {0, k2to24},
-          "rows per leaf of the reduction tree (0: batch / cores, rounded up, capped for "
-          "convolutions, bn and language models)"),
+          "rows per leaf of the reduction tree; the weights depend on it (0: from the model, "
+          "the batch and the precision only, never the machine)"),
       number_flag<&O::config, &TC::epochs>("--epochs", "run.epochs", {0, 1e6},
                                            "epochs over the training set"),
       number_flag<&O::config, &TC::steps>("--steps", "run.steps", {0, 1e15},
@@ -248,6 +248,11 @@ std::vector<TrainFlag> make_table() {
           "--precision", "run.precision",
           "the replicas' arithmetic: f32, or bf16 (bf16 forward and backward-data on a bf16 copy "
           "of the weights; f32 master weights, weight gradients, loss and optimizer)"),
+      string_flag<&O::kernels>(
+          "--kernels", "run.kernels", Type::kString,
+          "the kernel set of the run whose effective config this repeats (its summary's "
+          "config.kernels); where this machine's differs, the header says so (nothing else "
+          "changes)"),
       bool_flag<&O::config, &TC::allow_emulated_bf16>(
           "--allow-emulated-bf16", "run.allow_emulated_bf16",
           "run --precision bf16 on a CPU without AVX512_BF16 (emulated, several times slower)"),
@@ -385,12 +390,14 @@ void check_train_flags(const CLI::App& cmd, const TrainOptions& o, bool outputs)
   }
 }
 
-std::vector<std::string> with_config_flags(std::vector<std::string> args, const Loaders& loaders) {
+std::vector<std::string> with_config_flags(std::vector<std::string> args, const Loaders& loaders,
+                                           bool outputs) {
   if (args.size() < 2 || args[1] != "train") return args;
-  std::vector<std::string> paths;
+  std::vector<std::string> paths, given;
   for (std::size_t i = 2; i < args.size(); ++i) {
     if (args[i] == "--config" && i + 1 < args.size()) paths.push_back(args[i + 1]);
     if (args[i].rfind("--config=", 0) == 0) paths.push_back(args[i].substr(9));
+    if (args[i].rfind("--", 0) == 0) given.push_back(args[i].substr(0, args[i].find('=')));
   }
   if (paths.size() > 1)
     throw InputError("--config: expected one job file, found " + std::to_string(paths.size()) +
@@ -398,7 +405,12 @@ std::vector<std::string> with_config_flags(std::vector<std::string> args, const 
                      (paths.size() > 2 ? ", ..." : "") +
                      "): flags override a file's keys, not another file's");
   if (paths.empty() || paths[0].empty()) return args;
-  const std::vector<std::string> flags = loaders.config(paths[0]);
+  config::Schema schema = train_schema();
+  for (config::Key& k : schema) {
+    k.replaced = std::find(given.begin(), given.end(), k.flag) != given.end();
+    if (!outputs && k.type == config::Type::kFileOut) k.type = config::Type::kString;
+  }
+  const std::vector<std::string> flags = loaders.config(paths[0], schema);
   args.insert(args.begin() + 2, flags.begin(), flags.end());
   return args;
 }

@@ -41,6 +41,10 @@ struct TrainOptions {
   bool keep_last = false;      // config.drop_last is its negation
   bool plain_layouts = false;  // config.blocked_layouts is its negation
   bool dry_run = false;
+  // --kernels: the kernel set (nn::kernel_set) of the run whose effective config this command
+  // repeats; "" none. It changes nothing that runs: where this machine's set differs, the
+  // header says the weights may differ in their last bits.
+  std::string kernels;
 
   // `config` with the flags that the table stores elsewhere applied (drop_last,
   // blocked_layouts, trace).
@@ -87,9 +91,12 @@ CLI::Validator unsigned_decimal();
 void check_train_flags(const CLI::App& cmd, const TrainOptions& o, bool outputs = true);
 
 // `cohort train --config FILE ...`: the file's keys (read by `loaders.config`) become flags
-// placed before the command line's own, so that with take-the-last-value options the command
-// line overrides the file; a second --config is refused (InputError). Other commands' arguments
-// are returned unchanged.
-std::vector<std::string> with_config_flags(std::vector<std::string> args, const Loaders& loaders);
+// placed before the command line's own. A key whose flag the command line gives is replaced
+// before anything checks it: the file's value is neither checked nor passed on. `outputs`: false
+// on a process that writes no files (an MPI rank other than 0), which reads the file's output
+// paths as plain strings, unchecked. A second --config is refused (InputError). Other commands'
+// arguments are returned unchanged.
+std::vector<std::string> with_config_flags(std::vector<std::string> args, const Loaders& loaders,
+                                           bool outputs = true);
 
 }  // namespace cohort::cli

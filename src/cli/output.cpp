@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numbers>
 #include <utility>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "cohort/core/names.hpp"
 #include "cohort/data/augment.hpp"
 #include "cohort/data/dataset.hpp"
+#include "cohort/nn/version.hpp"
 #include "cohort/version.hpp"
 
 namespace cohort::cli {
@@ -52,7 +54,7 @@ std::string scalar_text(const json& v) { return v.is_string() ? v.get<std::strin
 }  // namespace
 
 std::string config_text(const json& config) {
-  // Top-level scalars other than model and data gather on two lines; an object (optimizer,
+  // Top-level scalars other than model, data and kernels gather on two lines; an object (optimizer,
   // schedule) is a line of its own, led by its kind.
   std::vector<std::pair<std::string, std::string>> lines{
       {"model", ""}, {"data", ""}, {"run", ""}, {"engine", ""}};
@@ -65,7 +67,7 @@ std::string config_text(const json& config) {
     text += (text.empty() ? "" : " ") + item;
   };
   for (const auto& [key, value] : config.items()) {
-    if (key == "model" || key == "data") {
+    if (key == "model" || key == "data" || key == "kernels") {
       line(key) = scalar_text(value);
     } else if (value.is_object()) {
       std::string& text = line(key);
@@ -87,6 +89,56 @@ std::string config_text(const json& config) {
   return text;
 }
 
+std::string config_toml(const json& config) {
+  const std::vector<std::string> order{"model", "data", "run", "optimizer", "schedule"};
+  std::map<std::string, std::string> sections;
+  auto add = [&](const std::string& section, const std::string& key, const json& value) {
+    sections[section] += key + " = " + value.dump() + "\n";  // JSON's scalars are TOML's
+  };
+  for (const auto& [key, value] : config.items()) {
+    if (value.is_object()) {
+      for (const auto& [k, v] : value.items())
+        if (!(key == "schedule" && k == "base_lr")) add(key, k, v);
+    } else if (key == "model") {
+      add("model", "spec", value);
+    } else if (key == "data") {
+      add("data", "dir", value);
+    } else if (key == "augment") {
+      add("data", "augment", value);
+    } else if (key == "drop_last" && value.is_boolean()) {
+      add("run", "keep_last", !value.get<bool>());
+    } else if (key == "blocked_layouts" && value.is_boolean()) {
+      add("run", "plain_layouts", !value.get<bool>());
+    } else if (key != "workers") {
+      add("run", key, value);
+    }
+  }
+  std::string text;
+  for (const std::string& name : order)
+    if (sections.contains(name)) text += "[" + name + "]\n" + sections[name];
+  for (const auto& [name, body] : sections)
+    if (std::find(order.begin(), order.end(), name) == order.end())
+      text += "[" + name + "]\n" + body;
+  return text;
+}
+
+std::string effective_config_toml(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": --config: cannot open it");
+  const json doc = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object())
+    throw InputError(path +
+                     ": --config: expected a JSON object (a run's summary or its effective "
+                     "config), found " +
+                     (doc.is_discarded() ? std::string("invalid JSON") : doc.type_name()));
+  const json& config = doc.contains("config") ? doc["config"] : doc;
+  if (!config.is_object() || !config.contains("model"))
+    throw InputError(path +
+                     ": --config: expected a run's summary (with its \"config\") or an "
+                     "effective config (with \"model\"), found neither");
+  return config_toml(config);
+}
+
 std::string float_text(float f) {
   char text[32];
   return std::string(text, std::to_chars(text, text + sizeof text, f).ptr);
@@ -97,6 +149,11 @@ void check_output_path(const std::string& flag, const std::string& path) {
   if (const std::string problem = config::path_problem(config::Type::kFileOut, path);
       !problem.empty())
     throw InputError(flag + ": " + problem);
+}
+
+void create_output_folders(std::initializer_list<std::string> paths) {
+  for (const std::string& path : paths)
+    if (!path.empty()) cohort::create_output_folders(path);
 }
 
 void check_outputs_apart(const std::vector<NamedPath>& outputs,
@@ -165,7 +222,9 @@ json config_json(const train::TrainConfig& c, const std::string& data_dir) {
               {"weight_grads", std::string(name_of(TC::kWeightGradsNames, c.weight_grads))},
               {"precision", std::string(name_of(nn::kPrecisionNames, c.precision))},
               {"drop_last", c.drop_last},
-              {"blocked_layouts", c.blocked_layouts}};
+              {"blocked_layouts", c.blocked_layouts},
+              {"eval_every", c.eval_every},
+              {"kernels", nn::kernel_set()}};
   // --augment in its canonical form, recorded only when set (a config without the key, as every
   // one written before it existed, has none); `cohort eval` reads it back to normalize.
   if (const std::string augment = data::to_string(data::parse_augment(c.augment)); !augment.empty())

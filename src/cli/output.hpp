@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,9 @@ using json = nlohmann::ordered_json;
 // An output file must be creatable before any work starts, so a typo costs nothing. Throws
 // InputError "<flag>: expected ..., found ..." ("" is no file: nothing to check).
 void check_output_path(const std::string& flag, const std::string& path);
+// The folders of each output path given ("" is none), created where missing, before the command's
+// work; throws OutputError.
+void create_output_folders(std::initializer_list<std::string> paths);
 
 // A file a command reads or writes, and the flag that named it. `streamed`: an output written as
 // a stream (--metrics), not renamed into place; `what`: how a message names it, if not
@@ -51,6 +55,17 @@ std::string recorded_augment(const checkpoint::Checkpoint& ck, const std::string
 // section ("  optimizer  sgd lr=0.1 momentum=0.9 ..."), each ending in a newline. The JSON
 // stays in the summary file, the trace and the checkpoint.
 std::string config_text(const json& config);
+
+// The effective configuration (config_json's, as a summary, trace or checkpoint holds it) as a
+// TOML job file: each value under its key in `cohort train`'s schema (model -> model.spec, data
+// -> data.dir, drop_last -> run.keep_last negated, ...), less what is the machine's own
+// (workers) and what follows from the rest (schedule.base_lr). A key the schema lacks stays, to
+// be refused by the reader as unknown.
+std::string config_toml(const json& config);
+
+// `path`'s effective configuration: a JSON file that is a run's summary (its "config") or an
+// effective configuration itself, as TOML (config_toml). Throws InputError naming `path`.
+std::string effective_config_toml(const std::string& path);
 
 // The checkpoints a run wrote, and the seconds it spent on them (copying the state out, every
 // rank; encoding, writing, fsync and rename, rank 0).

@@ -106,6 +106,15 @@ Checked check_inputs(const TrainOptions& o, const Loaders& loaders) {
   return in;
 }
 
+// The header's line when --kernels names another kernel set than this machine's ("" if none).
+std::string kernels_notice(const TrainOptions& o) {
+  const std::string here = nn::kernel_set();
+  if (o.kernels.empty() || o.kernels == here) return "";
+  return "  note: the config was written where the kernels were " + o.kernels +
+         "; this machine's are " + here +
+         ": the weights may differ from that run's in their last bits\n";
+}
+
 // --dry-run: what was checked and the config a run would start with on this machine (workers
 // and micro_batch resolved as the trainer resolves them).
 int dry_run(const TrainOptions& o, const Checked& in, std::ostream& out) {
@@ -113,7 +122,8 @@ int dry_run(const TrainOptions& o, const Checked& in, std::ostream& out) {
       << " parameters) on " << o.data_dir << " (" << in.data->train.count << " train, "
       << in.data->test.count << " test samples of " << in.data->train.describe_shape()
       << "): every input checked, nothing trained or written\n"
-      << config_text(config_json(train::resolve_defaults(in.config, model_of(in)), o.data_dir));
+      << config_text(config_json(train::resolve_defaults(in.config, model_of(in)), o.data_dir))
+      << kernels_notice(o);
   if (in.resume)
     out << "  would resume from " << in.resume_path << " at step " << in.resume->step << "\n";
   else if (o.checkpoint.resume == kResumeAuto)
@@ -121,11 +131,10 @@ int dry_run(const TrainOptions& o, const Checked& in, std::ostream& out) {
   return kExitOk;
 }
 
-// Several ranks: the workers and micro-batch a single process would take from its cores come
-// from this rank's share of its node's cores and from the job's total, so the leaves are those
-// of one process with as many cores. The share: the affinity mask if the launcher bound the rank
-// to part of the node (Open MPI binds up to 2 ranks to a core each by default), else the mask
-// split between the node's ranks (--bind-to none).
+// Several ranks: the workers a single process would take from its cores come from this rank's
+// share of its node's cores. The share: the affinity mask if the launcher bound the rank to part of
+// the node (Open MPI binds up to 2 ranks to a core each by default), else the mask split between
+// the node's ranks (--bind-to none).
 std::size_t core_share(const dist::Comm& comm) {
   const auto local = static_cast<std::size_t>(comm.local_size());
   const std::size_t mask = dist::affinity_cores();
@@ -134,8 +143,8 @@ std::size_t core_share(const dist::Comm& comm) {
 }
 
 // The first agreement's stand before this rank's checks: the facts every rank fills in the same
-// order (unknown until its checks get there) and the values the job's defaults come from.
-Stand first_stand(const dist::Comm& comm) {
+// order (unknown until its checks get there).
+Stand first_stand() {
   Stand s;
   s.facts.resize(4);
   s.facts[0] = {.what = "cohort's version",
@@ -145,19 +154,17 @@ Stand first_stand(const dist::Comm& comm) {
   s.facts[1].what = "the training split (--data)";
   s.facts[2].what = "the test split (--data)";
   s.facts[3].what = "the checkpoint resumed (--resume)";
-  s.values = {core_share(comm), train::l2_cache_bytes()};
   return s;
 }
 
 // Several ranks, before any other collective: check_inputs in two agreements (agreement.hpp).
 // The first follows this rank's own checks (a rank whose command line failed joins it from
 // run_args instead: refuse_train) and compares cohort's version, each split's bytes and the
-// checkpoint resumed; it also gathers what the job's defaults come from. The second follows the
-// checks that need those defaults, some of which depend on the machine (its memory, bf16), and
-// compares the effective config, less what is each rank's own (--workers, the --data path).
-// Either throws JobInputError on every rank.
+// checkpoint resumed. The second follows the checks that depend on the machine (its memory,
+// bf16), and compares the effective config, less what is each rank's own (--workers, the --data
+// path). Either throws JobInputError on every rank.
 Checked agreed_inputs(const TrainOptions& o, const Loaders& loaders, dist::Comm& comm) {
-  Stand first = first_stand(comm);
+  Stand first = first_stand();
   Checked in;
   try {
     in = check_own(o, loaders);
@@ -177,27 +184,18 @@ Checked agreed_inputs(const TrainOptions& o, const Loaders& loaders, dist::Comm&
   } catch (...) {
     first.problem = current_problem();
   }
-  const std::vector<std::array<std::uint64_t, 2>> values = agree(comm, first);
-  // The job's cores divide the batch; its smallest L2 bounds the conv micro-batch (unknown on
-  // some rank: no bound, as a single process that cannot tell).
-  std::uint64_t cores = 0, l2 = UINT64_MAX;
-  for (const auto& [rank_cores, rank_l2] : values) {
-    cores += rank_cores;
-    l2 = std::min(l2, rank_l2);
-  }
-  train::TrainConfig& c = in.config;
-  if (c.workers == 0) c.workers = static_cast<std::size_t>(first.values[0]);
-  c.job_cores = static_cast<std::size_t>(cores);
-  c.job_l2_bytes = l2 != 0 ? static_cast<std::size_t>(l2) : SIZE_MAX;
+  agree(comm, first);
+  if (in.config.workers == 0) in.config.workers = core_share(comm);
 
   Stand second;
   second.facts.resize(1);
   second.facts[0].what = "the effective config";
   second.facts[0].json_object = true;
   try {
-    json shared = config_json(train::resolve_defaults(c, model_of(in)), o.data_dir);
+    json shared = config_json(train::resolve_defaults(in.config, model_of(in)), o.data_dir);
     shared.erase("data");
     shared.erase("workers");
+    shared.erase("kernels");  // each rank's machine's; a job may span machines
     // What decides the collectives of a run besides the config: saves are gathered by every
     // rank, and a dry run does none.
     shared["save"] = !o.checkpoint.save.empty();
@@ -221,6 +219,7 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
   std::ostream& out = writer ? all_out : null_out;
   const CheckpointOptions& ck = o.checkpoint;
   StopSignals signals;  // from here the first SIGINT or SIGTERM stops the run after a step
+  if (writer) create_output_folders({ck.save, o.summary_path, o.metrics_path, o.trace_path});
   // Validates again, then builds the replicas.
   train::Trainer trainer(in.config, *in.data, &comm);
   const auto& c = trainer.config();
@@ -274,7 +273,8 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
         << (comm.size() > 1 ? "  " + comm.describe() + ", " + std::to_string(c.workers) +
                                   " workers per rank; rank 0 reports for all\n"
                             : "")
-        << config_text(effective_json) << "  oneDNN dispatches " << nn::onednn_isa()
+        << config_text(effective_json) << kernels_notice(o) << "  oneDNN dispatches "
+        << nn::onednn_isa()
         << (c.precision == nn::Precision::kBf16 && nn::bf16_support() == nn::Bf16Support::kEmulated
                 ? " (no AVX512_BF16: bf16 is emulated)\n"
                 : "\n")
@@ -369,7 +369,7 @@ int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& o
 }
 
 std::vector<std::string> refuse_train(const std::string& problem, dist::Comm& comm) {
-  Stand first = first_stand(comm);
+  Stand first = first_stand();
   first.problem = problem;
   try {
     agree(comm, first);

@@ -154,6 +154,7 @@ std::vector<std::string> flags_of(const toml::table& root, const std::string& pa
         throw InputError(where(path, value.source()) + ": unknown key '" + key +
                          "' (known keys: " + known + ")");
       }
+      if (it->replaced) continue;
       if (const std::string problem = add_flags(*it, value, flags); !problem.empty())
         throw InputError(where(path, value.source()) + ": " + key + ": " + problem);
     }
@@ -197,8 +198,13 @@ std::string path_problem(Type type, const std::string& text) {
       } catch (const OutputError& error) {
         return expected + "' (" + error.what() + ")";
       }
-      const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-      if (!fs::is_directory(dir, e)) return expected + "' (folder " + dir.string() + " missing)";
+      // The nearest folder that exists: the folders below it are created before the first write
+      // (create_output_folders), so it must be a writable folder.
+      fs::path dir = target.parent_path();
+      while (!dir.empty() && !fs::exists(fs::symlink_status(dir, e)) && dir != dir.parent_path())
+        dir = dir.parent_path();
+      if (dir.empty()) dir = ".";
+      if (!fs::is_directory(dir, e)) return expected + "' (" + dir.string() + " is not a folder)";
       if (::access(dir.c_str(), W_OK) != 0)
         return expected + "' (folder " + dir.string() + " read-only)";
       return "";

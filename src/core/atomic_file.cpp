@@ -67,6 +67,16 @@ fs::path output_target(const fs::path& path) {
   }
 }
 
+void create_output_folders(const fs::path& path) {
+  const fs::path dir = output_target(path).parent_path();
+  if (dir.empty()) return;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    throw OutputError(path.string() + ": cannot create the folder " + dir.string() + ": " +
+                      ec.message());
+}
+
 void write_file_atomically(const fs::path& path, std::string_view bytes,
                            const std::function<void(const fs::path& target)>& before_rename) {
   write_file_atomically(path, std::span<const std::string_view>(&bytes, 1), before_rename);

@@ -165,7 +165,7 @@ std::map<std::string, std::string> metadata_strings(const Metadata& m) {
 
 namespace {
 
-// The output's folder must exist and be writable before anything is encoded.
+// The output's folder must be writable or creatable before anything is encoded.
 void check_output(const fs::path& out) {
   if (out.empty()) throw InputError("-o/--output: expected a file name, found ''");
   for (const std::string& problem : {config::path_problem(config::Type::kFileOut, out.string()),
@@ -206,6 +206,7 @@ void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path
                       .input = model.input(),
                       .vocab = static_cast<std::int64_t>(ck.vocab),
                       .characters = characters};
+  create_output_folders(out);
   if (format == Format::kSafetensors) {
     const std::vector<std::uint8_t> bytes = encode_safetensors(model, w, meta);
     write_file_atomically(out, {reinterpret_cast<const char*>(bytes.data()), bytes.size()});

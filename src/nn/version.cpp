@@ -90,6 +90,11 @@ std::string openblas_version() {
   return version + " (" + build + " build, kernels " + openblas_get_corename() + ")";
 }
 
+std::string kernel_set() {
+  return "onednn:" + onednn_isa() + ",cohort:" + cohort_kernels_isa() +
+         ",openblas:" + openblas_get_corename();
+}
+
 bool openblas_usable() {
   static const bool usable = [] {
     if (openblas_get_parallel() != 2) return false;

@@ -1,5 +1,6 @@
-// Validation of a TrainConfig against its model and data, and the defaults that depend on the
-// machine. Runs before anything is sized from the config (arena, replicas, buffers).
+// Validation of a TrainConfig against its model and data, and its defaults (the workers from the
+// machine; the leaves from the model, batch and precision only). Runs before anything is sized from
+// the config (arena, replicas, buffers).
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "cohort/nn/version.hpp"
 #include "cohort/optim/optimizer.hpp"
 #include "cohort/train/trainer.hpp"
+#include "defaults.hpp"
 
 namespace cohort::train {
 
@@ -30,20 +32,6 @@ nn::SampleShape input_shape(const data::Dataset& set) {
           static_cast<std::int64_t>(set.cols)};
 }
 
-std::size_t l2_cache_bytes() {
-  const long bytes = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
-  return bytes > 0 ? static_cast<std::size_t>(bytes) : 0;
-}
-
-std::size_t conv_micro_batch(const nn::Model& model, nn::Precision precision,
-                             std::size_t l2_bytes) {
-  if (precision != nn::Precision::kBf16 || l2_bytes == 0) return kConvMicroBatch;
-  std::int64_t largest = model.input().numel();  // values a row, of any layer's output
-  for (const nn::LayerSpec& l : model.layers()) largest = std::max(largest, l.out.numel());
-  const auto bytes = static_cast<std::size_t>(largest) * sizeof(bf16) * kConvMicroBatch;
-  return bytes > l2_bytes ? kConvMicroBatch / 2 : kConvMicroBatch;
-}
-
 namespace {
 
 // The refusal of a config value: "<flag>: expected <expected>, found <found>".
@@ -54,15 +42,6 @@ namespace {
 
 }  // namespace
 
-std::size_t gpt_leaf_windows(const nn::GptShape& s, nn::Precision precision) {
-  const auto per_window =
-      static_cast<std::size_t>(s.block * s.layers * (s.embd + s.heads * s.block));
-  const std::size_t values =
-      precision == nn::Precision::kBf16 ? kLeafActivationValues : kLeafActivationValues / 2;
-  const std::size_t tokens = kLeafTokens / static_cast<std::size_t>(s.block);
-  return std::max<std::size_t>(1, std::min(values / per_window, tokens));
-}
-
 TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
   if (c.workers == 0) c.workers = cores();
   // A language model has no layer list for the root's batch GEMMs: its leaves compute every
@@ -72,27 +51,8 @@ TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
   if (model.gpt())
     c.eval_batch = std::max<std::size_t>(
         1, std::min(c.eval_batch, kEvalTokens / static_cast<std::size_t>(model.input_features())));
-  if (c.micro_batch == 0 && c.batch != 0) {
-    if (model.has_batchnorm()) {
-      // The leaf's rows are the statistics' sample: fixed, never from the machine.
-      c.micro_batch = std::min(c.batch, kBatchNormMicroBatch);
-    } else {
-      // One leaf per core, the fastest decomposition measured (docs/architecture.md,
-      // "Micro-batch"); with convolutions at most kConvMicroBatch rows (16 in bf16 where 32
-      // rows' largest activation exceeds the core's L2), so that a leaf's activations stay in it.
-      // It depends on the machine (or the job's cores), never on --workers.
-      const std::size_t n = c.job_cores != 0 ? c.job_cores : cores();
-      c.micro_batch = (c.batch + n - 1) / n;
-      if (model.gpt())  // kLeafActivationValues and kLeafTokens
-        c.micro_batch =
-            std::min(c.micro_batch, gpt_leaf_windows(model.gpt()->shape(), c.precision));
-      if (model.has_conv())
-        c.micro_batch =
-            std::min(c.micro_batch,
-                     conv_micro_batch(model, c.precision,
-                                      c.job_l2_bytes != 0 ? c.job_l2_bytes : l2_cache_bytes()));
-    }
-  }
+  // Never from the machine, the workers or the ranks: the leaves decide the weights.
+  if (c.micro_batch == 0) c.micro_batch = default_micro_batch(model, c.batch, c.precision);
   return c;
 }
 
@@ -105,7 +65,8 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
     bad("--batch", "1 .. " + std::to_string(data.train.count) + " (the training set size)",
         std::to_string(c.batch));
   if (c.micro_batch > c.batch)
-    bad("--micro-batch", "1 .. --batch (" + std::to_string(c.batch) + "), or 0 for batch / cores",
+    bad("--micro-batch",
+        "1 .. --batch (" + std::to_string(c.batch) + "), or 0 for the model's default",
         std::to_string(c.micro_batch));
   if (c.epochs == 0 && c.steps == 0) bad("--epochs", "at least 1 (or --steps N)", "0");
   if (c.eval_batch == 0 || c.eval_batch > kMaxEvalBatch)

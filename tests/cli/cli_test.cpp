@@ -78,6 +78,7 @@ TEST_F(Cli, BadInputExitsTwoNamingWhatIsWrong) {
     std::vector<std::string> args;
     std::string needle;
   };
+  std::ofstream(dir_ / "a_file") << "a file, not a folder\n";
   const std::vector<Bad> cases = {
       {{"train", "--bogus"}, "--bogus"},
       {{"train", "--batch", "abc"}, "abc"},
@@ -86,7 +87,7 @@ TEST_F(Cli, BadInputExitsTwoNamingWhatIsWrong) {
       {quick({"--batch", "0"}), "--batch"},
       {quick({"--model", "mlp:10-10"}), "input size of 784"},
       {quick({"--model", "resnet"}), "--model"},
-      {quick({"--summary", (dir_ / "no/such/dir/s.json").string()}), "--summary"},
+      {quick({"--summary", (dir_ / "a_file/dir/s.json").string()}), "--summary"},
       {quick({"--metrics", dir_.string()}), "a directory"},
       {quick({"--reducer", "fastest"}), "fastest"},
       {quick({"--micro-batch", "65"}), "--micro-batch"},
@@ -179,7 +180,8 @@ TEST_F(Cli, KeepHoldsDistinctStepsWhenTheLastPeriodicSaveIsTheFinalStep) {
 }
 
 // --save naming a link writes the link's target, with the kept copies beside the target; a link
-// whose target's folder is missing is refused before anything starts.
+// whose target's folders are missing has them created; one whose target lies under a file is
+// refused before anything starts.
 TEST_F(Cli, SaveThroughALinkWritesItsTarget) {
   fs::create_directories(dir_ / "scratch");
   const auto link = (dir_ / "latest.ckpt").string();
@@ -192,9 +194,16 @@ TEST_F(Cli, SaveThroughALinkWritesItsTarget) {
   EXPECT_EQ(checkpoint::load_checkpoint(dir_ / "scratch" / "run.ckpt.1").step, 4u);
   const auto dangling = (dir_ / "dangling.ckpt").string();
   fs::create_symlink(dir_ / "no_such_folder" / "run.ckpt", dangling);
-  r = cohort(quick({"--save", dangling}));
+  r = cohort(quick({"--quiet", "--save", dangling}));
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_TRUE(fs::is_symlink(dangling));
+  EXPECT_EQ(checkpoint::load_checkpoint(dir_ / "no_such_folder" / "run.ckpt").step, 12u);
+  std::ofstream(dir_ / "a_file") << "a file, not a folder\n";
+  const auto blocked = (dir_ / "blocked.ckpt").string();
+  fs::create_symlink(dir_ / "a_file" / "run.ckpt", blocked);
+  r = cohort(quick({"--save", blocked}));
   EXPECT_EQ(r.code, kExitBadInput);
-  EXPECT_NE(r.err.find("no_such_folder missing"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("a_file is not a folder"), std::string::npos) << r.err;
   EXPECT_EQ(r.out, "");  // refused before anything started
 }
 
@@ -214,6 +223,39 @@ TEST_F(Cli, ConfigFileWithFlagsOverridingIt) {
   EXPECT_EQ(j["config"]["model"], "mlp:784-32-10");
 }
 
+// A run's summary fed back with --config repeats the run: the same effective config (but the
+// workers, the machine's) and the same weights, on any worker count. Its kernel set, where it
+// differs from this machine's, is named in the header; a JSON file that is neither a summary nor
+// an effective config is exit 2 naming it.
+TEST_F(Cli, ASummaryFedBackAsConfigRepeatsTheRun) {
+  const auto s1 = (dir_ / "s1.json").string(), s2 = (dir_ / "s2.json").string();
+  ASSERT_EQ(cohort(quick({"--quiet", "--workers", "1", "--summary", s1, "--optimizer", "adamw",
+                          "--lr", "0.003", "--keep-last", "--augment", "flip", "--seed", "11",
+                          "--schedule", "step", "--lr-step-every", "3"}))
+                .code,
+            kExitOk);
+  Result r = cohort({"train", "--config", s1, "--workers", "2", "--summary", s2});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out.find("note: the config was written where"), std::string::npos) << r.out;
+  auto a = nlohmann::json::parse(std::ifstream(s1)), b = nlohmann::json::parse(std::ifstream(s2));
+  EXPECT_EQ(a["weights_digest"], b["weights_digest"]);
+  EXPECT_EQ(b["workers"], 2);
+  a["config"].erase("workers");
+  b["config"].erase("workers");
+  EXPECT_EQ(a["config"], b["config"]);
+  r = cohort({"train", "--config", s1, "--kernels", "onednn:sse41,cohort:portable,openblas:x",
+              "--dry-run"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_NE(r.out.find("note: the config was written where the kernels were onednn:sse41"),
+            std::string::npos)
+      << r.out;
+  const auto bad = (dir_ / "bad.json").string();
+  std::ofstream(bad) << "[1, 2]";
+  r = cohort({"train", "--config", bad});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find(bad + ": --config: expected a JSON object"), std::string::npos) << r.err;
+}
+
 TEST_F(Cli, BadConfigsAreRefusedWithFileLineAndKey) {
   struct Bad {
     std::string toml;
@@ -225,6 +267,8 @@ TEST_F(Cli, BadConfigsAreRefusedWithFileLineAndKey) {
   std::filesystem::permissions(
       ro, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
   const bool root_ignores_modes = ::access(ro.c_str(), W_OK) == 0;  // root writes anyway
+  const std::string file = (dir_ / "a_file").string();  // no folder can be made under it
+  std::ofstream(file) << "a file, not a folder\n";
   std::vector<Bad> cases = {
       {"[run]\nbatchsize = 64\n", 2, "run.batchsize"},
       {"lr = 0.1\n", 1, "'lr'"},
@@ -240,7 +284,7 @@ TEST_F(Cli, BadConfigsAreRefusedWithFileLineAndKey) {
       {"[run]\nmicro_batch = 1.5\n", 2, "run.micro_batch"},
       {"[run]\nepochs = \"5\"\n", 2, "run.epochs"},
       {"[data]\ndir = \"/nonexistent/fashion\"\n", 2, "data.dir"},
-      {"[output]\nsummary = \"/nonexistent/dir/s.json\"\n", 2, "output.summary"},
+      {"[output]\nsummary = \"" + file + "/dir/s.json\"\n", 2, "output.summary"},
       {"[model]\nspec = \"\"\n", 2, "model.spec"},
       {"[optimizer]\nnesterov = 1\n", 2, "optimizer.nesterov"},
       {"[checkpoint]\nkeep = 0\n", 2, "checkpoint.keep"},
@@ -254,7 +298,7 @@ TEST_F(Cli, BadConfigsAreRefusedWithFileLineAndKey) {
       {"[run]\non_nonfinite = \"ignore\"\n", 2, "run.on_nonfinite"},
       {"[run]\nweight_grads = \"gemm\"\n", 2, "run.weight_grads"},
       {"[run]\nmax_skips = 0\n", 2, "run.max_skips"},
-      {"[output]\ntrace = \"/nonexistent/dir/t.json\"\n", 2, "output.trace"},
+      {"[output]\ntrace = \"" + file + "/dir/t.json\"\n", 2, "output.trace"},
   };
   if (!root_ignores_modes)
     cases.push_back({"[output]\nmetrics = \"" + ro + "/m.jsonl\"\n", 2, "output.metrics"});
@@ -262,7 +306,12 @@ TEST_F(Cli, BadConfigsAreRefusedWithFileLineAndKey) {
   for (const auto& c : cases) {
     const auto cfg = dir_ / ("bad" + std::to_string(n++) + ".toml");
     std::ofstream(cfg) << c.toml;
-    Result r = cohort({"train", "--config", cfg.string(), "--data", COHORT_FIXTURE_DIR});
+    // --data would replace the file's data.dir before any check: given only where the file has
+    // none.
+    std::vector<std::string> args{"train", "--config", cfg.string()};
+    if (c.toml.find("[data]") == std::string::npos)
+      args.insert(args.end(), {"--data", COHORT_FIXTURE_DIR});
+    Result r = cohort(args);
     EXPECT_EQ(r.code, kExitBadInput) << c.toml;
     EXPECT_NE(r.err.find(cfg.string() + ":" + std::to_string(c.line) + ":"), std::string::npos)
         << r.err;
@@ -392,7 +441,10 @@ TEST_F(Cli, PlotDrawsTheMetricsOfOneOrMoreRuns) {
   EXPECT_EQ(r.code, kExitBadInput);
   EXPECT_NE(r.err.find(bad + ":2"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(svg2));
-  EXPECT_EQ(cohort({"plot", ma, "-o", (dir_ / "nowhere/x.svg").string()}).code, kExitBadInput);
+  std::ofstream(dir_ / "a_file") << "a file, not a folder\n";
+  EXPECT_EQ(cohort({"plot", ma, "-o", (dir_ / "a_file/x.svg").string()}).code, kExitBadInput);
+  EXPECT_EQ(cohort({"plot", ma, "-o", (dir_ / "plots/x.svg").string()}).code, kExitOk);
+  EXPECT_TRUE(fs::is_regular_file(dir_ / "plots/x.svg"));         // its folder created
   EXPECT_EQ(cohort({"plot", ma, "-o", ""}).code, kExitBadInput);  // not a failed write (74)
   // A loss past 1e300 would overflow the axis (its ticks ran without end): refused.
   const auto huge = (dir_ / "huge.jsonl").string();

@@ -129,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadInput{"BatchAboveTrainingSet", {"--batch", "100000"}, "--batch"},
         BadInput{"RangeOfAFlag", {"--momentum", "1"}, "--momentum: expected"},
         BadInput{"DataFolder", {"--data", "/nonexistent/fashion"}, "/nonexistent/fashion"},
-        BadInput{"OutputFolder", {"--summary", "/nonexistent/s.json"}, "--summary"},
+        BadInput{"OutputFolder", {"--summary", "/proc/version/s.json"}, "--summary"},
         BadInput{"SaveEveryWithoutSave", {"--save", "", "--save-every", "2"}, "--save-every"},
         BadInput{"MissingCheckpoint", {"--resume", "/nonexistent.ckpt"}, "--resume"},
         BadInput{"Schedule", {"--schedule", "step"}, "--lr-step-every"},
@@ -144,7 +144,7 @@ struct CountingLoaders {
     static const auto fixture =
         std::make_shared<const data::Splits>(data::load_image_folder(COHORT_FIXTURE_DIR));
     return {.config =
-                [this](const std::string&) {
+                [this](const std::string&, const config::Schema&) {
                   ++config;
                   return config_flags;
                 },

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,19 @@ TEST(JobConfig, KeysBecomeTheirFlagsInNameOrder) {
                                              "--rate", "0.25", "--size", "7"}));
 }
 
+// A key whose flag the command line gives is replaced before anything checks it: its value, even
+// one the schema refuses, is neither checked nor returned; an unknown key is still refused.
+TEST(JobConfig, AReplacedKeyIsNeitherCheckedNorReturned) {
+  Schema keys = schema();
+  keys[0].replaced = true;  // --size
+  keys[4].replaced = true;  // --in
+  const auto flags = job_config_flags_from_text(
+      "[run]\nsize = 0\nfast = true\n[look]\nfolder = \"/nonexistent\"\n", "job.toml", keys);
+  EXPECT_EQ(flags, (std::vector<std::string>{"--fast=true"}));
+  EXPECT_THROW(job_config_flags_from_text("[run]\nsize = 3\nspeed = 1\n", "job.toml", keys),
+               InputError);
+}
+
 TEST(JobConfig, RefusalsNameThePlaceTheKeyAndWhatWasFound) {
   EXPECT_EQ(refusal("[run]\nsize = 0\n"),
             "job.toml:2:8: run.size: expected an integer >= 1 and <= 100, found 0");
@@ -79,9 +93,17 @@ TEST(JobConfig, CommandLineChecksAreTheReadersOwn) {
   EXPECT_EQ(path_problem(Type::kFileOut, "/"),
             "expected a file path in a writable folder, "
             "found '/', which is a directory");
-  EXPECT_EQ(path_problem(Type::kFileOut, "/nonexistent/x.json"),
-            "expected a file path in a writable folder, found '/nonexistent/x.json' (folder "
-            "/nonexistent missing)");
+  // Missing folders are created before the first write; the nearest existing one must be a
+  // folder.
+  EXPECT_EQ(path_problem(Type::kFileOut, "/nonexistent/runs/x.json"), "");
+  EXPECT_EQ(path_problem(Type::kFileOut, "x.json"), "");
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / "cohort_job_config_test_file";
+  { std::ofstream(file) << "x"; }
+  EXPECT_EQ(path_problem(Type::kFileOut, (file / "runs" / "x.json").string()),
+            "expected a file path in a writable folder, found '" +
+                (file / "runs" / "x.json").string() + "' (" + file.string() + " is not a folder)");
+  std::filesystem::remove(file);
   EXPECT_EQ(path_problem(Type::kFileIn, "/"),
             "expected an existing file, found '/', which is not a file");
 }

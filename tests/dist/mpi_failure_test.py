@@ -94,7 +94,11 @@ class MpiFailureTest(MpiCase):
         def outputs(folder):
             return [a for flag, name in names.items() for a in (flag, os.path.join(folder, name))]
 
-        elsewhere = os.path.join(self.tmp, "elsewhere")
+        # A folder no rank can make (a file stands where it would be): rank 0 refuses it, the
+        # other ranks never check it.
+        with open(os.path.join(self.tmp, "a_file"), "w") as f:
+            f.write("a file, not a folder\n")
+        elsewhere = os.path.join(self.tmp, "a_file", "elsewhere")
         toml = os.path.join(self.tmp, "elsewhere.toml")
         with open(toml, "w") as f:
             f.write(f'[output]\nsummary = "{elsewhere}/s.json"\nmetrics = "{elsewhere}/m.jsonl"\n'
@@ -108,7 +112,7 @@ class MpiFailureTest(MpiCase):
                 self.assertEqual(rc, 0, err)
                 self.assertEqual(sorted(os.listdir(here)), sorted(names.values()))
         self.refused_by_all(launch_ranks(self.QUICK + outputs(elsewhere), self.QUICK + outputs(here)),
-                            "rank 0: ", "expected a file path", "elsewhere")
+                            "rank 0: ", "expected a file path", "a_file is not a folder")
 
     def test_ranks_that_differ_refuse(self):
         """Ranks that would train on different things (other training data, fewer samples or as

@@ -179,6 +179,45 @@ class MpiTest(MpiCase):
             resumed = json.load(f)["weights_digest"]
         self.assertEqual(resumed, got_f32[1][0])
 
+    def test_default_leaves_give_one_digest_on_every_split(self):
+        """Without --micro-batch or --workers, the MLP, the cnn, resnet20 and a language model
+        each get one weights digest for --workers 1, 2, 3 and for mpirun -np 1, 2, 3: the
+        default leaf is a function of the model, the batch and the precision only."""
+        text = os.path.join(self.tmp, "text")
+        os.makedirs(text)
+        with open(os.path.join(mpi_testing.DATA, "..", "tinyshakespeare", "input.txt"),
+                  encoding="utf-8") as f:
+            head = f.read(20000)
+        with open(os.path.join(text, "input.txt"), "w", encoding="utf-8") as f:
+            f.write(head)
+        # (data, flags, the default leaf's rows: several leaves each, a partial one for the cnn)
+        cases = {
+            "mlp": (mpi_testing.DATA, ["--batch", "256"], 64),
+            "cnn": (mpi_testing.DATA, ["--model", "cnn", "--batch", "80"], 27),
+            "resnet20": (mpi_testing.DATA, ["--model", "resnet20", "--batch", "128"], 64),
+            "gpt": (text, ["--model", "gpt:2-2-64-32", "--batch", "36"], 12),
+        }
+        splits = [("workers", 1), ("workers", 2), ("workers", 3),
+                  ("ranks", 1), ("ranks", 2), ("ranks", 3)]
+        for name, (data, flags, rows) in cases.items():
+            got = {}
+            for kind, n in splits:
+                summary = os.path.join(self.tmp, f"{name}_{kind}{n}.json")
+                cmd = [mpi_testing.COHORT, "train", "--data", data, "--steps", "2", "--quiet",
+                       "--seed", str(SEED), "--summary", summary] + flags
+                if kind == "workers":
+                    cmd += ["--workers", str(n)]
+                else:
+                    cmd = mpi_testing.MPIRUN + ["-np", str(n)] + cmd
+                rc, out, err, _ = run(cmd)
+                self.assertEqual(rc, 0, f"{' '.join(cmd)}\n{out}\n{err}")
+                with open(summary) as f:
+                    s = json.load(f)
+                self.assertEqual(s["micro_batch"], rows, f"{name}, {kind} {n}")
+                got[f"{kind} {n}"] = s["weights_digest"]
+            with self.subTest(model=name, seed=SEED):
+                self.assertEqual(len(set(got.values())), 1, got)
+
     # h, i ---------------------------------------------------------------------------------------
     def test_trace(self):
         trace = os.path.join(self.tmp, "t.json")

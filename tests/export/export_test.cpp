@@ -139,12 +139,18 @@ TEST_F(ExportCommand, UnknownFormatExitsTwoNamingTheFlag) {
   EXPECT_NE(r.err.find("pickle"), std::string::npos) << r.err;
 }
 
-TEST_F(ExportCommand, MissingOutputFolderExitsTwo) {
-  const auto out = (dir_ / "no_such_folder" / "m.onnx").string();
-  const auto r =
-      cohort({"export", "--checkpoint", save("mlp:784-10"), "--format", "onnx", "-o", out});
+// -o's missing folders are created; a folder that cannot be (a file stands in its place) is exit
+// 2 naming it.
+TEST_F(ExportCommand, CreatesTheOutputsFoldersOrExitsTwo) {
+  const auto out = (dir_ / "no_such_folder" / "deeper" / "m.onnx").string();
+  auto r = cohort({"export", "--checkpoint", save("mlp:784-10"), "--format", "onnx", "-o", out});
+  EXPECT_EQ(r.code, cli::kExitOk) << r.err;
+  EXPECT_TRUE(std::filesystem::is_regular_file(out));
+  std::ofstream(dir_ / "a_file") << "a file, not a folder\n";
+  const auto blocked = (dir_ / "a_file" / "m.onnx").string();
+  r = cohort({"export", "--checkpoint", save("mlp:784-10"), "--format", "onnx", "-o", blocked});
   EXPECT_EQ(r.code, cli::kExitBadInput);
-  EXPECT_NE(r.err.find("no_such_folder missing"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("a_file is not a folder"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("--output"), std::string::npos) << r.err;
 }
 

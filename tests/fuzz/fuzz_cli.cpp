@@ -44,9 +44,8 @@ const cli::Loaders& fuzz_loaders() {
     ck.weights.assign(cohort::nn::Model::parse(ck.model).layout().total(), 0.5f);
     return cli::Loaders{
         .config =
-            [](const std::string& path) {
-              return cohort::config::job_config_flags_from_text(config_text, path,
-                                                                cli::train_schema());
+            [](const std::string& path, const cohort::config::Schema& schema) {
+              return cohort::config::job_config_flags_from_text(config_text, path, schema);
             },
         .data = [fixture](const std::string&, std::size_t) { return fixture; },
         .checkpoint = [ck](const std::string&) { return ck; },

@@ -151,53 +151,6 @@ TEST(BatchNormRunningStatistics, AreFoldedFromEachLeafInLeafOrder) {
     ASSERT_EQ(t.running_stats()[i], expected[i]) << "running statistic " << i;
 }
 
-TEST(BatchNormDefaults, MicroBatchIsFixedForBnModelsAndFromTheCoresOtherwise) {
-  TrainConfig c;
-  c.batch = 256;
-  const nn::Model bn = nn::Model::parse("resnet20");
-  const nn::Model conv = nn::Model::parse("cnn");
-  const nn::Model mlp = nn::Model::parse("mlp:784-512-256-10");
-  // (cores, the MLP's micro-batch, the cnn's: at most 32 rows with convolutions)
-  const std::size_t expected[][3] = {{1, 256, 32}, {2, 128, 32}, {3, 86, 32}, {16, 16, 16}};
-  for (const auto& [cores, rows_mlp, rows_conv] : expected) {
-    c.job_cores = cores;
-    EXPECT_EQ(resolve_defaults(c, bn).micro_batch, kBatchNormMicroBatch) << cores << " cores";
-    EXPECT_EQ(resolve_defaults(c, mlp).micro_batch, rows_mlp) << cores << " cores";
-    EXPECT_EQ(resolve_defaults(c, conv).micro_batch, rows_conv) << cores << " cores";
-  }
-  c.batch = 40;  // smaller than the fixed default: one leaf of the whole batch
-  EXPECT_EQ(resolve_defaults(c, bn).micro_batch, 40u);
-}
-
-// bf16 with convolutions: 16 rows where 32 rows' largest activation (cnn: 32 x 24 x 24 values a
-// row, 1.18 MB at 32 rows) exceeds the job's L2; f32, models without convolutions and an unknown
-// L2 keep their defaults.
-TEST(ConvMicroBatch, HalvedInBf16WhereTheLargestActivationExceedsTheL2) {
-  TrainConfig c;
-  c.batch = 256;
-  c.job_cores = 2;
-  const nn::Model conv = nn::Model::parse("cnn");
-  const nn::Model mlp = nn::Model::parse("mlp:784-512-256-10");
-  const std::size_t mib = std::size_t{1} << 20;
-  // (precision, L2 bytes, cnn's micro-batch)
-  const struct {
-    nn::Precision precision;
-    std::size_t l2, rows;
-  } cases[] = {{nn::Precision::kBf16, mib, 16},      {nn::Precision::kBf16, 1179648, 32},
-               {nn::Precision::kBf16, 1179647, 16},  {nn::Precision::kBf16, 2 * mib, 32},
-               {nn::Precision::kBf16, SIZE_MAX, 32}, {nn::Precision::kF32, mib, 32},
-               {nn::Precision::kF32, 256 * 1024, 32}};
-  for (const auto& k : cases) {
-    c.precision = k.precision;
-    c.job_l2_bytes = k.l2;
-    const std::string at = std::string(k.precision == nn::Precision::kBf16 ? "bf16" : "f32") +
-                           ", L2 " + std::to_string(k.l2);
-    EXPECT_EQ(resolve_defaults(c, conv).micro_batch, k.rows) << at;
-    EXPECT_EQ(resolve_defaults(c, mlp).micro_batch, 128u) << at;
-    EXPECT_EQ(conv_micro_batch(conv, k.precision, 0), kConvMicroBatch) << "unknown L2";
-  }
-}
-
 // With weight decay, --no-decay-norm-bias leaves the bn and bias ranges as a run without weight
 // decay has them, and every other range as a run with weight decay has it (one SGD step).
 TEST(NoDecayNormBias, ExemptsExactlyTheNormAndBiasRanges) {

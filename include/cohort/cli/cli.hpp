@@ -40,7 +40,9 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
 // folder and the checkpoint to resume. Each throws InputError naming the path for a bad input.
 // disk_loaders() reads the files; a fuzzer or a test injects cheaper or safer ones.
 struct Loaders {
-  std::function<std::vector<std::string>(const std::string& path)> config;
+  // The file's keys as flags, read against `schema` (config::job_config_flags).
+  std::function<std::vector<std::string>(const std::string& path, const config::Schema& schema)>
+      config;
   // text_block: the block of a language model (--model gpt:...), whose text is read as windows
   // of block + 1 tokens; 0 for other models (data::load_data_folder).
   std::function<std::shared_ptr<const data::Splits>(const std::string& dir, std::size_t text_block)>

@@ -33,14 +33,17 @@ struct Key {
   // kChoice: the accepted names. kFileIn: words that stand for themselves, not for a file
   // (--resume auto); a file of that name is written with a folder, ./auto.
   std::vector<std::string> choices = {};
+  // A flag on the command line replaces this key: a file's value for it is neither checked nor
+  // returned (the key is still a known one).
+  bool replaced = false;
 };
 using Schema = std::vector<Key>;
 
 // Reads `path` and returns the equivalent flags ("--lr", "0.1", "--nesterov=true", ...), by
 // section and key in name order (each key stands once, so the order changes no value). Throws
 // InputError naming file:line:column and the key for a syntax error, a duplicate or unknown key, a
-// wrong type, an out-of-range value, a missing folder or file, or an output in a missing or
-// read-only folder — before anything else runs.
+// wrong type, an out-of-range value, a missing folder or file, or an output whose folder cannot
+// be created or written — before anything else runs. Keys marked `replaced` are skipped.
 std::vector<std::string> job_config_flags(const std::filesystem::path& path, const Schema& schema);
 
 // The same for a config's text; `source` names it in messages (as the path does above).

@@ -25,6 +25,11 @@ namespace cohort {
 // one filesystem, and the target's folder is the one that certainly holds the target.
 std::filesystem::path output_target(const std::filesystem::path& path);
 
+// Creates the folders output_target(path) is to be written in, where missing (mkdir -p): what a
+// run does for each of its outputs before its work starts. Throws OutputError naming `path` and
+// the system's reason.
+void create_output_folders(const std::filesystem::path& path);
+
 // Replaces output_target(path) with `bytes` through `<target>.tmp.<pid>`: write, fsync, close,
 // fsync of the folder, rename over the target, fsync of the folder. `before_rename(target)`, if
 // given, runs once the temporary file is whole and on disk, just before the rename (checkpoint

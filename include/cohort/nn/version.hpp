@@ -38,4 +38,10 @@ std::string openblas_version();
 // before any replica runs it).
 bool openblas_usable();
 
+// The kernels this process dispatches, which decide a run's bits beside its config:
+// "onednn:<isa>,cohort:<isa>,openblas:<core>" (onednn_isa, cohort_kernels_isa, OpenBLAS's core).
+// Two machines with the same set give the same weights for the same config and data; the
+// effective config records it.
+std::string kernel_set();
+
 }  // namespace cohort::nn

@@ -34,17 +34,10 @@ struct TrainConfig {
   std::string model = "mlp:784-512-256-10";
   std::size_t workers = 0;  // 0: one per core; at most kMaxWorkers
   std::size_t batch = 256;  // global batch B
-  // Leaf size M; 0: ceil(batch / cores of this machine), at most kConvMicroBatch for a model
-  // with convolutions, or kBatchNormMicroBatch for a model with bn layers (whose statistics are
-  // per leaf: M is then part of the model's arithmetic and must not depend on the machine).
+  // Leaf size M; 0: a function of the model, the batch and the precision only, never of the
+  // machine, the workers or the ranks (default_micro_batch, src/train/defaults.hpp), so that a
+  // command gives the same weights wherever it runs.
   std::size_t micro_batch = 0;
-  // The cores the default micro-batch divides the batch by (0: this machine's; several ranks:
-  // the job's, so the leaves are those of one process with as many cores).
-  std::size_t job_cores = 0;
-  // The L2 bytes of a core the default micro-batch of a bf16 model with convolutions is sized
-  // for (0: this machine's; several ranks: the smallest of the job's, so every rank takes the
-  // same leaves).
-  std::size_t job_l2_bytes = 0;
   std::size_t epochs = 5;
   std::size_t steps = 0;  // stop after this many optimizer steps; 0: run all epochs
   optim::OptimizerConfig optimizer{};
@@ -132,45 +125,14 @@ inline constexpr std::size_t kMaxWorkers = 1024;
 // 0.84 of the rate of one of 128 on Zen 5 (docs/decisions.md, "The root's chunk size"). One value
 // for every worker count and rank split: the chunk grid is part of how the root computes.
 inline constexpr std::size_t kRootChunk = 65536;
-// The default micro-batch of a model with bn layers (ghost batch normalization over the leaf's
-// rows): see docs/decisions.md, "Micro-batch of models with bn", for the measurements behind it.
-inline constexpr std::size_t kBatchNormMicroBatch = 64;
-// The largest default micro-batch of a model with convolutions (and no bn): the `cnn` preset's
-// first activation is 2.4 MB of f32 (1.2 MB of bf16) at 32 rows, within a 2 MiB L2 in bf16,
-// and 128-row leaves run clearly slower. In bf16 it is halved where a leaf's largest activation
-// at 32 rows would not fit in the L2 (conv_micro_batch): 16 rows: a leaf's largest activation then
-// fits in a 1 MiB L2 (Zen 4, 5); in f32 8, 16 and 32 rows run the same there (docs/decisions.md,
-// "Micro-batch default with convolutions").
-inline constexpr std::size_t kConvMicroBatch = 32;
-// The default micro-batch cap of a model with convolutions in `precision` on a core with
-// `l2_bytes` of L2 (0: unknown, kConvMicroBatch).
-std::size_t conv_micro_batch(const nn::Model& model, nn::Precision precision, std::size_t l2_bytes);
-// This machine's L2 bytes per core, or 0 if the system does not say.
-std::size_t l2_cache_bytes();
 // PyTorch's BatchNorm defaults: the running statistics' momentum and the normalization's eps.
 inline constexpr float kBatchNormMomentum = 0.1f;
 inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
-// The largest default leaf of a language model in bf16, in activation values: tokens x layers x
-// (embd + heads x block), the two terms a layer's kept activations and buffers grow with (its
-// rows, and its attention weights). A replica's leaf plan takes about 20 bytes per such value in
-// bf16 (nanoGPT's full recipe, 6-6-384-256: 240 MB at 4 windows), so this cap keeps it near
-// 250 MB: 4 windows of the full recipe. In f32, whose activations take about 1.5 times the
-// bytes, half as many values (2 windows of the full recipe).
-inline constexpr std::size_t kLeafActivationValues = std::size_t{12} << 20;
-// The most tokens in a language model's default leaf: 4-4-256-128 at batch 32 on 2 cores trains
-// faster in bf16 on AMX in four leaves of 4 windows a core than in two of 8 or one of 16, as fast
-// in f32, and the full recipe as fast in leaves of 2 windows as of 4; the CPU recipe's leaves
-// (batch / cores: 6 windows, 384 tokens) stay below it (docs/decisions.md, "Language models'
-// leaves of at most 512 tokens").
-inline constexpr std::size_t kLeafTokens = 512;
 // The bytes a leaf plan takes per such value, as above: about 20 in bf16 and 30 in f32
 // (check_training_memory).
 constexpr double leaf_bytes_per_activation_value(nn::Precision p) {
   return p == nn::Precision::kBf16 ? 20.0 : 30.0;
 }
-// Windows in a language model's default leaf: as many as kLeafActivationValues allow in
-// `precision` and kLeafTokens allows, at least 1.
-std::size_t gpt_leaf_windows(const nn::GptShape& shape, nn::Precision precision);
 // A language model's evaluation runs windows of at most this many tokens at a time: its
 // attention scores alone take heads x block x 10 bytes a token (nanoGPT's full recipe: 15 KB).
 inline constexpr std::size_t kEvalTokens = 2048;
@@ -186,10 +148,9 @@ void check_training_memory(const TrainConfig& config, const nn::Model& model);
 // The shape of one sample of `set` as a model's input: (C, H, W) for images, (1, 1, features)
 // for tabular data.
 nn::SampleShape input_shape(const data::Dataset& set);
-// The config with the machine's defaults filled in: workers 0 -> one per core, micro_batch 0 ->
-// batch / cores (job_cores, or this machine's), rounded up, and at most conv_micro_batch with
-// convolutions (for job_l2_bytes, or this machine's L2); for a model with bn layers
-// kBatchNormMicroBatch (at most the batch), whatever the machine.
+// The config with its defaults filled in: workers 0 -> one per core of this machine (which never
+// changes the weights), micro_batch 0 -> default_micro_batch (src/train/defaults.hpp: from the
+// model, the batch and the precision only).
 TrainConfig resolve_defaults(TrainConfig config, const nn::Model& model);
 // Throws InputError naming `name` and the field if checkpoint `c` is not one a run of `config`
 // (defaults resolved here) on `model` and `data` may continue: another model, seed, batch,

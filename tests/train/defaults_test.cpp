@@ -1,0 +1,94 @@
+// The default leaf size is a function of the model, the batch and the precision only: never of
+// the workers (nor of the machine, which resolve_defaults no longer asks). The whole runs that
+// check the same digest for every worker and rank count: tests/dist/mpi_test.py.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cohort/nn/model.hpp"
+#include "cohort/train/trainer.hpp"
+#include "defaults.hpp"
+
+namespace cohort::train {
+namespace {
+
+TEST(BalancedLeaf, TheFewestLeavesOfAtMostTheCapAsEvenAsWholeRowsAllow) {
+  // (batch, cap, rows a leaf)
+  const std::size_t cases[][3] = {{256, 64, 64}, {256, 32, 32}, {100, 64, 50}, {65, 64, 33},
+                                  {40, 64, 40},  {12, 8, 6},    {64, 2, 2},    {1, 64, 1},
+                                  {7, 1, 1},     {13, 4, 4}};
+  for (const auto& [batch, cap, rows] : cases) {
+    const std::size_t got = balanced_leaf(batch, cap);
+    EXPECT_EQ(got, rows) << "batch " << batch << ", cap " << cap;
+    EXPECT_LE(got, cap) << "batch " << batch << ", cap " << cap;
+    const std::size_t leaves = (batch + got - 1) / got;
+    EXPECT_EQ(leaves, (batch + cap - 1) / cap) << "the fewest leaves: batch " << batch;
+  }
+}
+
+struct Case {
+  std::string model;
+  nn::Precision precision;
+  std::size_t batch, rows;
+};
+
+TEST(LeafDefaults, FromTheModelBatchAndPrecisionWhateverTheWorkers) {
+  const Case cases[] = {
+      {"mlp:784-512-256-10", nn::Precision::kF32, 256, 64},
+      {"mlp:784-512-256-10", nn::Precision::kBf16, 256, 64},
+      {"mlp:784-512-256-10", nn::Precision::kF32, 100, 50},
+      {"mlp:784-512-256-10", nn::Precision::kF32, 40, 40},
+      // cnn: 32 rows in f32; in bf16 its first layer's output at 32 rows (32 x 24 x 24 values a
+      // row, 1.18 MB) exceeds kConvLeafBytes: 16.
+      {"cnn", nn::Precision::kF32, 256, 32},
+      {"cnn", nn::Precision::kBf16, 256, 16},
+      {"cnn", nn::Precision::kF32, 48, 24},
+      // bn: the statistics' sample, never balanced.
+      {"resnet20", nn::Precision::kF32, 256, kBatchNormMicroBatch},
+      {"resnet20", nn::Precision::kBf16, 100, kBatchNormMicroBatch},
+      {"resnet20", nn::Precision::kF32, 40, 40},
+  };
+  for (const Case& k : cases) {
+    const nn::SampleShape shape =
+        k.model == "resnet20" ? nn::SampleShape{3, 32, 32} : nn::SampleShape{1, 28, 28};
+    const nn::Model model = nn::Model::parse(k.model, shape);
+    const std::string at = k.model + (k.precision == nn::Precision::kBf16 ? " bf16" : " f32") +
+                           ", batch " + std::to_string(k.batch);
+    TrainConfig c;
+    c.model = k.model;
+    c.batch = k.batch;
+    c.precision = k.precision;
+    for (const std::size_t workers : {1, 2, 3, 16, 64}) {
+      c.workers = workers;
+      EXPECT_EQ(resolve_defaults(c, model).micro_batch, k.rows) << at << ", " << workers;
+    }
+    c.micro_batch = 7;  // given: kept
+    EXPECT_EQ(resolve_defaults(c, model).micro_batch, 7u) << at;
+  }
+}
+
+// A small convolution whose 32-row outputs fit in kConvLeafBytes keeps 32 rows in bf16.
+TEST(LeafDefaults, ASmallConvolutionKeepsItsRowsInBf16) {
+  const nn::Model small = nn::Model::parse("conv(4,3)-relu-flatten-linear(10)", {1, 8, 8});
+  EXPECT_EQ(conv_micro_batch(small, nn::Precision::kBf16), kConvMicroBatch);
+  EXPECT_EQ(conv_micro_batch(small, nn::Precision::kF32), kConvMicroBatch);
+}
+
+// A language model: its leaf's windows, balanced over the batch. nanoGPT's CPU recipe (batch
+// 12, at most 8 windows a leaf) gets two leaves of 6.
+TEST(LeafDefaults, ALanguageModelsWindowsBalancedOverTheBatch) {
+  const nn::Model cpu = nn::Model::parse("gpt:4-4-128-64", {1, 1, 65}, 65);
+  TrainConfig c;
+  c.model = "gpt:4-4-128-64";
+  c.batch = 12;
+  EXPECT_EQ(resolve_defaults(c, cpu).micro_batch, 6u);
+  c.batch = 32;
+  EXPECT_EQ(resolve_defaults(c, cpu).micro_batch, 8u);
+  const nn::Model full = nn::Model::parse("gpt:6-6-384-256", {1, 1, 257}, 65);
+  c.model = "gpt:6-6-384-256";
+  c.batch = 64;
+  EXPECT_EQ(resolve_defaults(c, full).micro_batch, 2u);
+}
+
+}  // namespace
+}  // namespace cohort::train
