@@ -1,8 +1,9 @@
-// Google Benchmark suite of the reduce module: every strategy x gradient size (1 KiB .. 256 MiB)
-// x threads (1, 2, and 4 = 2x the cores of the reference machine), beside two baselines measured
+// Google Benchmark suite of the reduce module: every strategy, and a ring all-reduce over threads
+// as PyTorch DDP, Horovod and gloo run it, x gradient size x threads, beside two baselines measured
 // the same way: the bandwidth ceiling (sum L buffers into one with the same thread team and the
-// same kernel) and the synchronisation floor (an empty handoff). Not a correctness test
-// (tests/reduce).
+// same kernel) and the synchronisation floor (an empty handoff). Every case's sum is checked
+// against a float64 serial sum after its timing: a wrong sum marks the case with an error and
+// the binary exits 1. bench/run_reduce_bench.py runs it (and reduce_mpi_bench under mpirun).
 //
 // One iteration = one full step: begin_step, every worker (a member of a persistent ThreadTeam
 // built outside the timed loop) contributes its leaves and calls finish, the reduction completes.
@@ -10,13 +11,23 @@
 // l % threads. Bytes counted per step, for every case and the baseline alike: L*N*4 read +
 // N*4 written. stream_ratio = this case's bytes/s over the baseline's bytes/s, where the baseline
 // (same size, same threads, same buffers) is measured right before the case's timed loop.
+// algbw_GBps = N*4 / step time and busbw_GBps = algbw x 2 (T-1) / T, as NCCL's tests count an
+// all-reduce among T participants.
+//
+// Flags of its own, before Google Benchmark's: --reduce_sizes=BYTES,... (default: powers of two
+// from 1 KiB to 256 MiB) and --reduce_threads=T,... (default 1,2,4).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cohort/reduce/executor.hpp"
@@ -101,14 +112,46 @@ double measure_baseline_bps(ThreadTeam& team, Buffers& b) {
 }
 
 void report(benchmark::State& state, std::size_t n, std::size_t leaves, double elapsed,
-            double baseline_bps) {
+            double baseline_bps, std::size_t threads) {
   const double bytes = bytes_per_step(n, leaves) * static_cast<double>(state.iterations());
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes));
   state.counters["leaves"] = static_cast<double>(leaves);
+  if (elapsed > 0) {
+    const double step = elapsed / static_cast<double>(state.iterations());
+    const double algbw = static_cast<double>(n * sizeof(float)) / step;
+    const auto t = static_cast<double>(threads);
+    state.counters["algbw_GBps"] = algbw * 1e-9;
+    state.counters["busbw_GBps"] = algbw * 2 * (t - 1) / t * 1e-9;
+  }
   if (baseline_bps > 0 && elapsed > 0) {
     state.counters["stream_ratio"] = (bytes / elapsed) / baseline_bps;
     state.counters["baseline_GBps"] = baseline_bps * 1e-9;
   }
+}
+
+// Set when any case's sum is wrong: main exits 1.
+bool g_wrong_sum = false;
+
+// Whether `got` (N floats) is the sum of the leaves within float32 rounding, against a float64
+// serial sum; if not, marks the case with an error naming `what` and the first wrong element.
+bool check_sum(benchmark::State& state, const Buffers& b, const float* got,
+               const std::string& what) {
+  for (std::size_t i = 0; i < b.n; ++i) {
+    double sum = 0, magnitude = 0;
+    for (std::size_t l = 0; l < b.leaves; ++l) {
+      sum += b.pointers[l][i];
+      magnitude += std::fabs(b.pointers[l][i]);
+    }
+    const double tolerance = 1e-6 * static_cast<double>(b.leaves) * magnitude + 1e-30;
+    if (!(std::fabs(static_cast<double>(got[i]) - sum) <= tolerance)) {
+      g_wrong_sum = true;
+      state.SkipWithError(("wrong sum in " + what + " at element " + std::to_string(i) + ": " +
+                           std::to_string(got[i]) + ", float64 sum " + std::to_string(sum))
+                              .c_str());
+      return false;
+    }
+  }
+  return true;
 }
 
 void BM_Reduce_Baseline(benchmark::State& state) {
@@ -121,7 +164,7 @@ void BM_Reduce_Baseline(benchmark::State& state) {
   for (auto _ : state) baseline_step(team, b);
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report(state, n, b.leaves, elapsed, baseline_bps);
+  report(state, n, b.leaves, elapsed, baseline_bps, threads);
 }
 
 // The synchronisation floor: each step every member signals; the last arriver completes the step.
@@ -175,13 +218,102 @@ void BM_Reduce_Strategy(benchmark::State& state, Case c) {
   for (auto _ : state) step();
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report(state, n, leaves, elapsed, baseline_bps);
+  report(state, n, leaves, elapsed, baseline_bps, threads);
+  check_sum(state, b, b.result.data(), "the result");
+}
+
+// A ring all-reduce over the team's threads, as DDP, Horovod and gloo run one between processes:
+// each worker sums its own leaves into a private buffer, then T-1 reduce-scatter steps (worker w
+// adds chunk (w-1-s) mod T of its left neighbour's buffer into its own) and T-1 all-gather steps
+// (it copies chunk (w-s) mod T, now whole, from its left neighbour), a barrier after each step.
+// Every private buffer then holds the sum; its bits depend on T (the order of the ring's adds).
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(std::size_t n) : n_(n) {}
+  void arrive_and_wait() {
+    const std::uint64_t phase = phase_.load(std::memory_order_acquire);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      count_.store(0, std::memory_order_relaxed);
+      phase_.store(phase + 1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; phase_.load(std::memory_order_acquire) == phase; ++spins)
+      if (spins > 64) std::this_thread::yield();  // more threads than cores: let the last run
+  }
+
+ private:
+  std::size_t n_;
+  alignas(cohort::kCacheLine) std::atomic<std::size_t> count_{0};
+  alignas(cohort::kCacheLine) std::atomic<std::uint64_t> phase_{0};
+};
+
+void BM_Reduce_Ring(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+  const auto threads = static_cast<std::size_t>(state.range(1));
+  ThreadTeam& team = team_of(threads);
+  const std::size_t leaves = 2 * threads;
+  Buffers& b = buffers_for(n, leaves);
+  std::vector<AlignedBuffer<float>> own;
+  for (std::size_t w = 0; w < threads; ++w) own.emplace_back(n);
+  const std::size_t chunk = ((n + threads - 1) / threads + 15) / 16 * 16;
+  auto range = [&](std::size_t c) {
+    const std::size_t begin = std::min(n, c * chunk);
+    return std::pair{begin, std::min(n, begin + chunk)};
+  };
+  SpinBarrier barrier(threads);
+  auto step = [&] {
+    team.run([&](std::size_t w) {
+      std::vector<const float*> mine;
+      for (std::size_t l = w; l < leaves; l += threads) mine.push_back(b.pointers[l]);
+      sum_sources(own[w].data(), mine.data(), mine.size(), n);
+      const std::size_t left = (w + threads - 1) % threads;
+      for (std::size_t s = 0; s + 1 < threads; ++s) {
+        barrier.arrive_and_wait();
+        const auto [begin, end] = range((w + 2 * threads - 1 - s) % threads);
+        if (begin < end) accumulate(own[w].data() + begin, own[left].data() + begin, end - begin);
+      }
+      for (std::size_t s = 0; s + 1 < threads; ++s) {
+        barrier.arrive_and_wait();
+        const auto [begin, end] = range((w + threads - s) % threads);
+        if (begin < end)
+          std::copy(own[left].data() + begin, own[left].data() + end, own[w].data() + begin);
+      }
+    });
+  };
+  step();  // warm-up: first touch of the private buffers
+  const double baseline_bps = measure_baseline_bps(team, b);
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) step();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report(state, n, leaves, elapsed, baseline_bps, threads);
+  for (std::size_t w = 0; w < threads; ++w)
+    if (!check_sum(state, b, own[w].data(), "worker " + std::to_string(w) + "'s buffer")) break;
 }
 
 constexpr std::int64_t kKiB = 1024, kMiB = 1024 * 1024;
-constexpr std::int64_t kSizes[] = {kKiB,      16 * kKiB, 256 * kKiB, 2 * kMiB,
-                                   16 * kMiB, 64 * kMiB, 256 * kMiB};
-constexpr std::int64_t kThreads[] = {1, 2, 4};
+
+// A comma-separated list of positive integers, or exit 2 naming the flag.
+std::vector<std::int64_t> parse_list(const std::string& flag, const std::string& text) {
+  std::vector<std::int64_t> values;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v <= 0) {
+      std::fprintf(stderr,
+                   "reduce_bench: %s: expected positive integers separated by commas, "
+                   "found '%s'\n",
+                   flag.c_str(), text.c_str());
+      std::exit(2);
+    }
+    values.push_back(v);
+    at = comma + 1;
+  }
+  return values;
+}
 
 const Case kCases[] = {
     {"BM_Reduce_Tree", Strategy::kTree, false},
@@ -194,32 +326,54 @@ const Case kCases[] = {
 };
 
 // Registered size-major so one set of leaves serves every case of a size.
-const bool registered = [] {
-  for (std::int64_t threads : kThreads) {
+void register_all(const std::vector<std::int64_t>& sizes,
+                  const std::vector<std::int64_t>& threads_list) {
+  for (std::int64_t threads : threads_list) {
     benchmark::RegisterBenchmark("BM_Reduce_Handoff", BM_Reduce_Handoff)
         ->Args({0, threads})
         ->ArgNames({"bytes", "threads"})
         ->UseRealTime();
   }
-  for (std::int64_t bytes : kSizes) {
-    for (std::int64_t threads : kThreads) {
+  for (std::int64_t bytes : sizes) {
+    for (std::int64_t threads : threads_list) {
       benchmark::RegisterBenchmark("BM_Reduce_Baseline", BM_Reduce_Baseline)
           ->Args({bytes, threads})
           ->ArgNames({"bytes", "threads"})
           ->UseRealTime();
-      for (const Case& c : kCases) {
-        // CAS-per-float adds take seconds per step at 256 MiB; the trend is clear by 64 MiB.
-        if (c.strategy == Strategy::kAtomic && bytes > 64 * kMiB) continue;
+      for (const Case& c : kCases)
         benchmark::RegisterBenchmark(c.name, BM_Reduce_Strategy, c)
             ->Args({bytes, threads})
             ->ArgNames({"bytes", "threads"})
             ->UseRealTime();
-      }
+      benchmark::RegisterBenchmark("BM_Reduce_Ring", BM_Reduce_Ring)
+          ->Args({bytes, threads})
+          ->ArgNames({"bytes", "threads"})
+          ->UseRealTime();
     }
   }
-  return true;
-}();
+}
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  std::vector<std::int64_t> sizes, threads{1, 2, 4};
+  for (std::int64_t bytes = kKiB; bytes <= 256 * kMiB; bytes *= 2) sizes.push_back(bytes);
+  std::vector<char*> rest{argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--reduce_sizes=", 0) == 0)
+      sizes = parse_list("--reduce_sizes", arg.substr(15));
+    else if (arg.rfind("--reduce_threads=", 0) == 0)
+      threads = parse_list("--reduce_threads", arg.substr(17));
+    else
+      rest.push_back(argv[i]);
+  }
+  for (std::int64_t& bytes : sizes) bytes = bytes / 4 * 4;  // whole floats
+  register_all(sizes, threads);
+  int count = static_cast<int>(rest.size());
+  benchmark::Initialize(&count, rest.data());
+  if (benchmark::ReportUnrecognizedArguments(count, rest.data())) return 2;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return g_wrong_sum ? 1 : 0;
+}

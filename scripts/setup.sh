@@ -8,8 +8,9 @@ set -euo pipefail
 #   runtime  what `scripts/train.sh` needs: the compiler, CMake, and the libraries the build finds
 #            and the binary links (oneTBB, oneDNN, Open MPI, ...), and the Fashion-MNIST data set
 #   test     runtime, plus what only the tests use: PyTorch and ONNX's checker (the export
-#            checks), NumPy, clang and its sanitizer runtime (the TSan and fuzz presets)
-#   bench    test, plus matplotlib (bench/ scripts' plots)
+#            checks), NumPy, clang and its sanitizer runtime (the TSan and fuzz presets),
+#            matplotlib (bench/run_reduce_bench.py's plot, which a test draws)
+#   bench    the same as test (bench/ scripts' peers and plots)
 set_name=${1:-runtime}
 case "$set_name" in
   runtime | test | bench) ;;
@@ -39,9 +40,9 @@ if [[ "$set_name" != runtime ]]; then
     python3-torch libopenblas0-openmp  # tests/export and bench/peers: PyTorch (with a fast BLAS)
     python3-onnx          # tests/export: onnx.checker on exported ONNX files
     python3-numpy         # scripts/convert_dataset.py, the --data format test, tests/export
+    python3-matplotlib    # bench/ scripts' plots (the reduction benchmark's, tested)
   )
 fi
-if [[ "$set_name" == bench || "${COHORT_SETUP_PLOTS:-0}" == 1 ]]; then packages+=(python3-matplotlib); fi
 
 missing=()
 for p in "${packages[@]}"; do
