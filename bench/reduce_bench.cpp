@@ -129,6 +129,19 @@ void report(benchmark::State& state, std::size_t n, std::size_t leaves, double e
   }
 }
 
+// A case's timing: one warm-up step (the first touch of its buffers), the baseline measured right
+// before the timed loop, the loop, and the counters.
+template <typename Step>
+void time_steps(benchmark::State& state, ThreadTeam& team, Buffers& b, Step&& step) {
+  step();
+  const double baseline_bps = measure_baseline_bps(team, b);
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) step();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report(state, b.n, b.leaves, elapsed, baseline_bps, team.size());
+}
+
 // Set when any case's sum is wrong: main exits 1.
 bool g_wrong_sum = false;
 
@@ -212,13 +225,7 @@ void BM_Reduce_Strategy(benchmark::State& state, Case c) {
     });
     reducer->wait_step();
   };
-  step();  // warm-up: first touch of the reducer's buffers
-  const double baseline_bps = measure_baseline_bps(team, b);
-  const auto start = std::chrono::steady_clock::now();
-  for (auto _ : state) step();
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report(state, n, leaves, elapsed, baseline_bps, threads);
+  time_steps(state, team, b, step);
   check_sum(state, b, b.result.data(), "the result");
 }
 
@@ -280,13 +287,7 @@ void BM_Reduce_Ring(benchmark::State& state) {
       }
     });
   };
-  step();  // warm-up: first touch of the private buffers
-  const double baseline_bps = measure_baseline_bps(team, b);
-  const auto start = std::chrono::steady_clock::now();
-  for (auto _ : state) step();
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report(state, n, leaves, elapsed, baseline_bps, threads);
+  time_steps(state, team, b, step);
   for (std::size_t w = 0; w < threads; ++w)
     if (!check_sum(state, b, own[w].data(), "worker " + std::to_string(w) + "'s buffer")) break;
 }

@@ -18,6 +18,17 @@ from mpi_testing import BASE, CONFIGS, SEED, SPLITS, MpiCase, Runs, bf16_support
 
 
 class MpiTest(MpiCase):
+    def text_folder(self):
+        """A text folder in self.tmp: Tiny Shakespeare's first 20,000 characters."""
+        folder = os.path.join(self.tmp, "text")
+        os.makedirs(folder)
+        with open(os.path.join(mpi_testing.DATA, "..", "tinyshakespeare", "input.txt"),
+                  encoding="utf-8") as f:
+            head = f.read(20000)
+        with open(os.path.join(folder, "input.txt"), "w", encoding="utf-8") as f:
+            f.write(head)
+        return folder
+
     # a, b ---------------------------------------------------------------------------------------
     def test_digest_matrix(self):
         """Every (ranks x workers) split gives the single process's weights, losses and test
@@ -139,13 +150,7 @@ class MpiTest(MpiCase):
         single process's weights and validation loss, in f32 and bf16; a checkpoint of 2 ranks
         resumes on 3 to the uninterrupted run's weights. Heads of 32 in windows of 32: bf16
         attention is cohort's kernel where the CPU has AVX-512 with BF16."""
-        folder = os.path.join(self.tmp, "text")
-        os.makedirs(folder)
-        with open(os.path.join(mpi_testing.DATA, "..", "tinyshakespeare", "input.txt"),
-                  encoding="utf-8") as f:
-            head = f.read(20000)
-        with open(os.path.join(folder, "input.txt"), "w", encoding="utf-8") as f:
-            f.write(head)
+        folder = self.text_folder()
         flags = ["--data", folder, "--model", "gpt:2-2-64-32-0.1", "--batch", "12",
                  "--micro-batch", "2", "--steps", "6", "--optimizer", "adamw", "--lr", "0.003",
                  "--clip-norm", "1", "--warmup-steps", "0", "--workers", "1", "--quiet",
@@ -183,13 +188,7 @@ class MpiTest(MpiCase):
         """Without --micro-batch or --workers, the MLP, the cnn, resnet20 and a language model
         each get one weights digest for --workers 1, 2, 3 and for mpirun -np 1, 2, 3: the
         default leaf is a function of the model, the batch and the precision only."""
-        text = os.path.join(self.tmp, "text")
-        os.makedirs(text)
-        with open(os.path.join(mpi_testing.DATA, "..", "tinyshakespeare", "input.txt"),
-                  encoding="utf-8") as f:
-            head = f.read(20000)
-        with open(os.path.join(text, "input.txt"), "w", encoding="utf-8") as f:
-            f.write(head)
+        text = self.text_folder()
         # (data, flags, the default leaf's rows: several leaves each, a partial one for the cnn)
         cases = {
             "mlp": (mpi_testing.DATA, ["--batch", "256"], 64),

@@ -52,15 +52,17 @@ class RunReduceBench(unittest.TestCase):
         for key in ("cpu", "cores", "commit", "date"):
             self.assertIn(key, doc["machine"])
         results = [r for r in doc["results"] if r["bytes"] > 0]
-        want = {("threads", t, s) for t in (1, 2) for s in IN_PROCESS}
+        # (where, participants, leaves a participant, strategy)
+        want = {("threads", t, 2, s) for t in (1, 2) for s in IN_PROCESS}
         if ARGS.mpi_bench:
-            want |= {("ranks", 2, s) for s in ACROSS_RANKS}
-        for where, n, strategy in want:
+            want |= {("ranks", 2, per, s) for per in (1, 2) for s in ACROSS_RANKS}
+        for where, n, per, strategy in want:
             for size in self.sizes:
                 size = size // 4 * 4
-                found = [r for r in results if (r["where"], r["participants"], r["strategy"],
-                                                r["bytes"]) == (where, n, strategy, size)]
-                self.assertEqual(len(found), 1, f"{strategy}, {where} {n}, {size} bytes")
+                found = [r for r in results
+                         if (r["where"], r["participants"], r["leaves"] // n, r["strategy"],
+                             r["bytes"]) == (where, n, per, strategy, size)]
+                self.assertEqual(len(found), 1, f"{strategy}, {where} {n}, {per}, {size} bytes")
                 r = found[0]
                 self.assertEqual(FIELDS - set(r), set(), r)
                 self.assertTrue(r["correct"])
