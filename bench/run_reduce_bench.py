@@ -324,7 +324,7 @@ def plot(results, size_names, path):
 
 
 def targets(results):
-    """The issue's targets (2 threads, 2 ranks), as measured: lines for the page."""
+    """The results against the reduction targets (2 threads, 2 ranks): lines for the page."""
     def get(where, n, strategy, nbytes, per=2):
         return next((r for r in results if panel(r) == (where, n, per) and
                      (r["strategy"], r["bytes"]) == (strategy, nbytes)), None)

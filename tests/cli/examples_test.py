@@ -3,8 +3,9 @@
 cli_examples): examples/ and datasets/ copied into an empty folder, no runs/ in it, then
 `cohort train --config examples/NAME.toml --steps 2` from there, as a newcomer runs it after the
 README's setup. Each run exits 0 and writes the outputs its config names, in the folders the run
-creates. A flag replaces its config key before anything checks it: --save naming another file
-leaves the config's checkpoint unwritten.
+creates. A flag replaces its config key before anything checks it: a config whose checkpoint
+folder cannot be made and whose micro-batch is out of range is refused alone and runs when --save
+and --micro-batch replace those keys.
 
   tests/cli/examples_test.py --cohort build/release/cohort --source . [unittest args]
 """

@@ -1,5 +1,5 @@
 // The default leaf size is a function of the model, the batch and the precision only: never of
-// the workers (nor of the machine, which resolve_defaults no longer asks). The whole runs that
+// the workers (nor of the machine, which resolve_defaults does not ask). The whole runs that
 // check the same digest for every worker and rank count: tests/dist/mpi_test.py.
 #include <gtest/gtest.h>
 
