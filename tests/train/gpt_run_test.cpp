@@ -146,8 +146,9 @@ TEST(GptRun, ValidationLossFallsAndIsTheSameEachTime) {
 
 // Leaves hold at most 512 tokens: nanoGPT's full recipe (6-6-384-256) gets 2 windows a leaf in
 // both precisions (its activations' cap: 4 in bf16, 2 in f32, plans near 250 MB a replica), the
-// medium model 4 windows; the CPU recipe's cap is 8 windows (its batch of 12: two leaves of 6). A model of short, wide windows whose activations cap its leaves below the tokens'
-// (16-16-1024-64: 6 windows in bf16, 3 in f32, against 8).
+// medium model 4 windows; the CPU recipe's cap is 8 windows (its batch of 12: two leaves of 6). A
+// model of short, wide windows whose activations cap its leaves below the tokens' (16-16-1024-64: 6
+// windows in bf16, 3 in f32, against 8).
 TEST(GptRun, DefaultLeavesBoundALeafsActivationsAndTokens) {
   const nn::GptShape full{.layers = 6, .heads = 6, .embd = 384, .block = 256};
   const nn::GptShape medium{.layers = 4, .heads = 4, .embd = 256, .block = 128};
