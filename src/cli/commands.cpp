@@ -14,7 +14,6 @@
 #include "cohort/data/dataset.hpp"
 #include "cohort/data/text.hpp"
 #include "cohort/export/export.hpp"
-#include "cohort/nn/gpt.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/report/plot.hpp"
 #include "cohort/train/trainer.hpp"
@@ -85,10 +84,7 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   check_outputs_apart({{"--summary", o.summary_path}, {"--logits", o.logits_path}},
                       {{"--checkpoint", o.checkpoint}}, o.data_dir);
   checkpoint::Checkpoint ck = checkpoint::load_checkpoint(o.checkpoint);
-  const std::size_t block =
-      nn::GptModel::is_gpt(ck.model)
-          ? static_cast<std::size_t>(nn::GptModel::parse(ck.model, 1).shape().block)
-          : 0;
+  const auto block = static_cast<std::size_t>(nn::spec_window(ck.model));
   if (block != 0 && !o.logits_path.empty())
     throw InputError("--logits: expected a classifier's checkpoint, found a language model's ('" +
                      ck.model + "': its logits are per position; `cohort sample` draws from them)");

@@ -16,7 +16,6 @@
 #include "cohort/core/error.hpp"
 #include "cohort/data/augment.hpp"
 #include "cohort/dist/watchdog.hpp"
-#include "cohort/nn/gpt.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/version.hpp"
 #include "commands.hpp"
@@ -66,10 +65,7 @@ Checked check_own(const TrainOptions& o, const Loaders& loaders) {
   }
   const auto t_load = std::chrono::steady_clock::now();
   // A language model's windows are its block + 1 tokens: the data is read for that block.
-  const std::size_t block =
-      nn::GptModel::is_gpt(in.config.model)
-          ? static_cast<std::size_t>(nn::GptModel::parse(in.config.model, 1).shape().block)
-          : 0;
+  const auto block = static_cast<std::size_t>(nn::spec_window(in.config.model));
   in.data = loaders.data(o.data_dir, block);
   in.load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
@@ -303,8 +299,8 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
                     metrics ? &*metrics : nullptr, epochs_planned, every_step);
   progress.continue_after(elapsed_before);
   progress.evaluate_every(c.eval_every);
-  if (const nn::GptModel* gpt = trainer.model().gpt())
-    progress.count_tokens(static_cast<std::size_t>(gpt->shape().block));
+  if (const std::int64_t window = trainer.model().kind().window(); window > 0)
+    progress.count_tokens(static_cast<std::size_t>(window));
   progress.tag_epochs({{"precision", std::string(name_of(nn::kPrecisionNames, c.precision))}});
   train::Summary s;
   try {

@@ -169,10 +169,18 @@ std::string encode_onnx(const nn::Model& model, const Weights& w, const Metadata
   }
   onnx::GraphProto* graph = proto.mutable_graph();
   graph->set_name("cohort");
-  if (const nn::GptModel* gpt = model.gpt())
-    add_gpt_graph(*graph, *gpt, w.params);
-  else
-    add_layers_graph(*graph, model, w);
+  // Each model kind's graph, by its name (nn::ModelKind::name).
+  static const std::map<std::string_view,
+                        void (*)(onnx::GraphProto&, const nn::Model&, const Weights&)>
+      kGraphs{{"layers", add_layers_graph}, {"gpt", add_gpt_graph}};
+  const auto builder = kGraphs.find(model.kind().name());
+  if (builder == kGraphs.end())
+    throw InputError(
+        "--format onnx: expected a model kind with an ONNX graph (layer lists, gpt:), "
+        "found '" +
+        m.model + "', of the kind " + std::string(model.kind().name()) +
+        "; --format safetensors writes its weights");
+  builder->second(*graph, model, w);
   std::set<std::string> read;
   for (const onnx::NodeProto& n : graph->node()) read.insert(n.input().begin(), n.input().end());
   for (const onnx::TensorProto& init : graph->initializer())

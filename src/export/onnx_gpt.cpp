@@ -146,7 +146,9 @@ class GptGraph {
 
 }  // namespace
 
-void add_gpt_graph(onnx::GraphProto& graph, const nn::GptModel& gpt, const float* params) {
+void add_gpt_graph(onnx::GraphProto& graph, const nn::Model& model, const Weights& w) {
+  const nn::GptModel& gpt = nn::gpt_model(model);
+  const float* params = w.params;
   COHORT_CHECK(params != nullptr, "the language model's weights");
   GptGraph(graph, gpt).build(params);
 }

@@ -10,9 +10,7 @@
 #include <variant>
 #include <vector>
 
-namespace cohort::nn {
-class GptModel;
-}
+#include "cohort/export/export.hpp"
 
 namespace cohort::exporting::onnx_graph {
 
@@ -89,8 +87,8 @@ inline void add_int64s(onnx::GraphProto& graph, const std::string& name,
   for (auto v : values) init->add_int64_data(v);
 }
 
-// The language model's graph (onnx_gpt.cpp) from its canonical weights `params`: input "input"
+// The language model's graph (onnx_gpt.cpp) from its canonical weights (w.params): input "input"
 // (N, T) int64 token ids, output "logits" (N, T, vocab); see encode_onnx.
-void add_gpt_graph(onnx::GraphProto& graph, const nn::GptModel& gpt, const float* params);
+void add_gpt_graph(onnx::GraphProto& graph, const nn::Model& model, const Weights& w);
 
 }  // namespace cohort::exporting::onnx_graph

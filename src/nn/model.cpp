@@ -1,4 +1,5 @@
-// Model spec parsing, shape inference, parameter layout and initialisation.
+// Model and ModelKind (the registry of kinds), and the layer lists' kind: spec parsing, shape
+// inference, parameter layout and initialisation.
 #include "cohort/nn/model.hpp"
 
 #include <algorithm>
@@ -9,7 +10,9 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/rng.hpp"
-#include "cohort/nn/gpt.hpp"
+#include "leaf_caps.hpp"
+#include "model_kinds.hpp"
+#include "state_dict_layers.hpp"
 
 namespace cohort::nn {
 
@@ -54,6 +57,62 @@ void visit(Layers& layers, F&& f) {
   }
 }
 
+// Where element j of a linear weight in (OC, IC) order is stored, relative to l.weight: the
+// layer list stores it (IC, OC), transposed from PyTorch's, so that oneDNN's inner product runs
+// its forward as a plain GEMM (docs/decisions.md); checkpoints hold the canonical order.
+std::size_t transposed_index(const LayerSpec& l, std::size_t j) {
+  const auto OC = static_cast<std::size_t>(l.out.C), IC = static_cast<std::size_t>(l.in.C);
+  const std::size_t o = j / IC, i = j % IC;  // j: (o, i) in (OC, IC) order
+  return i * OC + o;
+}
+
+bool contains_conv(const std::vector<LayerSpec>& layers) {
+  bool conv = false;
+  visit(layers, [&](const LayerSpec& l) { conv = conv || l.kind == LayerSpec::Kind::kConv; });
+  return conv;
+}
+
+// The registered kinds, the language model's first.
+std::vector<ModelKindEntry>& entries() {
+  static std::vector<ModelKindEntry> all{gpt_kind_entry()};
+  return all;
+}
+
+const ModelKindEntry* entry_of(const std::string& spec) {
+  for (const ModelKindEntry& e : entries())
+    if (spec.rfind(e.prefix, 0) == 0) return &e;
+  return nullptr;
+}
+
+// A list of layers (mlp:, cnn, resnet20 and layer lists): the layers own their offsets into the
+// flat parameter array and the running statistics; its executor runs on oneDNN (net.cpp).
+class LayerList final : public ModelKind {
+ public:
+  LayerList(std::string spec, ParamLayout layout, SampleShape input, std::int64_t classes,
+            std::vector<LayerSpec> layers, ParamLayout stats)
+      : ModelKind(std::move(spec), std::move(layout), input, classes),
+        layers_(std::move(layers)),
+        stats_(std::move(stats)) {}
+  std::string_view name() const override { return "layers"; }
+  const std::vector<LayerSpec>& layers() const override { return layers_; }
+  const ParamLayout& stats_layout() const override { return stats_; }
+  bool has_dropout() const override;
+  void init(float* params, std::uint64_t seed) const override;
+  std::vector<std::pair<std::size_t, std::size_t>> norm_and_bias_ranges() const override;
+  double forward_flops_per_sample() const override;
+  void to_canonical(const float* stored, float* canonical) const override;
+  void from_canonical(const float* canonical, float* stored) const override;
+  std::vector<StateTensor> state_dict() const override;
+  std::unique_ptr<Executor> executor(const Model& model, bool blocked_layouts,
+                                     Precision precision) const override;
+  LeafRule leaf_rule(Precision precision) const override;
+  bool batch_weight_grads() const override { return true; }
+
+ private:
+  std::vector<LayerSpec> layers_;
+  ParamLayout stats_;
+};
+
 }  // namespace
 
 std::string SampleShape::str() const {
@@ -61,21 +120,55 @@ std::string SampleShape::str() const {
   return "(" + std::to_string(C) + ", " + std::to_string(H) + ", " + std::to_string(W) + ")";
 }
 
+ModelKind::ModelKind(std::string spec, ParamLayout layout, SampleShape input, std::int64_t classes)
+    : spec_(std::move(spec)), layout_(std::move(layout)), input_(input), num_classes_(classes) {}
+
+const std::vector<LayerSpec>& ModelKind::layers() const {
+  static const std::vector<LayerSpec> none;
+  return none;
+}
+
+const ParamLayout& ModelKind::stats_layout() const {
+  static const ParamLayout none;
+  return none;
+}
+
+void ModelKind::to_canonical(const float* stored, float* canonical) const {
+  std::copy(stored, stored + layout_.total(), canonical);
+}
+
+void ModelKind::from_canonical(const float* canonical, float* stored) const {
+  std::copy(canonical, canonical + layout_.total(), stored);
+}
+
+double ModelKind::own_kernel_floor_seconds(std::int64_t, Precision) const { return 0; }
+double ModelKind::leaf_plan_bytes(std::size_t, Precision) const { return 0; }
+
+void register_model_kind(ModelKindEntry entry) {
+  for (ModelKindEntry& e : entries())
+    if (e.prefix == entry.prefix) {
+      e = std::move(entry);
+      return;
+    }
+  entries().push_back(std::move(entry));
+}
+
+std::int64_t spec_window(const std::string& spec) {
+  const ModelKindEntry* entry = entry_of(spec);
+  return entry ? entry->window(spec) : 0;
+}
+
+Model::Model(std::shared_ptr<const ModelKind> kind) : kind_(std::move(kind)) {
+  COHORT_CHECK(kind_ != nullptr, "a model has a kind");
+}
+
 Model Model::parse(const std::string& spec_in, SampleShape input, std::int64_t vocab) {
-  if (GptModel::is_gpt(spec_in)) {
-    Model m;
-    m.spec_ = spec_in;
-    m.gpt_ = std::make_shared<const GptModel>(GptModel::parse(spec_in, vocab));
-    m.layout_ = m.gpt_->layout();
-    m.input_ = {1, 1, m.gpt_->shape().block + 1};
-    m.num_classes_ = vocab;
-    return m;
-  }
+  if (const ModelKindEntry* entry = entry_of(spec_in))
+    return Model(entry->parse(spec_in, input, vocab));
   const std::string spec = spec_in == "cnn"        ? kCnnPreset
                            : spec_in == "resnet20" ? kResnet20Preset
                                                    : spec_in;
-  Model m;
-  m.spec_ = spec_in;
+  ParamLayout layout, stats;
   constexpr std::string_view kMlp = "mlp:";
   std::vector<LayerSpec> list;
   if (spec.rfind(kMlp, 0) == 0) {
@@ -160,7 +253,6 @@ Model Model::parse(const std::string& spec_in, SampleShape input, std::int64_t v
 
   // Shapes, names and parameters, layer by layer. `place` gives one layer (named already) its
   // output shape, its parameters (appended to the layout) and its running statistics.
-  m.input_ = input;
   double parameters = 0;
   std::function<void(LayerSpec&, SampleShape)> place = [&](LayerSpec& l, SampleShape cur) {
     l.in = cur;
@@ -178,8 +270,8 @@ Model Model::parse(const std::string& spec_in, SampleShape input, std::int64_t v
         // Stored (IC, OC), i.e. transposed from PyTorch's (OC, IC): oneDNN's inner product then
         // runs its forward as a plain GEMM (measured 113 against 86 GFLOP/s at 128 rows, see
         // docs/decisions.md). Checkpoints hold the canonical order (to_canonical).
-        l.weight = m.layout_.add(l.name + ".weight", Shape{{cur.C, l.out.C}});
-        l.bias = m.layout_.add(l.name + ".bias", Shape{{l.out.C}});  // (OC)
+        l.weight = layout.add(l.name + ".weight", Shape{{cur.C, l.out.C}});
+        l.bias = layout.add(l.name + ".bias", Shape{{l.out.C}});  // (OC)
         break;
       case LayerSpec::Kind::kConv: {
         if (cur.H == 1 && cur.W == 1 && l.kernel > 1)
@@ -191,19 +283,19 @@ Model Model::parse(const std::string& spec_in, SampleShape input, std::int64_t v
                  (cur.W + 2 * l.pad - l.kernel) / l.stride + 1};
         count_parameters(double(l.out.C) * double(cur.C) * double(l.kernel) * double(l.kernel) +
                          (l.has_bias ? double(l.out.C) : 0.0));
-        l.weight = m.layout_.add(l.name + ".weight",
-                                 Shape{{l.out.C, cur.C, l.kernel, l.kernel}});  // (OC, IC, KH, KW)
-        if (l.has_bias) l.bias = m.layout_.add(l.name + ".bias", Shape{{l.out.C}});
+        l.weight = layout.add(l.name + ".weight",
+                              Shape{{l.out.C, cur.C, l.kernel, l.kernel}});  // (OC, IC, KH, KW)
+        if (l.has_bias) l.bias = layout.add(l.name + ".bias", Shape{{l.out.C}});
         break;
       }
       case LayerSpec::Kind::kBatchNorm:
         // Per channel of an image, per feature of a flat input: either way C of (C, H, W).
         l.out = cur;
         count_parameters(2.0 * double(cur.C));
-        l.weight = m.layout_.add(l.name + ".weight", Shape{{cur.C}});  // scale (gamma), (C)
-        l.bias = m.layout_.add(l.name + ".bias", Shape{{cur.C}});      // shift (beta), (C)
-        l.running_mean = m.stats_layout_.add(l.name + ".running_mean", Shape{{cur.C}});
-        l.running_var = m.stats_layout_.add(l.name + ".running_var", Shape{{cur.C}});
+        l.weight = layout.add(l.name + ".weight", Shape{{cur.C}});  // scale (gamma), (C)
+        l.bias = layout.add(l.name + ".bias", Shape{{cur.C}});      // shift (beta), (C)
+        l.running_mean = stats.add(l.name + ".running_mean", Shape{{cur.C}});
+        l.running_var = stats.add(l.name + ".running_var", Shape{{cur.C}});
         break;
       case LayerSpec::Kind::kGap:
         if (cur.flat())
@@ -285,42 +377,55 @@ Model Model::parse(const std::string& spec_in, SampleShape input, std::int64_t v
   }
   if (list.empty() || list.back().kind != LayerSpec::Kind::kLinear)
     bad_spec(spec, "the last layer must be linear(CLASSES)");
-  m.num_classes_ = cur.C;
-  m.layers_ = std::move(list);
-  return m;
-}
-
-bool Model::has_dropout() const {
-  if (gpt_) return gpt_->shape().dropout > 0;
-  for (const auto& l : layers_)
-    if (l.kind == LayerSpec::Kind::kDropout) return true;
-  return false;
+  return Model(std::make_shared<LayerList>(spec_in, std::move(layout), input, cur.C,
+                                           std::move(list), std::move(stats)));
 }
 
 bool Model::has_batchnorm() const { return !batchnorm_layers().empty(); }
 
-bool Model::has_conv() const {
-  bool conv = false;
-  visit(layers_, [&](const LayerSpec& l) { conv = conv || l.kind == LayerSpec::Kind::kConv; });
-  return conv;
-}
+bool Model::has_conv() const { return contains_conv(layers()); }
 
 std::vector<const LayerSpec*> Model::batchnorm_layers() const {
   std::vector<const LayerSpec*> out;
-  visit(layers_, [&](const LayerSpec& l) {
+  visit(layers(), [&](const LayerSpec& l) {
     if (l.kind == LayerSpec::Kind::kBatchNorm) out.push_back(&l);
   });
   return out;
 }
 
 void Model::init_stats(float* stats) const {
-  std::fill(stats, stats + stats_layout_.total(), 0.0f);
+  std::fill(stats, stats + stats_layout().total(), 0.0f);
   for (const LayerSpec* l : batchnorm_layers())
     std::fill(stats + l->running_var, stats + l->running_var + l->in.C, 1.0f);
 }
 
-std::vector<std::pair<std::size_t, std::size_t>> Model::norm_and_bias_ranges() const {
-  if (gpt_) return gpt_->norm_ranges();
+bool LayerList::has_dropout() const {
+  for (const auto& l : layers_)
+    if (l.kind == LayerSpec::Kind::kDropout) return true;
+  return false;
+}
+
+LeafRule LayerList::leaf_rule(Precision precision) const {
+  bool bn = false;
+  visit(layers_, [&](const LayerSpec& l) { bn = bn || l.kind == LayerSpec::Kind::kBatchNorm; });
+  // The leaf's rows are the statistics' sample.
+  if (bn) return {kBatchNormMicroBatch, /*exact=*/true};
+  if (!contains_conv(layers_)) return {kLinearMicroBatch, false};
+  if (precision != Precision::kBf16) return {kConvMicroBatch, false};
+  std::int64_t largest = input().numel();  // values a row, of any layer's output
+  for (const LayerSpec& l : layers_) largest = std::max(largest, l.out.numel());
+  const auto bytes = static_cast<std::size_t>(largest) * sizeof(std::uint16_t) * kConvMicroBatch;
+  return {bytes > kConvLeafBytes ? kConvMicroBatch / 2 : kConvMicroBatch, false};
+}
+
+std::vector<StateTensor> LayerList::state_dict() const { return layer_state_dict(spec(), layers_); }
+
+std::unique_ptr<Executor> LayerList::executor(const Model& model, bool blocked_layouts,
+                                              Precision precision) const {
+  return layer_executor(model, blocked_layouts, precision);
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> LayerList::norm_and_bias_ranges() const {
   std::vector<std::pair<std::size_t, std::size_t>> out;
   visit(layers_, [&](const LayerSpec& l) {
     const auto C = static_cast<std::size_t>(l.out.C);
@@ -333,8 +438,7 @@ std::vector<std::pair<std::size_t, std::size_t>> Model::norm_and_bias_ranges() c
   return out;
 }
 
-double Model::forward_flops_per_sample() const {
-  if (gpt_) return gpt_->forward_flops_per_token() * double(gpt_->shape().block);
+double LayerList::forward_flops_per_sample() const {
   double f = 0;
   visit(layers_, [&](const LayerSpec& l) {
     if (l.kind == LayerSpec::Kind::kLinear) f += 2.0 * double(l.in.C) * double(l.out.C);
@@ -344,9 +448,8 @@ double Model::forward_flops_per_sample() const {
   return f;
 }
 
-void Model::init(float* params, std::uint64_t seed) const {
-  if (gpt_) return gpt_->init(params, seed);
-  for (std::size_t i = 0; i < layout_.total(); ++i) params[i] = 0.0f;
+void LayerList::init(float* params, std::uint64_t seed) const {
+  for (std::size_t i = 0; i < layout().total(); ++i) params[i] = 0.0f;
   // The stream of a tensor is keyed by its index in the layout (bn's constant tensors take an
   // index too), so a tensor's values depend only on the seed and its index, and a model without
   // nobias convs and bn layers draws each tensor as PyTorch's order numbers it.
@@ -375,14 +478,8 @@ void Model::init(float* params, std::uint64_t seed) const {
   });
 }
 
-std::size_t Model::transposed_index(const LayerSpec& l, std::size_t j) {
-  const auto OC = static_cast<std::size_t>(l.out.C), IC = static_cast<std::size_t>(l.in.C);
-  const std::size_t o = j / IC, i = j % IC;  // j: (o, i) in (OC, IC) order
-  return i * OC + o;
-}
-
-void Model::to_canonical(const float* stored, float* canonical) const {
-  std::copy(stored, stored + layout_.total(), canonical);
+void LayerList::to_canonical(const float* stored, float* canonical) const {
+  std::copy(stored, stored + layout().total(), canonical);
   visit(layers_, [&](const LayerSpec& l) {
     if (l.kind == LayerSpec::Kind::kLinear)
       for (std::size_t j = 0; j < static_cast<std::size_t>(l.out.C * l.in.C); ++j)
@@ -390,8 +487,8 @@ void Model::to_canonical(const float* stored, float* canonical) const {
   });
 }
 
-void Model::from_canonical(const float* canonical, float* stored) const {
-  std::copy(canonical, canonical + layout_.total(), stored);
+void LayerList::from_canonical(const float* canonical, float* stored) const {
+  std::copy(canonical, canonical + layout().total(), stored);
   visit(layers_, [&](const LayerSpec& l) {
     if (l.kind == LayerSpec::Kind::kLinear)
       for (std::size_t j = 0; j < static_cast<std::size_t>(l.out.C * l.in.C); ++j)

@@ -1,19 +1,19 @@
-// Net on oneDNN 2.6 primitives: plans per batch size (built by plan_builder.cpp), binding the
-// caller's arrays to a plan and running its steps, the loss between forward and backward, and
-// the precision checks of the public entry points. Only src/nn includes oneDNN.
+// The layer lists' executor on oneDNN 2.6 primitives: plans per batch size (built by
+// plan_builder.cpp), binding the caller's arrays to a plan and running its steps, the loss
+// between forward and backward; and Net, the typed front of every kind's executor, with the
+// precision checks of its entry points. Only src/nn includes oneDNN.
 #include "cohort/nn/net.hpp"
 
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <chrono>
 #include <map>
-#include <optional>
 #include <string_view>
 #include <tuple>
 
 #include "cohort/core/error.hpp"
-#include "cohort/nn/gpt.hpp"
 #include "cohort/nn/loss.hpp"
+#include "model_kinds.hpp"
 #include "plan.hpp"
 
 namespace cohort::nn {
@@ -23,65 +23,26 @@ using detail::Phase;
 using detail::Plan;
 using Clock = std::chrono::steady_clock;
 
-struct Net::Impl {
+namespace {
+
+// A layer list on oneDNN's primitives.
+class LayerExecutor final : public Executor {
+ public:
   const Model* model;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   // (N, training, batch weight gradients of linear layers)
   std::map<std::tuple<std::int64_t, bool, bool>, std::unique_ptr<Plan>> plans;
-  PhaseTimes times;
-  Clock::time_point backward_begin;         // of the last forward_backward
+  PhaseTimes times_;
+  Clock::time_point backward_begin_;        // of the last forward_backward
   StreamKey key;                            // the current step's dropout streams
   std::span<const LinearRows> linear_rows;  // the current call's (batch weight gradients)
   bool blocked_layouts;
   Precision precision;
   bool needs_stats;  // the model has bn layers
 
-  // A language model (Model::gpt): its executor, and the current call's windows as token ids.
-  std::optional<GptNet> gpt;
-  std::vector<std::int32_t> windows;
-
-  Impl(const Model& m, bool blocked, Precision prec)
-      : model(&m), blocked_layouts(blocked), precision(prec), needs_stats(m.has_batchnorm()) {
-    if (m.gpt()) gpt.emplace(*m.gpt(), prec);
-  }
-
-  // The entries of a layer list's Net (a language model's are forward_backward on token rows
-  // and evaluate_windows).
-  void require_layers(const char* what) const {
-    if (gpt)
-      throw InternalError(std::string("nn::Net: ") + what + " called on the language model " +
-                          model->spec() + " (its entries take token rows)");
-  }
-
-  // A language model's N windows, (N, block + 1) token ids as floats, as ids.
-  const std::int32_t* tokens(const float* x, std::int64_t N) {
-    windows.resize(static_cast<std::size_t>(N * model->input_features()));
-    for (std::size_t i = 0; i < windows.size(); ++i) windows[i] = static_cast<std::int32_t>(x[i]);
-    return windows.data();
-  }
-
-  double gpt_forward_backward(const void* params, const float* x, std::int64_t N, float* grad,
-                              const StreamKey& k) {
-    COHORT_CHECK(gpt.has_value(), "token rows are a language model's input");
-    const std::int32_t* w = tokens(x, N);
-    const double per_window = 1.0 / static_cast<double>(model->gpt()->shape().block);
-    const double loss =
-        precision == Precision::kBf16
-            ? gpt->forward_backward(static_cast<const bf16*>(params), w, N, grad, k, per_window)
-            : gpt->forward_backward(static_cast<const float*>(params), w, N, grad, k, per_window);
-    return loss;
-  }
-
-  std::pair<double, double> gpt_evaluate(const void* params, const float* x, std::int64_t N) {
-    COHORT_CHECK(gpt.has_value(), "token rows are a language model's input");
-    const std::int32_t* w = tokens(x, N);
-    const GptNet::Evaluation e = precision == Precision::kBf16
-                                     ? gpt->evaluate(static_cast<const bf16*>(params), w, N)
-                                     : gpt->evaluate(static_cast<const float*>(params), w, N);
-    const auto T = static_cast<double>(model->gpt()->shape().block);
-    return {e.loss / T, static_cast<double>(e.correct) / T};
-  }
+  LayerExecutor(const Model& m, bool blocked, Precision prec)
+      : model(&m), blocked_layouts(blocked), precision(prec), needs_stats(m.has_batchnorm()) {}
 
   Plan& plan(std::int64_t N, bool training, bool batch_linear) {
     auto& slot = plans[{N, training, batch_linear}];
@@ -89,13 +50,6 @@ struct Net::Impl {
       slot = detail::build_plan({model, &engine, &key, &linear_rows, N, training, blocked_layouts,
                                  batch_linear, precision});
     return *slot;
-  }
-
-  void require(Precision p, const char* what) const {
-    if (precision != p)
-      throw InternalError(std::string("nn::Net: ") + what + " called on a " +
-                          (precision == Precision::kBf16 ? "bf16" : "f32") + " Net of " +
-                          model->spec());
   }
 
   // A model with bn layers needs statistics: the batch's (training) or the running ones.
@@ -117,11 +71,11 @@ struct Net::Impl {
     }
   }
 
-  void run(std::vector<Exec>& execs) { detail::run_steps(execs, stream, times, model->spec()); }
+  void run(std::vector<Exec>& execs) { detail::run_steps(execs, stream, times_, model->spec()); }
 
   double forward_backward(const void* params, const void* x, const std::int32_t* labels,
                           std::int64_t N, float* grad, const StreamKey& k,
-                          std::span<const LinearRows> rows, float* batch_stats) {
+                          std::span<const LinearRows> rows, float* batch_stats) override {
     require_stats(batch_stats, "forward_backward");
     const bool batch_linear = !rows.empty();
     if (batch_linear) {
@@ -139,24 +93,65 @@ struct Net::Impl {
     auto t0 = Clock::now();
     double loss = softmax_cross_entropy(p.logits, labels, N, model->num_classes(), p.diff_logits);
     const auto t1 = Clock::now();
-    times.loss += std::chrono::duration<double>(t1 - t0).count();
-    backward_begin = t1;
+    times_.loss += std::chrono::duration<double>(t1 - t0).count();
+    backward_begin_ = t1;
     run(p.backward);
     return loss;
   }
 
-  const float* forward(const void* params, const void* x, std::int64_t N,
-                       const float* running_stats) {
+  const float* logits(const void* params, const void* x, std::int64_t N,
+                      const float* running_stats) override {
     require_stats(running_stats, "forward");
     Plan& p = plan(N, /*training=*/false, /*batch_linear=*/false);
     bind(p, params, x, nullptr, running_stats);
     run(p.forward);
     return p.logits;
   }
+
+  Evaluation evaluate(const void* params, const void* x, const std::int32_t* labels, std::int64_t N,
+                      const float* running_stats) override {
+    const float* z = logits(params, x, N, running_stats);  // (N, classes)
+    const auto classes = model->num_classes();
+    return {softmax_cross_entropy(z, labels, N, classes, nullptr),
+            static_cast<double>(count_correct(z, labels, N, classes))};
+  }
+
+  const PhaseTimes& times() const override { return times_; }
+  Clock::time_point backward_begin() const override { return backward_begin_; }
+  void reset_times() override { times_ = {}; }
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> layer_executor(const Model& model, bool blocked_layouts,
+                                         Precision precision) {
+  return std::make_unique<LayerExecutor>(model, blocked_layouts, precision);
+}
+
+struct Net::Impl {
+  const Model* model;
+  Precision precision;
+  std::unique_ptr<Executor> exec;
+
+  void require(Precision p, const char* what) const {
+    if (precision != p)
+      throw InternalError(std::string("nn::Net: ") + what + " called on a " +
+                          (precision == Precision::kBf16 ? "bf16" : "f32") + " Net of " +
+                          model->spec());
+  }
+
+  // A bf16 Net's rows are bf16 where the kind's are (ModelKind::bf16_rows), else floats.
+  void require_rows(bool bf16_rows, const char* what) const {
+    if (bf16_rows != model->kind().bf16_rows())
+      throw InternalError(std::string("nn::Net: ") + what + " called on a bf16 Net of " +
+                          model->spec() + ", whose rows are " +
+                          (model->kind().bf16_rows() ? "bf16" : "floats"));
+  }
 };
 
 Net::Net(const Model& model, bool blocked_layouts, Precision precision)
-    : impl_(std::make_unique<Impl>(model, blocked_layouts, precision)) {}
+    : impl_(std::make_unique<Impl>(
+          Impl{&model, precision, model.kind().executor(model, blocked_layouts, precision)})) {}
 Net::~Net() = default;
 Net::Net(Net&&) noexcept = default;
 Net& Net::operator=(Net&&) noexcept = default;
@@ -166,63 +161,64 @@ double Net::forward_backward(const float* params, const float* x, const std::int
                              std::int64_t N, float* grad, const StreamKey& key,
                              std::span<const LinearRows> linear_rows, float* batch_stats) {
   impl_->require(Precision::kF32, "forward_backward(const float* ...)");
-  if (impl_->gpt) return impl_->gpt_forward_backward(params, x, N, grad, key);
-  return impl_->forward_backward(params, x, labels, N, grad, key, linear_rows, batch_stats);
+  return impl_->exec->forward_backward(params, x, labels, N, grad, key, linear_rows, batch_stats);
 }
 
 double Net::forward_backward(const bf16* params, const bf16* x, const std::int32_t* labels,
                              std::int64_t N, float* grad, const StreamKey& key,
                              std::span<const LinearRows> linear_rows, float* batch_stats) {
   impl_->require(Precision::kBf16, "forward_backward(const bf16* ...)");
-  impl_->require_layers("forward_backward(const bf16* params, const bf16* x, ...)");
-  return impl_->forward_backward(params, x, labels, N, grad, key, linear_rows, batch_stats);
+  impl_->require_rows(true, "forward_backward(const bf16* params, const bf16* x, ...)");
+  return impl_->exec->forward_backward(params, x, labels, N, grad, key, linear_rows, batch_stats);
+}
+
+double Net::forward_backward(const bf16* params, const float* x, const std::int32_t* labels,
+                             std::int64_t N, float* grad, const StreamKey& key,
+                             std::span<const LinearRows> linear_rows, float* batch_stats) {
+  impl_->require(Precision::kBf16, "forward_backward(const bf16*, const float* ...)");
+  impl_->require_rows(false, "forward_backward(const bf16* params, const float* x, ...)");
+  return impl_->exec->forward_backward(params, x, labels, N, grad, key, linear_rows, batch_stats);
 }
 
 const float* Net::forward(const float* params, const float* x, std::int64_t N,
                           const float* running_stats) {
   impl_->require(Precision::kF32, "forward(const float* ...)");
-  impl_->require_layers("forward");
-  return impl_->forward(params, x, N, running_stats);
+  return impl_->exec->logits(params, x, N, running_stats);
 }
 
 const float* Net::forward(const bf16* params, const bf16* x, std::int64_t N,
                           const float* running_stats) {
   impl_->require(Precision::kBf16, "forward(const bf16* ...)");
-  impl_->require_layers("forward");
-  return impl_->forward(params, x, N, running_stats);
+  impl_->require_rows(true, "forward(const bf16* params, const bf16* x, ...)");
+  return impl_->exec->logits(params, x, N, running_stats);
 }
 
-double Net::forward_backward(const bf16* params, const float* x, std::int64_t N, float* grad,
-                             const StreamKey& key) {
-  impl_->require(Precision::kBf16, "forward_backward(const bf16*, const float* ...)");
-  return impl_->gpt_forward_backward(params, x, N, grad, key);
+Evaluation Net::evaluate(const float* params, const float* x, const std::int32_t* labels,
+                         std::int64_t N, const float* running_stats) {
+  impl_->require(Precision::kF32, "evaluate(const float* ...)");
+  return impl_->exec->evaluate(params, x, labels, N, running_stats);
 }
 
-std::pair<double, double> Net::evaluate_windows(const float* params, const float* x,
-                                                std::int64_t N) {
-  impl_->require(Precision::kF32, "evaluate_windows(const float* ...)");
-  return impl_->gpt_evaluate(params, x, N);
+Evaluation Net::evaluate(const bf16* params, const bf16* x, const std::int32_t* labels,
+                         std::int64_t N, const float* running_stats) {
+  impl_->require(Precision::kBf16, "evaluate(const bf16* ...)");
+  impl_->require_rows(true, "evaluate(const bf16* params, const bf16* x, ...)");
+  return impl_->exec->evaluate(params, x, labels, N, running_stats);
 }
 
-std::pair<double, double> Net::evaluate_windows(const bf16* params, const float* x,
-                                                std::int64_t N) {
-  impl_->require(Precision::kBf16, "evaluate_windows(const bf16* ...)");
-  return impl_->gpt_evaluate(params, x, N);
+Evaluation Net::evaluate(const bf16* params, const float* x, const std::int32_t* labels,
+                         std::int64_t N, const float* running_stats) {
+  impl_->require(Precision::kBf16, "evaluate(const bf16*, const float* ...)");
+  impl_->require_rows(false, "evaluate(const bf16* params, const float* x, ...)");
+  return impl_->exec->evaluate(params, x, labels, N, running_stats);
 }
 
-const PhaseTimes& Net::times() const { return impl_->gpt ? impl_->gpt->times() : impl_->times; }
+const PhaseTimes& Net::times() const { return impl_->exec->times(); }
 std::chrono::steady_clock::time_point Net::backward_begin() const {
-  return impl_->gpt ? impl_->gpt->backward_begin() : impl_->backward_begin;
+  return impl_->exec->backward_begin();
 }
-void Net::reset_times() {
-  impl_->times = {};
-  if (impl_->gpt) impl_->gpt->reset_times();
-}
-void Net::weights_changed() {
-  if (impl_->gpt) impl_->gpt->weights_changed();
-}
-void Net::release_inference_plans() {
-  if (impl_->gpt) impl_->gpt->release_inference_plans();
-}
+void Net::reset_times() { impl_->exec->reset_times(); }
+void Net::weights_changed() { impl_->exec->weights_changed(); }
+void Net::release_inference_plans() { impl_->exec->release_inference_plans(); }
 
 }  // namespace cohort::nn

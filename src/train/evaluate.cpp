@@ -3,10 +3,7 @@
 
 #include <algorithm>
 #include <numeric>
-#include <tuple>
 #include <vector>
-
-#include "cohort/nn/loss.hpp"
 
 namespace cohort::train {
 
@@ -15,8 +12,8 @@ std::size_t eval_chunks(const data::Dataset& set, std::size_t eval_rows) {
 }
 
 void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const ReplicaWeights& weights,
-                     std::size_t eval_rows, int classes, std::size_t first, std::size_t last,
-                     EvalParts& parts, const data::Augmenter* augment) {
+                     std::size_t eval_rows, std::size_t first, std::size_t last, EvalParts& parts,
+                     const data::Augmenter* augment) {
   const std::size_t chunks = eval_chunks(set, eval_rows);
   parts.loss.resize(chunks);
   parts.correct.resize(chunks);
@@ -35,14 +32,9 @@ void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const ReplicaWe
         augment->assemble(set, chunk_ids, 0, /*train=*/false, r.eval_x.data(), r.eval_y.data());
       else
         data::assemble_batch(set, chunk_ids, r.eval_x.data(), r.eval_y.data());
-      if (set.text()) {  // windows: per-window means over their positions
-        std::tie(parts.loss[c], parts.correct[c]) = r.evaluate_windows(weights, N);
-        continue;
-      }
-      const float* logits = r.infer(weights, N);  // (N, classes)
-      parts.loss[c] = nn::softmax_cross_entropy(logits, r.eval_y.data(), N, classes, nullptr);
-      parts.correct[c] =
-          static_cast<double>(nn::count_correct(logits, r.eval_y.data(), N, classes));
+      const nn::Evaluation e = r.evaluate(weights, N);
+      parts.loss[c] = e.loss;
+      parts.correct[c] = e.correct;
     }
   });
   for (std::size_t w = 0; w < graph.workers(); ++w) {
@@ -62,10 +54,9 @@ std::pair<double, double> eval_totals(const EvalParts& parts, std::size_t count)
 
 std::pair<double, double> evaluate(StepGraph& graph, const data::Dataset& set,
                                    const ReplicaWeights& weights, std::size_t eval_rows,
-                                   int classes, const data::Augmenter* augment) {
+                                   const data::Augmenter* augment) {
   EvalParts parts;
-  evaluate_chunks(graph, set, weights, eval_rows, classes, 0, eval_chunks(set, eval_rows), parts,
-                  augment);
+  evaluate_chunks(graph, set, weights, eval_rows, 0, eval_chunks(set, eval_rows), parts, augment);
   return eval_totals(parts, set.count);
 }
 

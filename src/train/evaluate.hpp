@@ -24,14 +24,14 @@ std::size_t eval_chunks(const data::Dataset& set, std::size_t eval_rows);
 // Chunks [first, last) of `set` into parts (sized eval_chunks); the others are left as they are.
 // `augment` (--augment; may be null): its normalization applies to the rows, nothing random.
 void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const ReplicaWeights& weights,
-                     std::size_t eval_rows, int classes, std::size_t first, std::size_t last,
-                     EvalParts& parts, const data::Augmenter* augment = nullptr);
+                     std::size_t eval_rows, std::size_t first, std::size_t last, EvalParts& parts,
+                     const data::Augmenter* augment = nullptr);
 // Mean loss and accuracy from every chunk's parts, added in chunk order.
 std::pair<double, double> eval_totals(const EvalParts& parts, std::size_t count);
 
 // Mean loss and accuracy of `weights` on `set` (every chunk here).
 std::pair<double, double> evaluate(StepGraph& graph, const data::Dataset& set,
                                    const ReplicaWeights& weights, std::size_t eval_rows,
-                                   int classes, const data::Augmenter* augment = nullptr);
+                                   const data::Augmenter* augment = nullptr);
 
 }  // namespace cohort::train

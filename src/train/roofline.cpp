@@ -1,8 +1,6 @@
 // The step's roofline; see roofline.hpp.
 #include "roofline.hpp"
 
-#include <optional>
-
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -11,8 +9,6 @@
 
 #include "batch_grads.hpp"
 #include "cohort/nn/batch_grad.hpp"
-#include "cohort/nn/gpt.hpp"
-#include "cohort/nn/gpt_attention.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/tensor/buffer.hpp"
 #include "time_account.hpp"
@@ -34,21 +30,17 @@ double best_of(F f) {
 }
 
 // Seconds of oneDNN matmul work (inner products and convolutions, forward, backward-data and
-// -weights) in one leaf of M rows, on a fresh Net of the run's model, precision and layouts, on
-// this thread alone: the run's own primitives at their own rate, without a second replica
+// -weights) in one leaf of M rows, on `net` (replica 0's Net: the run's own primitives, its
+// plan built by the run; not another Net, since a language model's leaf plan holds hundreds of
+// megabytes of activations), on this thread alone: at their own rate, without a second replica
 // competing for the core's caches or the memory bus. With batch weight gradients the linear
-// layers' weight gradients are left to the root (timed separately below), as in the run.
-// A language model's leaf plan holds hundreds of megabytes of activations: it times `replica`
-// (replica 0's Net, the same primitives, its plan built by the run) instead of building another.
-// Its weights and gradient live in two `scratch` arrays where there are two.
-double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c, nn::Net& replica,
+// layers' weight gradients are left to the root (timed separately below), as in the run. The
+// weights and gradient live in two `scratch` arrays where there are two.
+double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c, nn::Net& net,
                            std::span<float* const> scratch) {
   const auto M = static_cast<std::int64_t>(c.micro_batch);
   const std::size_t features = static_cast<std::size_t>(model.input_features());
   const bool b16 = c.precision == nn::Precision::kBf16;
-  std::optional<nn::Net> own;
-  if (!model.gpt()) own.emplace(model, c.blocked_layouts, c.precision);
-  nn::Net& net = own ? *own : replica;
   const std::size_t n = model.layout().total();
   const bool spare = scratch.size() >= 2;
   AlignedBuffer<float> own_params(spare ? 0 : n), own_grad(spare ? 0 : n);
@@ -58,10 +50,12 @@ double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c, nn::Net
   AlignedBuffer<bf16> params16(b16 ? n : 0);
   to_bf16(params, params16.data(), params16.size());
   AlignedBuffer<float> x(c.micro_batch * features);
-  for (std::size_t i = 0; i < x.size(); ++i)  // a language model's: token ids
-    x[i] = model.gpt() ? static_cast<float>(i % static_cast<std::size_t>(model.num_classes()))
-                       : static_cast<float>(i % 255) / 255.0f;
-  AlignedBuffer<bf16> x16(b16 ? x.size() : 0);
+  const bool tokens = model.kind().window() > 0;  // a language model's rows: token ids
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = tokens ? static_cast<float>(i % static_cast<std::size_t>(model.num_classes()))
+                  : static_cast<float>(i % 255) / 255.0f;
+  const bool rows16 = b16 && model.kind().bf16_rows();
+  AlignedBuffer<bf16> x16(rows16 ? x.size() : 0);
   to_bf16(x.data(), x16.data(), x16.size());
   std::vector<std::int32_t> y(c.micro_batch);
   for (std::size_t i = 0; i < y.size(); ++i)
@@ -83,10 +77,10 @@ double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c, nn::Net
   float* batch_stats = stats.size() ? stats.data() : nullptr;
   return best_of([&] {
     net.reset_times();
-    if (b16 && model.gpt())
-      net.forward_backward(params16.data(), x.data(), M, grad);
-    else if (b16)
+    if (rows16)
       net.forward_backward(params16.data(), x16.data(), y.data(), M, grad, {}, rows, batch_stats);
+    else if (b16)
+      net.forward_backward(params16.data(), x.data(), y.data(), M, grad, {}, rows, batch_stats);
     else
       net.forward_backward(params, x.data(), y.data(), M, grad, {}, rows, batch_stats);
     return net.times().matmul;
@@ -202,10 +196,9 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
   double leaf = 0, root_gemms = 0;
   graph.for_each_replica(1, [&](std::size_t) {  // a replica's thread: OpenMP pinned to one
     leaf = leaf_matmul_seconds(model, config, graph.replica(0).net, scratch);
-    // Attention as cohort's kernel: its products at oneDNN's rate all the same.
-    if (const nn::GptModel* gpt = model.gpt();
-        gpt && nn::gpt_attention_kernel(*gpt, config.precision))
-      leaf += nn::gpt_attention_onednn_seconds(*gpt, static_cast<std::int64_t>(config.micro_batch));
+    // Products a kind computes on cohort's own kernels: at oneDNN's rate all the same.
+    leaf += model.kind().own_kernel_floor_seconds(static_cast<std::int64_t>(config.micro_batch),
+                                                  config.precision);
     root_gemms = batch_gemm_seconds(model, config);
   });
   const std::size_t leaves = config.batch / config.micro_batch;

@@ -64,6 +64,7 @@ class Staging {
   const float* x() const { return set_[parity_].x.data(); }
   const bf16* x16() const { return set_[parity_].x16.data(); }
   const std::int32_t* y() const { return set_[parity_].y.data(); }
+  bool bf16_rows() const { return bf16_; }
   // The staged input as the Nets and the batch gradients read it: bf16 rows in a bf16 run.
   const void* input() const {
     return bf16_ ? static_cast<const void*>(x16()) : static_cast<const void*>(x());

@@ -130,13 +130,15 @@ void Trainer::Impl::compute_leaf(Replica& r, std::uint32_t track, std::size_t le
                                 : std::span<const nn::LinearRows>();
   const auto N = static_cast<std::int64_t>(n);
   float* batch_stats = bn_stats.leaf(leaf);
-  leaf_loss[leaf] =
-      bf16_run() && model.gpt()
-          ? r.net.forward_backward(weights16.data(), staging.x() + first * features, N, grad, key)
-      : bf16_run() ? r.net.forward_backward(weights16.data(), staging.x16() + first * features,
-                                            staging.y() + first, N, grad, key, rows, batch_stats)
-                   : r.net.forward_backward(weights.data(), staging.x() + first * features,
-                                            staging.y() + first, N, grad, key, rows, batch_stats);
+  const std::int32_t* y = staging.y() + first;
+  leaf_loss[leaf] = !bf16_run()
+                        ? r.net.forward_backward(weights.data(), staging.x() + first * features, y,
+                                                 N, grad, key, rows, batch_stats)
+                    : staging.bf16_rows()
+                        ? r.net.forward_backward(weights16.data(), staging.x16() + first * features,
+                                                 y, N, grad, key, rows, batch_stats)
+                        : r.net.forward_backward(weights16.data(), staging.x() + first * features,
+                                                 y, N, grad, key, rows, batch_stats);
   if (tracer.on()) {
     tracer.record("forward", track, "leaf", leaf, t1, r.net.backward_begin());
     tracer.record("backward", track, "leaf", leaf, r.net.backward_begin(), Clock::now());

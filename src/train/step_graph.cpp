@@ -46,7 +46,7 @@ Replica::Replica(const nn::Model& model, std::size_t eval_rows, bool blocked_lay
                  nn::Precision precision)
     : net(model, blocked_layouts, precision),
       eval_x(eval_rows * static_cast<std::size_t>(model.input_features())),
-      eval_x16(precision == nn::Precision::kBf16 ? eval_x.size() : 0),
+      eval_x16(precision == nn::Precision::kBf16 && model.kind().bf16_rows() ? eval_x.size() : 0),
       eval_y(eval_rows) {}
 
 // More workers than this process may use cores (--workers above the affinity mask, e.g. an MPI
@@ -87,18 +87,14 @@ struct StepGraph::Impl {
   }
 };
 
-const float* Replica::infer(const ReplicaWeights& weights, std::int64_t N) {
+nn::Evaluation Replica::evaluate(const ReplicaWeights& weights, std::int64_t N) {
+  const std::int32_t* y = eval_y.data();
   if (net.precision() == nn::Precision::kF32)
-    return net.forward(weights.f32, eval_x.data(), N, weights.stats);
+    return net.evaluate(weights.f32, eval_x.data(), y, N, weights.stats);
+  if (eval_x16.size() == 0) return net.evaluate(weights.b16, eval_x.data(), y, N, weights.stats);
   const std::size_t values = static_cast<std::size_t>(N) * (eval_x.size() / eval_y.size());
   to_bf16(eval_x.data(), eval_x16.data(), values);
-  return net.forward(weights.b16, eval_x16.data(), N, weights.stats);
-}
-
-std::pair<double, double> Replica::evaluate_windows(const ReplicaWeights& weights, std::int64_t N) {
-  return net.precision() == nn::Precision::kF32
-             ? net.evaluate_windows(weights.f32, eval_x.data(), N)
-             : net.evaluate_windows(weights.b16, eval_x.data(), N);
+  return net.evaluate(weights.b16, eval_x16.data(), y, N, weights.stats);
 }
 
 StepGraph::StepGraph(std::size_t workers, const nn::Model& model, std::size_t eval_rows,

@@ -35,18 +35,15 @@ struct ReplicaWeights {
 struct Replica {
   nn::Net net;
   AlignedBuffer<float> eval_x;       // (eval rows, features)
-  AlignedBuffer<bf16> eval_x16;      // bf16: eval_x converted, the Net's input
+  AlignedBuffer<bf16> eval_x16;      // bf16 rows: eval_x converted, the Net's input
   std::vector<std::int32_t> eval_y;  // (eval rows)
   std::vector<nn::LinearRows> linear_rows;
   ReplicaClock clock;
   Replica(const nn::Model& model, std::size_t eval_rows, bool blocked_layouts,
           nn::Precision precision);
-  // Inference on the first N rows of eval_x (converted to bf16 first for a bf16 Net); the
-  // logits (N, classes).
-  const float* infer(const ReplicaWeights& weights, std::int64_t N);
-  // A language model: the first N windows of eval_x (token ids, f32 in both precisions):
-  // nn::Net::evaluate_windows.
-  std::pair<double, double> evaluate_windows(const ReplicaWeights& weights, std::int64_t N);
+  // The first N samples of eval_x and eval_y in inference mode (the rows converted to bf16 first
+  // where a bf16 Net's are: nn::ModelKind::bf16_rows): nn::Net::evaluate.
+  nn::Evaluation evaluate(const ReplicaWeights& weights, std::int64_t N);
 };
 
 class StepGraph {

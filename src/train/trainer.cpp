@@ -8,7 +8,6 @@
 
 #include <xxhash.h>
 
-#include "cohort/nn/gpt.hpp"
 #include "trainer_impl.hpp"
 
 namespace cohort::train {
@@ -43,9 +42,9 @@ Trainer::Impl::Impl(TrainConfig c, const data::Splits& d, dist::Comm& world)
                     ? std::nullopt
                     : std::make_optional<data::Augmenter>(data::parse_augment(config.augment),
                                                           data.train, config.seed)),
-      // A language model's rows are token ids: f32 in both precisions.
+      // Rows in bf16 where the kind's are (a language model's are token ids: f32).
       staging(data.train, augmenter ? &*augmenter : nullptr, config.batch, config.micro_batch,
-              bf16_run() && !model.gpt()),
+              bf16_run() && model.kind().bf16_rows()),
       tracer(config.workers, config.trace),
       root(optimizer, weights.data(), bf16_run() ? weights16.data() : nullptr, make_state(0),
            make_state(1), model.layout().total(), kRootChunk,
@@ -94,14 +93,14 @@ bool Trainer::Impl::chains_leaves() const {
 // and added in chunk order, as one process adds them.
 std::pair<double, double> Trainer::Impl::evaluate_set(const data::Dataset& set) {
   if (!sharded)
-    return evaluate(graph, set, replica_weights(), config.eval_batch, model.num_classes(),
+    return evaluate(graph, set, replica_weights(), config.eval_batch,
                     augmenter ? &*augmenter : nullptr);
   const std::size_t chunks = eval_chunks(set, config.eval_batch);
   const auto ranks = static_cast<std::size_t>(comm.size());
   const dist::Range mine = dist::even_part(chunks, ranks, static_cast<std::size_t>(comm.rank()));
   EvalParts parts;
-  evaluate_chunks(graph, set, replica_weights(), config.eval_batch, model.num_classes(), mine.begin,
-                  mine.end, parts, augmenter ? &*augmenter : nullptr);
+  evaluate_chunks(graph, set, replica_weights(), config.eval_batch, mine.begin, mine.end, parts,
+                  augmenter ? &*augmenter : nullptr);
   std::vector<std::size_t> bytes(ranks);
   for (std::size_t r = 0; r < ranks; ++r)
     bytes[r] = dist::even_part(chunks, ranks, r).size() * sizeof(double);
@@ -236,7 +235,7 @@ Summary Trainer::Impl::run(Observer& observer) {
   s.samples_per_second = s.time.step > 0 ? s.samples_per_second / s.time.step : 0;
   s.workers = config.workers;
   s.ranks = static_cast<std::size_t>(comm.size());
-  s.tokens_per_sample = model.gpt() ? static_cast<std::size_t>(model.gpt()->shape().block) : 0;
+  s.tokens_per_sample = static_cast<std::size_t>(model.kind().window());
   s.precision = config.precision;
   // The mean over ranks (a collective: every rank ends run() together).
   const std::uint64_t bytes = comm.sum(comm.bytes_sent() - bytes_at_start);
@@ -284,7 +283,7 @@ checkpoint::Checkpoint Trainer::checkpoint(std::string config_json) const {
   c.train_count = m.data.train.count;
   c.drop_last = m.config.drop_last;
   c.input = {m.data.train.channels, m.data.train.rows, m.data.train.cols};  // the data's
-  if (m.model.gpt()) {  // a language model: its vocabulary
+  if (m.model.kind().window() > 0) {  // a language model: its vocabulary
     c.vocab = m.data.train.num_classes;
     c.characters = m.data.characters;
   }

@@ -44,13 +44,11 @@ namespace {
 
 TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
   if (c.workers == 0) c.workers = cores();
-  // A language model has no layer list for the root's batch GEMMs: its leaves compute every
-  // weight gradient.
-  if (model.gpt()) c.weight_grads = TrainConfig::WeightGrads::kLeaf;
-  // Its evaluation's memory grows with the tokens of a forward pass: at most kEvalTokens.
-  if (model.gpt())
-    c.eval_batch = std::max<std::size_t>(
-        1, std::min(c.eval_batch, kEvalTokens / static_cast<std::size_t>(model.input_features())));
+  // A kind without the root's batch GEMMs: its leaves compute every weight gradient.
+  if (!model.kind().batch_weight_grads()) c.weight_grads = TrainConfig::WeightGrads::kLeaf;
+  // Where evaluation's memory grows with its rows (a language model's tokens), at most its cap.
+  if (const std::size_t cap = model.kind().max_eval_rows(); c.eval_batch > cap)
+    c.eval_batch = std::max<std::size_t>(1, cap);
   // Never from the machine, the workers or the ranks: the leaves decide the weights.
   if (c.micro_batch == 0) c.micro_batch = default_micro_batch(model, c.batch, c.precision);
   return c;
@@ -71,10 +69,11 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
   if (c.epochs == 0 && c.steps == 0) bad("--epochs", "at least 1 (or --steps N)", "0");
   if (c.eval_batch == 0 || c.eval_batch > kMaxEvalBatch)
     bad("eval batch", "1 .. " + std::to_string(kMaxEvalBatch), std::to_string(c.eval_batch));
-  if (model.gpt() && !data.train.text())
+  const bool windows = model.kind().window() > 0;  // a language model's: its data is text
+  if (windows && !data.train.text())
     bad("--model", "a layer list, mlp:, cnn or resnet20 for " + data.train.describe_shape(),
         "'" + model.spec() + "', a language model (its --data is text: input.txt)");
-  if (!model.gpt() && data.train.text())
+  if (!windows && data.train.text())
     bad("--model", "gpt:LAYERS-HEADS-EMBD-BLOCK for text (" + data.train.describe_shape() + ")",
         "'" + model.spec() + "'");
   if (static_cast<std::size_t>(model.input_features()) != data.train.features())
@@ -135,27 +134,21 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
 
 void check_training_memory(const TrainConfig& config, const nn::Model& model) {
   const TrainConfig c = resolve_defaults(config, model);
-  // A language model's leaf plan holds its windows' activations, which grow with block^2 (the
-  // attention weights): refuse a model or leaf whose plans, one a worker, cannot fit.
-  if (model.gpt()) {
-    const nn::GptShape& g = model.gpt()->shape();
-    const double values = static_cast<double>(g.block) * static_cast<double>(g.layers) *
-                          static_cast<double>(g.embd + g.heads * g.block);
-    const double plans = static_cast<double>(c.workers) * static_cast<double>(c.micro_batch) *
-                         values * leaf_bytes_per_activation_value(c.precision);
-    if (const double memory = physical_memory(); memory > 0 && plans > memory / 2) {
-      const std::string need = std::to_string(static_cast<long long>(plans / (1 << 20))) +
-                               " MiB for " + std::to_string(c.workers) +
-                               (c.workers == 1 ? " worker's leaf of " : " workers' leaves of ") +
-                               std::to_string(c.micro_batch) +
-                               (c.micro_batch == 1 ? " window" : " windows");
-      const std::string fit = "fit in half of this machine's " +
-                              std::to_string(static_cast<long long>(memory / (1 << 20))) + " MiB";
-      if (c.micro_batch > 1)
-        bad("--micro-batch", "leaf plans that " + fit, std::to_string(c.micro_batch) + ": " + need);
-      bad("--model", "a language model whose leaf plans " + fit,
-          "'" + model.spec() + "': " + need + " (a window's attention weights grow with block^2)");
-    }
+  // A leaf plan can grow past memory (a language model's with block^2, its attention weights):
+  // refuse a model or leaf whose plans, one a worker, cannot fit.
+  const double plans =
+      static_cast<double>(c.workers) * model.kind().leaf_plan_bytes(c.micro_batch, c.precision);
+  if (const double memory = physical_memory(); memory > 0 && plans > memory / 2) {
+    const std::string need = std::to_string(static_cast<long long>(plans / (1 << 20))) +
+                             " MiB for " + std::to_string(c.workers) +
+                             (c.workers == 1 ? " worker's leaf of " : " workers' leaves of ") +
+                             std::to_string(c.micro_batch) +
+                             (c.micro_batch == 1 ? " sample" : " samples");
+    const std::string fit = "fit in half of this machine's " +
+                            std::to_string(static_cast<long long>(memory / (1 << 20))) + " MiB";
+    if (c.micro_batch > 1)
+      bad("--micro-batch", "leaf plans that " + fit, std::to_string(c.micro_batch) + ": " + need);
+    bad("--model", "a model whose leaf plans " + fit, "'" + model.spec() + "': " + need);
   }
 }
 
@@ -169,7 +162,7 @@ void check_resume(const TrainConfig& unresolved, const nn::Model& model, const d
   };
   if (c.model != config.model) mismatch("--model", "'" + config.model + "'", "'" + c.model + "'");
   // Before the parameters: a language model's count follows from its vocabulary.
-  const std::uint64_t vocab = model.gpt() ? data.train.num_classes : 0;
+  const std::uint64_t vocab = model.kind().window() > 0 ? data.train.num_classes : 0;
   if (c.vocab != vocab)
     mismatch("vocabulary", std::to_string(vocab) + " tokens", std::to_string(c.vocab));
   if (c.characters != data.characters)

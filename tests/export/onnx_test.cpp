@@ -231,7 +231,7 @@ TEST(Onnx, LanguageModelGraph) {
   EXPECT_EQ(g.output(0).name(), "logits");
   EXPECT_EQ(dims(g.output(0)), (std::vector<std::string>{"N", "T", "5"}));
 
-  const nn::GptModel& gpt = *e.model.gpt();
+  const nn::GptModel& gpt = nn::gpt_model(e.model);
   const std::vector<std::string> names = initializer_names(g);
   const auto& entries = gpt.layout().entries();
   ASSERT_GT(names.size(), entries.size());

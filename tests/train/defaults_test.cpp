@@ -39,13 +39,13 @@ TEST(LeafDefaults, FromTheModelBatchAndPrecisionWhateverTheWorkers) {
       {"mlp:784-512-256-10", nn::Precision::kF32, 100, 50},
       {"mlp:784-512-256-10", nn::Precision::kF32, 40, 40},
       // cnn: 32 rows in f32; in bf16 its first layer's output at 32 rows (32 x 24 x 24 values a
-      // row, 1.18 MB) exceeds kConvLeafBytes: 16.
+      // row, 1.18 MB) exceeds 1 MiB: 16.
       {"cnn", nn::Precision::kF32, 256, 32},
       {"cnn", nn::Precision::kBf16, 256, 16},
       {"cnn", nn::Precision::kF32, 48, 24},
       // bn: the statistics' sample, never balanced.
-      {"resnet20", nn::Precision::kF32, 256, kBatchNormMicroBatch},
-      {"resnet20", nn::Precision::kBf16, 100, kBatchNormMicroBatch},
+      {"resnet20", nn::Precision::kF32, 256, 64},
+      {"resnet20", nn::Precision::kBf16, 100, 64},
       {"resnet20", nn::Precision::kF32, 40, 40},
   };
   for (const Case& k : cases) {
@@ -67,11 +67,16 @@ TEST(LeafDefaults, FromTheModelBatchAndPrecisionWhateverTheWorkers) {
   }
 }
 
-// A small convolution whose 32-row outputs fit in kConvLeafBytes keeps 32 rows in bf16.
+// A small convolution whose 32-row outputs fit in 1 MiB keeps 32 rows in bf16.
 TEST(LeafDefaults, ASmallConvolutionKeepsItsRowsInBf16) {
   const nn::Model small = nn::Model::parse("conv(4,3)-relu-flatten-linear(10)", {1, 8, 8});
-  EXPECT_EQ(conv_micro_batch(small, nn::Precision::kBf16), kConvMicroBatch);
-  EXPECT_EQ(conv_micro_batch(small, nn::Precision::kF32), kConvMicroBatch);
+  for (const nn::Precision p : {nn::Precision::kBf16, nn::Precision::kF32}) {
+    EXPECT_EQ(small.kind().leaf_rule(p).cap, 32u);
+    EXPECT_FALSE(small.kind().leaf_rule(p).exact);
+  }
+  // bn: exactly its cap, the statistics' sample.
+  EXPECT_TRUE(
+      nn::Model::parse("resnet20", {3, 32, 32}).kind().leaf_rule(nn::Precision::kF32).exact);
 }
 
 // A language model: its leaf's windows, balanced over the batch. nanoGPT's CPU recipe (batch

@@ -150,19 +150,18 @@ TEST(GptRun, ValidationLossFallsAndIsTheSameEachTime) {
 // model of short, wide windows whose activations cap its leaves below the tokens' (16-16-1024-64: 6
 // windows in bf16, 3 in f32, against 8).
 TEST(GptRun, DefaultLeavesBoundALeafsActivationsAndTokens) {
-  const nn::GptShape full{.layers = 6, .heads = 6, .embd = 384, .block = 256};
-  const nn::GptShape medium{.layers = 4, .heads = 4, .embd = 256, .block = 128};
-  const nn::GptShape cpu{.layers = 4, .heads = 4, .embd = 128, .block = 64};
-  const nn::GptShape wide{.layers = 16, .heads = 16, .embd = 1024, .block = 64};
-  EXPECT_EQ(gpt_leaf_windows(full, nn::Precision::kBf16), 2u);
-  EXPECT_EQ(gpt_leaf_windows(full, nn::Precision::kF32), 2u);
-  EXPECT_EQ(gpt_leaf_windows(medium, nn::Precision::kBf16), 4u);
-  EXPECT_EQ(gpt_leaf_windows(medium, nn::Precision::kF32), 4u);
-  EXPECT_EQ(gpt_leaf_windows(cpu, nn::Precision::kF32), 8u);
-  EXPECT_EQ(gpt_leaf_windows(wide, nn::Precision::kBf16), 6u);
-  EXPECT_EQ(gpt_leaf_windows(wide, nn::Precision::kF32), 3u);
-  const nn::GptShape huge{.layers = 48, .heads = 16, .embd = 1024, .block = 1024};
-  EXPECT_EQ(gpt_leaf_windows(huge, nn::Precision::kBf16), 1u);  // never 0
+  auto windows = [](const std::string& spec, nn::Precision p) {
+    return nn::Model::parse(spec, {}, 65).kind().leaf_rule(p);
+  };
+  for (const nn::Precision p : {nn::Precision::kBf16, nn::Precision::kF32}) {
+    EXPECT_EQ(windows("gpt:6-6-384-256", p).cap, 2u);
+    EXPECT_EQ(windows("gpt:4-4-256-128", p).cap, 4u);
+    EXPECT_FALSE(windows("gpt:4-4-256-128", p).exact);  // balanced over the batch
+  }
+  EXPECT_EQ(windows("gpt:4-4-128-64", nn::Precision::kF32).cap, 8u);
+  EXPECT_EQ(windows("gpt:16-16-1024-64", nn::Precision::kBf16).cap, 6u);
+  EXPECT_EQ(windows("gpt:16-16-1024-64", nn::Precision::kF32).cap, 3u);
+  EXPECT_EQ(windows("gpt:48-16-1024-1024", nn::Precision::kBf16).cap, 1u);  // never 0
 }
 
 // A model whose one-window leaf plans cannot fit (a window's attention weights grow with
@@ -179,10 +178,11 @@ TEST(GptRun, ALeafPlanThatCannotFitIsRefused) {
     t.run(rec);
     FAIL() << "a 1.7 TB leaf was accepted";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("--model: expected a language model whose leaf plans"),
+    EXPECT_NE(std::string(e.what()).find("--model: expected a model whose leaf plans"),
               std::string::npos)
         << e.what();
-    EXPECT_NE(std::string(e.what()).find("block^2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("MiB for 1 worker's leaf of 1 sample"), std::string::npos)
+        << e.what();
   }
   c.model = "gpt:1-2-16-3000";  // 516 MiB a window in f32
   c.micro_batch = 8;

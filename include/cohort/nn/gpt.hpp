@@ -76,6 +76,11 @@ class GptModel {
   std::size_t wte_ = 0, wpe_ = 0, ln_f_ = 0;
 };
 
+// The GptModel of a language model's Model (Model::parse of a "gpt:" spec: its kind,
+// gpt_kind.cpp); InternalError for another kind. For the language model's own code (its ONNX
+// graph, its tests): the engine calls a model through nn::ModelKind alone.
+const GptModel& gpt_model(const Model& model);
+
 // Where a GptNet's plans compute the same thing two ways, which they take. kAuto chooses by what
 // oneDNN dispatches on this CPU (the trainer's choice); the others force one way, so that tests
 // run each on any CPU.

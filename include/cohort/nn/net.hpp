@@ -1,5 +1,6 @@
-// Net: the executor of one Model on one thread at a time, on oneDNN primitives. One per replica.
-// It owns what differs per worker: the oneDNN engine and stream, primitives for each batch size
+// Net: the executor of one Model on one thread at a time, one per replica: the typed front of
+// the Executor its kind makes (nn/executor.hpp; a layer list's on oneDNN primitives). It owns
+// what differs per worker: the oneDNN engine and stream, primitives for each batch size
 // (created on first use and reused), activations, gradients of activations, and a user-mode
 // scratchpad. It reads parameters from a caller-owned array and writes parameter gradients to a
 // caller-owned array; it never keeps either.
@@ -16,42 +17,12 @@
 #include <span>
 #include <utility>
 
-#include "cohort/core/names.hpp"
 #include "cohort/nn/dropout.hpp"
+#include "cohort/nn/executor.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/tensor/bf16.hpp"
 
 namespace cohort::nn {
-
-// Seconds spent, accumulated over calls, by kind of work.
-struct PhaseTimes {
-  double matmul = 0;   // inner products and convolutions: forward, backward-data, -weights
-  double eltwise = 0;  // ReLU (and residual adds), GELU, attention's softmax; attention as
-                       // cohort's kernel (nn/gpt_attention.hpp), its products included
-  double loss = 0;     // softmax cross-entropy
-  double other = 0;    // bn, LayerNorm, pooling, dropout, reorders, cohort's own loops
-  double total() const { return matmul + eltwise + loss + other; }
-};
-
-// Batch weight gradients (nn/batch_grad.hpp): where one leaf's rows of a linear layer go, instead
-// of the layer's weight and bias gradients. x: (N, IC), the layer's input rows; null when the
-// caller already holds them (the Net's own input of a first linear layer). dy: (N, OC), the
-// gradient of the summed loss with respect to the layer's output.
-// Elements are floats, or bf16 for a bf16 Net. dy_pairs (bf16 only): dy is written in row pairs
-// (nn/batch_grad.hpp), for cohort's own weight-gradient kernel; the leaf's first row must then be
-// even.
-struct LinearRows {
-  void* x = nullptr;
-  void* dy = nullptr;
-  bool dy_pairs = false;
-};
-
-// The arithmetic of a Net's primitives. kBf16: activations, weights and the input in bf16
-// (AVX512_BF16 dot products accumulating in f32); forward and backward-data in bf16; weight and
-// bias gradients, logits and the loss in f32.
-enum class Precision { kF32, kBf16 };
-inline constexpr Named<Precision> kPrecisionNames[] = {{Precision::kF32, "f32"},
-                                                       {Precision::kBf16, "bf16"}};
 
 class Net {
  public:
@@ -98,20 +69,28 @@ class Net {
   const float* forward(const bf16* params, const bf16* x, std::int64_t N,
                        const float* running_stats = nullptr);
 
-  // A language model (Model::gpt, nn/gpt.hpp): N windows x of block + 1 token ids as floats,
-  // (N, block + 1), in f32 for both precisions (ids past 256 do not survive bf16); labels are
-  // not read (a window's targets are its own tokens). forward_backward's loss and gradient are
-  // each window's mean cross-entropy over its positions, summed over the windows (the f32 entry
-  // above takes f32 parameters; this one a bf16 Net's). evaluate_windows: the same loss in
-  // inference mode, and each window's fraction of positions whose largest logit is the target,
+  // A bf16 Net of a kind whose rows stay floats (ModelKind::bf16_rows false: a language
+  // model's windows of block + 1 token ids as floats, which bf16 would round past 256): bf16
+  // parameters, f32 rows. A language model reads no labels (a window's targets are its own
+  // tokens); its loss and gradient are each window's mean cross-entropy over its positions,
   // summed over the windows.
-  double forward_backward(const bf16* params, const float* x, std::int64_t N, float* grad,
-                          const StreamKey& key = {});
-  std::pair<double, double> evaluate_windows(const float* params, const float* x, std::int64_t N);
-  std::pair<double, double> evaluate_windows(const bf16* params, const float* x, std::int64_t N);
+  double forward_backward(const bf16* params, const float* x, const std::int32_t* labels,
+                          std::int64_t N, float* grad, const StreamKey& key = {},
+                          std::span<const LinearRows> linear_rows = {},
+                          float* batch_stats = nullptr);
 
-  // A language model: GptNet::weights_changed (its plans reorder the weights once after each
-  // call, where other nets reorder them on every run). Other nets: nothing.
+  // N rows in inference mode (as forward): the loss and the correct predictions (largest logit
+  // the label, ties to the lowest class) summed over the rows; a language model's per window:
+  // its means over its positions. The three forms follow forward_backward's.
+  Evaluation evaluate(const float* params, const float* x, const std::int32_t* labels,
+                      std::int64_t N, const float* running_stats = nullptr);
+  Evaluation evaluate(const bf16* params, const bf16* x, const std::int32_t* labels, std::int64_t N,
+                      const float* running_stats = nullptr);
+  Evaluation evaluate(const bf16* params, const float* x, const std::int32_t* labels,
+                      std::int64_t N, const float* running_stats = nullptr);
+
+  // The parameters' values may have changed: a language model's plans reorder the weights once
+  // after each call (GptNet::weights_changed), where a layer list's reorder them on every run.
   void weights_changed();
 
   const PhaseTimes& times() const;
@@ -120,7 +99,7 @@ class Net {
   void reset_times();
   // Frees what evaluation built (a language model's inference plans: their activations and
   // blocked weights, tens of megabytes), so that it does not stay beside the training plans; the
-  // next evaluation builds it again. Other nets keep theirs (a few megabytes at most).
+  // next evaluation builds it again. A layer list keeps its own (a few megabytes at most).
   void release_inference_plans();
 
  private:

@@ -128,20 +128,13 @@ inline constexpr std::size_t kRootChunk = 65536;
 // PyTorch's BatchNorm defaults: the running statistics' momentum and the normalization's eps.
 inline constexpr float kBatchNormMomentum = 0.1f;
 inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
-// The bytes a leaf plan takes per such value, as above: about 20 in bf16 and 30 in f32
-// (check_training_memory).
-constexpr double leaf_bytes_per_activation_value(nn::Precision p) {
-  return p == nn::Precision::kBf16 ? 20.0 : 30.0;
-}
-// A language model's evaluation runs windows of at most this many tokens at a time: its
-// attention scores alone take heads x block x 10 bytes a token (nanoGPT's full recipe: 15 KB).
-inline constexpr std::size_t kEvalTokens = 2048;
 
 // Throws InputError (naming the flag, expected and found value) for a config that cannot run on
 // `data`, before any work starts: nothing is sized from a config this has not accepted.
 void validate(const TrainConfig& config, const nn::Model& model, const data::Splits& data);
-// Throws InputError naming --model or --micro-batch when a language model's leaf plans, one a
-// worker (leaf_bytes_per_activation_value), would take more than half this machine's memory.
+// Throws InputError naming --model or --micro-batch when the model's leaf plans, one a worker
+// (nn::ModelKind::leaf_plan_bytes: a language model's), would take more than half this machine's
+// memory.
 // Training only: Trainer::run checks it before its first step, the command line before any work;
 // evaluation builds no leaf plan.
 void check_training_memory(const TrainConfig& config, const nn::Model& model);
