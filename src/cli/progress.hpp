@@ -19,9 +19,9 @@ namespace cohort::cli {
 // SIGINT (Ctrl-C) and SIGTERM (a batch scheduler's notice). take() blocks them in the calling
 // thread, so in every thread created after it (threads inherit the mask: main calls it before MPI
 // starts its threads, any of which would otherwise take a signal's default action and end the
-// process), and takes them on one thread of its own in sigwait: measured here, delivering SIGINT
-// asynchronously into the compute threads corrupted the heap in about 1 run in 40 even with an
-// empty handler, so no compute thread is ever interrupted.
+// process), and takes them on one thread of its own in sigwait: a SIGINT delivered
+// asynchronously into the compute threads can corrupt the heap even with an empty handler
+// (oneDNN, OpenMP and TBB are not async-signal-safe), so no compute thread is ever interrupted.
 //
 // While a StopSignals exists (a training run), the first signal asks the run to stop after the
 // current step (and save, if saving is on; several ranks stop together, at the step where any

@@ -49,8 +49,7 @@ std::string float_text(float f) {
 // A pixel's value is looked up in its channel's `table` (Augmenter::tables_), which holds exactly
 // those operations' result for each of the 256 values: the same bits, and faster here than
 // converting and dividing in rows of 24..28 values, whose remainders GCC runs one value at a time
-// (bench/data_bench, 256 rows of Fashion-MNIST, time against assemble_batch's: crop:4,flip 2.4x
-// with the table, 2.6x dividing; crop:4,flip,normalize,erase:0.5 2.8x, 5.2x dividing).
+// (bench/data_bench's augmentation cases against assemble_batch's; figures: benchmarks.md).
 template <class T, bool kNormalize>
 inline float value_of(T v, float mean, float std, const float* table) {
   if constexpr (std::is_same_v<T, std::uint8_t>) {

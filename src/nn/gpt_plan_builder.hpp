@@ -104,11 +104,11 @@ class GptPlanBuilder {
   }
   memory plain_layout(const memory::desc& md) { return memory(md, eng_, buffer(md.get_size())); }
   // f32 rows of a multiple of 4 KB (1,024 floats), as the MLP's 4 C columns are for C = 256,
-  // 512, ... oneDNN 2.6's AVX2 sgemm (gemm:jit) runs a weight gradient that reads rows of 4 KB at
-  // 33-40 GFLOP/s when they are the transposed operand, or the non-transposed one 32-byte
-  // aligned, and at 54-66 when they are the non-transposed operand 16 bytes off that alignment
-  // (docs/decisions.md, "Weight gradients of 4 KB rows"). Such buffers start 16 bytes off
-  // (skewed()) and linear_backward orients their weight gradients to suit.
+  // 512, ... oneDNN 2.6's AVX2 sgemm (gemm:jit) runs a weight gradient that reads rows of 4 KB
+  // fastest when they are the non-transposed operand 16 bytes off 32-byte alignment, slower as
+  // the transposed operand or aligned (docs/decisions.md, "Weight gradients of 4 KB rows", and
+  // its command). Such buffers start 16 bytes off (skewed()) and linear_backward orients their
+  // weight gradients to suit.
   static bool wide_rows(std::int64_t cols) { return cols % 1024 == 0; }
   bool skew(std::int64_t cols) const { return !half() && training_ && wide_rows(cols); }
   // An f32 weight gradient of at most kSmallWeightGradMacs multiply-adds (the leaf's rows x in x

@@ -268,8 +268,8 @@ Model Model::parse(const std::string& spec_in, SampleShape input, std::int64_t v
           bad_spec(spec, l.name + " needs a flat input, found " + cur.str() + " (add flatten)");
         count_parameters(double(l.out.C) * double(cur.C) + double(l.out.C));
         // Stored (IC, OC), i.e. transposed from PyTorch's (OC, IC): oneDNN's inner product then
-        // runs its forward as a plain GEMM (measured 113 against 86 GFLOP/s at 128 rows, see
-        // docs/decisions.md). Checkpoints hold the canonical order (to_canonical).
+        // runs its forward as a plain GEMM, the faster one (docs/decisions.md, "Linear weights
+        // stored (IC, OC)", and its command). Checkpoints hold the canonical order.
         l.weight = layout.add(l.name + ".weight", Shape{{cur.C, l.out.C}});
         l.bias = layout.add(l.name + ".bias", Shape{{l.out.C}});  // (OC)
         break;

@@ -422,8 +422,8 @@ memory PlanBuilder::backward(const Saved& s, bool first, memory diff) {
       memory::desc b_md({l.out.C}, Dt::f32, Tag::x);
       // bf16 with few input channels (a first convolution on images): with `any` oneDNN 2.6
       // picks AMX's backward-weights on nhwc; a plain nchw src gets the avx512_core_bf16
-      // kernel, which with the reorder of diff_dst it needs measured 2.0-2.2 ms against AMX's
-      // 2.9-3.0 (cnn's conv1, IC 1, N 128, one thread, medians of 40 alternating runs).
+      // kernel, which with the reorder of diff_dst it needs is the faster of the two
+      // (docs/decisions.md, "f32 backward-weights where oneDNN picks AMX's"; benchmarks.md).
       const memory::desc w_src = act_ == Dt::bf16 && l.in.C < kFewChannels
                                      ? memory::desc(image(l.in), act_, Tag::nchw)
                                      : any(image(l.in));

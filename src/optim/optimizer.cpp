@@ -65,8 +65,9 @@ StepScalars Optimizer::scalars(float lr, float grad_scale, std::uint64_t update)
 namespace {
 // A state value below the smallest normal float (1.2e-38) becomes 0. A parameter whose gradient
 // stays 0 (a border pixel's weight, a dead unit) has its momentum decay geometrically into the
-// subnormal range after ~800 steps, where every multiply takes a microcode assist (~100 cycles):
-// measured, the SGD sweep then ran 6x slower at batch 32. The flush is a compare and a blend,
+// subnormal range after several hundred steps, where every multiply takes a microcode assist and
+// the sweep slows several times over (docs/decisions.md, "Subnormal optimizer state flushed to
+// 0", and its command). The flush is a compare and a blend,
 // the same on every thread and CPU, so it keeps every result reproducible; it departs from
 // torch.optim only below 1.2e-38.
 inline float flush_subnormal(float x) { return std::fabs(x) < 1.17549435e-38f ? 0.0f : x; }

@@ -139,7 +139,8 @@ double root_bytes(const nn::Model& model, const TrainConfig& c, std::size_t stat
 // floats, not a chain of dependent adds), then read-modify-write each array over [begin, end) of
 // its own range. Raw pointers and local bounds: with the bounds behind references (std::min of a
 // captured size) GCC could not prove the stores leave them alone and left the read-modify-write
-// scalar, one float per iteration — a floor 4-7x above the root's own sweep of the same bytes.
+// scalar, one float per iteration — a floor several times above the root's own sweep of the same
+// bytes (docs/decisions.md, "The roofline's sweep vectorized").
 void sweep_chunk(const float* __restrict src, std::size_t src_begin, std::size_t src_end,
                  float* const* rw, std::size_t arrays, std::size_t begin, std::size_t end) {
   constexpr std::size_t kLanes = 16;

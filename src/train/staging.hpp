@@ -32,7 +32,7 @@ namespace cohort::train {
 class Staging {
  public:
   // Rows staged ahead at a time: few, so that a replica staging ahead is soon free for the root
-  // once the last leaf is in (16 Fashion-MNIST rows: ~10 us).
+  // once the last leaf is in (16 Fashion-MNIST rows take microseconds: bench/data_bench).
   static constexpr std::size_t kPiece = 16;
 
   // `augmenter` (may be null) must outlive this object; leaves are `micro_batch` rows;

@@ -21,9 +21,6 @@ namespace {
 }
 }  // namespace
 
-// One reducer per leaf count (a partial last batch has its own decomposition). Arity: one flat
-// root over all leaves, up to 64 (docs/reduce_results.md measured binary trees at 0.31 of it
-// for 2 MiB gradients). Its workers are the replicas that get leaves (each calls finish).
 reduce::Reducer& Trainer::Impl::reducer_for(std::size_t leaves) {
   auto& slot = reducers[leaves];
   if (!slot)
@@ -37,11 +34,6 @@ reduce::Reducer& Trainer::Impl::reducer_for(std::size_t leaves) {
   return *slot;
 }
 
-// Graph node body: replica w claims leaves one at a time, assembles, computes and contributes
-// each, then finishes. Claiming balances a slow core; the contribution that completes the tree
-// runs the root. Nothing here waits for another node (chunk-owner's finish waits only for
-// leaves that running replicas have claimed). On failure the step is aborted, so no replica
-// waits for a leaf that will never come.
 void Trainer::Impl::run_replica(std::size_t w) {
   if (w >= plan.workers) return;
   Replica& r = graph.replica(w);
@@ -100,9 +92,6 @@ void Trainer::Impl::chain_leaf(std::size_t leaf, float* grad) {
   if (const float* sum = chain->complete(leaf, grad)) plan.reducer->contribute(0, 0, sum);
 }
 
-// Nothing left to claim, and the root waits for a leaf another replica is computing: rather
-// than wait, assemble rows of the next step, a small piece at a time, until the last leaf is in
-// (from then on this thread is the root's). Bitwise neutral: rows depend on (id, epoch) only.
 void Trainer::Impl::stage_ahead(Replica& r, std::uint32_t track) {
   while (plan.contributing.load(std::memory_order_relaxed) < plan.leaves) {
     const auto t0 = Clock::now();
@@ -112,9 +101,6 @@ void Trainer::Impl::stage_ahead(Replica& r, std::uint32_t track) {
   }
 }
 
-// One leaf: its rows assembled into the staged batch (unless staged ahead), forward and
-// backward into its gradient buffer (and, with batch weight gradients, its linear rows into the
-// batch arrays).
 void Trainer::Impl::compute_leaf(Replica& r, std::uint32_t track, std::size_t leaf, float* grad) {
   const std::size_t first = leaf * config.micro_batch;
   const std::size_t n = std::min(config.micro_batch, plan.ids.size() - first);
@@ -153,9 +139,6 @@ void Trainer::Impl::compute_leaf(Replica& r, std::uint32_t track, std::size_t le
                         std::to_string(plan.number - 1));
 }
 
-// One training step on `current`'s ids: replicas compute the leaves, the reducer sums them, the
-// root applies the optimizer (fused, or after the whole gradient is checked and measured).
-// `next`: the step after it, whose leaves an idle replica may stage ahead (ids empty: none).
 StepOutcome Trainer::Impl::step(const Staging::Step& current, const Staging::Step& next) {
   const std::span<const std::uint32_t> ids = current.ids;
   const std::size_t rows = ids.size();
@@ -215,8 +198,6 @@ StepOutcome Trainer::Impl::step(const Staging::Step& current, const Staging::Ste
   return out;
 }
 
-// Several ranks, batch weight gradients: a first linear layer's gradient reads the whole
-// staged batch, so this rank assembles the other ranks' rows too (data is never sent).
 void Trainer::Impl::assemble_other_ranks_rows() {
   if (!batch_grads || !sharded->needs_staged_input()) return;
   const std::size_t rows = plan.ids.size();
@@ -232,8 +213,6 @@ void Trainer::Impl::assemble_other_ranks_rows() {
   assemble(plan.end_leaf * config.micro_batch, rows);
 }
 
-// The two-phase root's second phase: the norm of the mean gradient, the clip factor, and the
-// optimizer over every chunk, spread over the arena's threads. Returns the norm.
 double Trainer::Impl::apply_second_phase(float lr, float inv_rows) {
   const double norm = std::sqrt(root.sum_squares()) * static_cast<double>(inv_rows);
   double clip = 1.0;
@@ -253,8 +232,6 @@ double Trainer::Impl::apply_second_phase(float lr, float inv_rows) {
   return norm;
 }
 
-// A non-finite loss or gradient: stop the run, or (--on-nonfinite skip, two-phase: nothing was
-// applied) skip the step.
 StepOutcome Trainer::Impl::refuse(StepOutcome out, const std::string& reason) {
   const std::string at = "step " + std::to_string(plan.number) + ": " + reason;
   if (root.mode() == Root::Mode::kFused)
@@ -269,7 +246,6 @@ StepOutcome Trainer::Impl::refuse(StepOutcome out, const std::string& reason) {
   return out;
 }
 
-// Where element i of the flat parameter array belongs, for messages: "fc1.weight[1234]".
 std::string Trainer::Impl::tensor_of(std::size_t i) const {
   for (const auto& e : model.layout().entries())
     if (i >= e.offset && i < e.offset + e.shape.numel())
@@ -277,7 +253,6 @@ std::string Trainer::Impl::tensor_of(std::size_t i) const {
   return "padding[" + std::to_string(i) + "]";
 }
 
-// The first non-finite leaf loss or summed-gradient element of the step just run, or "".
 std::string Trainer::Impl::non_finite_reason() const {
   for (std::size_t leaf = 0; leaf < plan.leaves; ++leaf)
     if (!std::isfinite(leaf_loss[leaf]))

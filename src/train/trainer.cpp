@@ -89,8 +89,6 @@ bool Trainer::Impl::chains_leaves() const {
          bytes > static_cast<double>(config.leaf_chain_bytes);
 }
 
-// Several ranks: each evaluates a contiguous run of the chunks; the parts are all-gathered
-// and added in chunk order, as one process adds them.
 std::pair<double, double> Trainer::Impl::evaluate_set(const data::Dataset& set) {
   if (!sharded)
     return evaluate(graph, set, replica_weights(), config.eval_batch,
@@ -109,7 +107,6 @@ std::pair<double, double> Trainer::Impl::evaluate_set(const data::Dataset& set) 
   return eval_totals(parts, set.count);
 }
 
-// Several ranks: every rank's owned chunks of `array` (n floats) to every rank, in place.
 void Trainer::Impl::gather_owned(float* array) {
   if (!sharded) return;
   const auto ranks = static_cast<std::size_t>(comm.size());

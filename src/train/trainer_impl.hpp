@@ -32,6 +32,7 @@
 #include "step_graph.hpp"
 #include "time_account.hpp"
 #include "trace.hpp"
+#include "tuning.hpp"
 
 namespace cohort::train {
 
@@ -116,8 +117,8 @@ struct Trainer::Impl {
   std::vector<float*> idle_leaf_buffers();
 
   // One reducer per leaf count (a partial last batch has its own decomposition). Arity: one flat
-  // root over all leaves, up to 64 (docs/reduce_results.md measured binary trees at 0.31 of it
-  // for 2 MiB gradients). Its workers are the replicas that get leaves (each calls finish).
+  // root over all leaves, up to 64 (binary trees are slower: docs/reduce_results.md). Its workers
+  // are the replicas that get leaves (each calls finish).
   reduce::Reducer& reducer_for(std::size_t leaves);
 
   // Graph node body: replica w claims leaves one at a time, assembles, computes and contributes

@@ -10,6 +10,7 @@
 
 #include "cohort/train/trainer.hpp"
 #include "train_test_util.hpp"
+#include "tuning.hpp"
 
 namespace cohort::train {
 namespace trace_test {

@@ -1,8 +1,8 @@
 // Max pooling with windows that tile the image (kernel == stride, no padding) on layouts whose
 // channels are innermost — nhwc, or channels in blocks of 8/16/32 (nChw16c) — in f32 or bf16.
-// A Net runs it instead of oneDNN 2.6's pooling where it applies: oneDNN's jit max pooling took
-// 1.8-3.1 ms for the `cnn` preset's first pooling (128 x 32 x 24 x 24, hot caches, one thread;
-// 2-6 GB/s), several times its memory floor, and a quarter of the preset's leaf.
+// A Net runs it instead of oneDNN 2.6's pooling where it applies: oneDNN's jit max pooling runs
+// the `cnn` preset's first pooling at several times its memory floor, a large share of the
+// preset's leaf (docs/decisions.md, "Max pooling on cohort's kernel", and its command).
 // Forward writes, per output element, the window's maximum and where it came from (kh * K + kw,
 // the first maximal element in row-major window order, as oneDNN and PyTorch route the
 // gradient); a NaN in a window is its maximum, so a fault is never pooled away. Backward routes

@@ -119,12 +119,6 @@ struct TrainConfig {
 };
 
 inline constexpr std::size_t kMaxWorkers = 1024;
-// The root's chunk, and so the reducer's (floats): 256 KiB. The fused root computes a chunk's
-// batch weight gradients with one GEMM of the chunk's weight rows, and oneDNN 2.6's bf16 GEMM
-// re-packs dY per call: one of 32 rows (the reducer's 64 KiB default, for 512-wide rows) runs at
-// 0.84 of the rate of one of 128 on Zen 5 (docs/decisions.md, "The root's chunk size"). One value
-// for every worker count and rank split: the chunk grid is part of how the root computes.
-inline constexpr std::size_t kRootChunk = 65536;
 // PyTorch's BatchNorm defaults: the running statistics' momentum and the normalization's eps.
 inline constexpr float kBatchNormMomentum = 0.1f;
 inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
