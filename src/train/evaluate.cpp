@@ -52,12 +52,4 @@ std::pair<double, double> eval_totals(const EvalParts& parts, std::size_t count)
   return {total_loss / static_cast<double>(count), total_correct / static_cast<double>(count)};
 }
 
-std::pair<double, double> evaluate(StepGraph& graph, const data::Dataset& set,
-                                   const ReplicaWeights& weights, std::size_t eval_rows,
-                                   const data::Augmenter* augment) {
-  EvalParts parts;
-  evaluate_chunks(graph, set, weights, eval_rows, 0, eval_chunks(set, eval_rows), parts, augment);
-  return eval_totals(parts, set.count);
-}
-
 }  // namespace cohort::train

@@ -29,9 +29,4 @@ void evaluate_chunks(StepGraph& graph, const data::Dataset& set, const ReplicaWe
 // Mean loss and accuracy from every chunk's parts, added in chunk order.
 std::pair<double, double> eval_totals(const EvalParts& parts, std::size_t count);
 
-// Mean loss and accuracy of `weights` on `set` (every chunk here).
-std::pair<double, double> evaluate(StepGraph& graph, const data::Dataset& set,
-                                   const ReplicaWeights& weights, std::size_t eval_rows,
-                                   const data::Augmenter* augment = nullptr);
-
 }  // namespace cohort::train

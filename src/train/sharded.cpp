@@ -70,8 +70,7 @@ dist::Range ShardedStep::elements_of(dist::Range chunks) const {
   return {std::min(n_, chunks.begin * chunk_), std::min(n_, chunks.end * chunk_)};
 }
 
-dist::Range ShardedStep::begin_step(std::size_t rows) {
-  const std::size_t leaves = (rows + micro_batch_ - 1) / micro_batch_;
+dist::Range ShardedStep::begin_step(std::size_t rows, std::size_t leaves) {
   if (!plan_ || plan_->leaves() != leaves) {
     plan_ = std::make_unique<dist::ShardPlan>(leaves, chunks_, ranks_);
     // The root's sources: the leaves themselves up to one flat root (the trainer's arity), else
@@ -223,7 +222,7 @@ void ShardedStep::reduce(reduce::Executor& executor, bool stop, FunctionRef<void
   const std::uint32_t track = tracer_ ? tracer_->controller_track() : 0;
   if (tracer_) tracer_->record("send", track, nullptr, 0, t0, Clock::now());
   exchange_seconds_ += seconds_since(t0);
-  meanwhile();
+  if (needs_staged_input_) meanwhile();
   auto wait = [&](std::span<const dist::Comm::Handle> h, std::size_t index) {
     const auto w0 = Clock::now();
     comm_.wait(h);
@@ -246,7 +245,7 @@ void ShardedStep::share_weights() {
   exchange_seconds_ += seconds_since(t0);
 }
 
-void ShardedStep::end_step() {
+double ShardedStep::end_step() {
   const auto t0 = Clock::now();
   comm_.wait_all();
   exchange_seconds_ += seconds_since(t0);
@@ -261,6 +260,7 @@ void ShardedStep::end_step() {
   }
   weights_incoming_ = false;
   if (tracer_) tracer_->record("wait", tracer_->controller_track(), nullptr, 0, t0, Clock::now());
+  return exchange_seconds_;
 }
 
 // One all-gather of every rank's [leaf losses..., (first_bad, sum_squares) per owned chunk...,

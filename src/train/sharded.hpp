@@ -24,12 +24,13 @@
 #include "cohort/reduce/tree_shape.hpp"
 #include "cohort/tensor/buffer.hpp"
 #include "cohort/train/root.hpp"
+#include "exchange.hpp"
 
 namespace cohort::train {
 
 class Tracer;
 
-class ShardedStep {
+class ShardedStep final : public Exchange {
  public:
   // The trainer's arrays: one gradient per leaf of a full batch (n floats each) and their losses,
   // the master weights, their bf16 copy (null: f32 run; the received weights' copy is written
@@ -39,28 +40,31 @@ class ShardedStep {
               float* weights, bf16* weights16, BatchGrads* batch, std::size_t micro_batch,
               Tracer* tracer);
 
-  // A step of `rows` rows: fixes the plan and posts the receives of the other ranks' leaf slices
-  // and rows (buffers no local replica touches). Returns this rank's leaves.
-  dist::Range begin_step(std::size_t rows);
+  // A step of `rows` rows (`leaves` leaves): fixes the plan and posts the receives of the other
+  // ranks' leaf slices and rows (buffers no local replica touches). Returns this rank's leaves.
+  dist::Range begin_step(std::size_t rows, std::size_t leaves) override;
+  reduce::Reducer* reducer() override { return nullptr; }  // the leaves stay in their buffers
+  bool stages_ahead() const override { return false; }
+  void abort() override {}
   // After this rank's leaves are computed: sends its slices and rows to their owners, runs the
   // root (Root::sink's mode) on the owned chunks group by group as their inputs arrive (fused:
   // sending each group's weights at once), then all-gathers the leaf losses, the chunk
   // statistics (into Root::import_chunk) and `stop` (see stop_agreed).
-  // `meanwhile` runs once the sends are posted, before the first wait.
-  void reduce(reduce::Executor& executor, bool stop, FunctionRef<void()> meanwhile);
+  // `meanwhile` (the other ranks' rows assembled here) runs once the sends are posted, before
+  // the first wait, where this rank's chunks read the whole staged batch (needs_staged_input).
+  void reduce(reduce::Executor& executor, bool stop, FunctionRef<void()> meanwhile) override;
   // Two-phase root, after Root::apply_summed on owned_chunks(): sends the owned weights.
-  void share_weights();
-  // Completes every message: the weights are the whole step's on every rank.
-  void end_step();
+  void share_weights() override;
+  // Completes every message: the weights are the whole step's on every rank. Returns the
+  // seconds this step's controller spent posting, waiting for and gathering messages.
+  double end_step() override;
 
-  dist::Range owned_chunks() const { return owned_; }
+  dist::Range owned_chunks() const override { return owned_; }
   // Whether this rank's chunks read the whole staged batch (a first linear layer's weight with
   // batch weight gradients): then it assembles the other ranks' rows as well.
   bool needs_staged_input() const { return needs_staged_input_; }
-  bool stop_agreed() const { return stop_agreed_; }  // some rank asked to stop at this step
-  std::uint64_t bytes_sent() const { return comm_.bytes_sent(); }
-  // Seconds this step's controller spent posting, waiting for and gathering messages.
-  double exchange_seconds() const { return exchange_seconds_; }
+  // Some rank asked to stop at this step (its request reached reduce()).
+  bool stop_agreed(bool) const override { return stop_agreed_; }
 
  private:
   struct Group {  // a run of owned chunks whose root work and weights go out together

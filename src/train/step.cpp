@@ -1,7 +1,8 @@
 // One training step: replicas claim and compute the leaves (assembling their rows, or finding
-// them staged ahead), the reducer sums them and its root applies the optimizer, fused or after
-// the whole gradient is checked and measured; a non-finite loss or gradient stops or skips the
-// step. The trainer's state: trainer_impl.hpp.
+// them staged ahead), the exchange (exchange.hpp: the local reduction tree, or the ranks' sharded
+// root) brings their sum to the root, which applies the optimizer, fused or after the whole
+// gradient is checked and measured; a non-finite loss or gradient stops or skips the step. The
+// trainer's state: trainer_impl.hpp.
 #include "trainer_impl.hpp"
 
 namespace cohort::train {
@@ -20,19 +21,6 @@ namespace {
   }
 }
 }  // namespace
-
-reduce::Reducer& Trainer::Impl::reducer_for(std::size_t leaves) {
-  auto& slot = reducers[leaves];
-  if (!slot)
-    slot = reduce::make_reducer(config.reducer,
-                                {.n = model.layout().total(),
-                                 .leaves = leaves,
-                                 .workers = std::min(config.workers, leaves),
-                                 .arity = std::clamp<std::size_t>(leaves, 2, reduce::kMaxArity),
-                                 .chunk = root.chunk()},
-                                graph.executor());
-  return *slot;
-}
 
 void Trainer::Impl::run_replica(std::size_t w) {
   if (w >= plan.workers) return;
@@ -58,7 +46,7 @@ void Trainer::Impl::run_replica(std::size_t w) {
         break;
       }
       compute_leaf(r, track, leaf, chained ? chained : leaf_grads[leaf].data());
-      if (!plan.reducer) continue;  // several ranks: the sharded root takes the leaves
+      if (!plan.reducer) continue;  // the exchange takes the leaves from their buffers
       const auto t0 = Clock::now();
       if (chained) {
         chain_leaf(leaf, chained);
@@ -140,47 +128,29 @@ void Trainer::Impl::compute_leaf(Replica& r, std::uint32_t track, std::size_t le
 }
 
 StepOutcome Trainer::Impl::step(const Staging::Step& current, const Staging::Step& next) {
-  const std::span<const std::uint32_t> ids = current.ids;
-  const std::size_t rows = ids.size();
-  plan.ids = ids;
+  const std::size_t rows = current.ids.size();
+  plan.ids = current.ids;
   plan.leaves = leaves_for(rows);
-  plan.first_leaf = 0;
-  plan.end_leaf = plan.leaves;
-  plan.reducer = nullptr;
-  if (sharded) {
-    const dist::Range mine = sharded->begin_step(rows);
-    plan.first_leaf = mine.begin;
-    plan.end_leaf = mine.end;
-  } else {
-    // A chain hands the reducer one leaf: its sum of the step's leaves.
-    plan.reducer = &reducer_for(chain ? 1 : plan.leaves);
-    if (chain) chain->begin_step(plan.leaves);
-  }
-  plan.workers = std::min(config.workers, plan.end_leaf - plan.first_leaf);
-  plan.next_leaf.store(0, std::memory_order_relaxed);  // ordered before the nodes by try_put
-  plan.contributing.store(0, std::memory_order_relaxed);
-  // Several ranks stage no leaves ahead (a rank's leaves are its share of the batch).
-  staging.begin_step(current, sharded ? Staging::Step{} : next);
+  staging.begin_step(current, exchange->stages_ahead() ? next : Staging::Step{});
   tracer.begin_step(plan.number);
   StepOutcome out;
   out.lr = optim::lr_at(config.schedule, base_lr, updates_done, total_steps);
   const float inv_rows = 1.0f / static_cast<float>(rows);
   root.begin_step(optimizer.scalars(out.lr, inv_rows, updates_done + 1), rows, staging.input());
-  if (plan.reducer) plan.reducer->begin_step(root.sink());
+  const dist::Range mine = exchange->begin_step(rows, plan.leaves);  // this process's leaves
+  plan.first_leaf = mine.begin;
+  plan.end_leaf = mine.end;
+  plan.reducer = exchange->reducer();
+  plan.workers = std::min(config.workers, mine.size());
+  plan.next_leaf.store(0, std::memory_order_relaxed);  // ordered before the nodes by try_put
+  plan.contributing.store(0, std::memory_order_relaxed);
   try {
     graph.run_replicas([this](std::size_t w) { run_replica(w); });
-    if (plan.reducer) plan.reducer->wait_step();  // the parameter server: on its own thread
+    exchange->reduce(graph.executor(), run_observer && run_observer->stop_requested(),
+                     [&] { assemble_other_ranks_rows(); });
   } catch (...) {
-    if (plan.reducer) plan.reducer->reset();  // the root never ran whole: it needs every leaf
+    exchange->abort();
     rethrow_at_step(plan.number);
-  }
-  if (sharded) {
-    try {
-      sharded->reduce(graph.executor(), run_observer && run_observer->stop_requested(),
-                      [&] { assemble_other_ranks_rows(); });
-    } catch (...) {
-      rethrow_at_step(plan.number);
-    }
   }
   time.add_root(root.stats());
   for (std::size_t leaf = 0; leaf < plan.leaves; ++leaf) out.loss += leaf_loss[leaf];
@@ -191,15 +161,12 @@ StepOutcome Trainer::Impl::step(const Staging::Step& current, const Staging::Ste
     out.grad_norm = apply_second_phase(out.lr, inv_rows);
   }
   if (!out.skipped) bn_stats.fold(rows, config.micro_batch, comm);  // in leaf order
-  if (sharded) {
-    sharded->end_step();
-    time.add_exchange(sharded->exchange_seconds());
-  }
+  time.add_exchange(exchange->end_step());
   return out;
 }
 
 void Trainer::Impl::assemble_other_ranks_rows() {
-  if (!batch_grads || !sharded->needs_staged_input()) return;
+  if (!batch_grads) return;
   const std::size_t rows = plan.ids.size();
   constexpr std::size_t kRowsBetweenProgress = 32;  // the messages move while rows are staged
   auto assemble = [&](std::size_t first, std::size_t last) {
@@ -219,15 +186,10 @@ double Trainer::Impl::apply_second_phase(float lr, float inv_rows) {
   if (config.clip_norm > 0)
     clip = std::min(1.0, static_cast<double>(config.clip_norm) / (norm + 1e-6));
   const auto t0 = Clock::now();
-  if (sharded) {
-    const dist::Range owned = sharded->owned_chunks();
-    root.apply_summed(optimizer.scalars(lr, static_cast<float>(inv_rows * clip), updates_done + 1),
-                      graph.executor(), owned.begin, owned.end);
-    sharded->share_weights();
-  } else {
-    root.apply_summed(optimizer.scalars(lr, static_cast<float>(inv_rows * clip), updates_done + 1),
-                      graph.executor());
-  }
+  const dist::Range owned = exchange->owned_chunks();
+  root.apply_summed(optimizer.scalars(lr, static_cast<float>(inv_rows * clip), updates_done + 1),
+                    graph.executor(), owned.begin, owned.end);
+  exchange->share_weights();
   time.add_second_phase(seconds_since(t0));
   return norm;
 }

@@ -66,10 +66,13 @@ Trainer::Impl::Impl(TrainConfig c, const data::Splits& d, dist::Comm& world)
     for (std::size_t i = 0; i < max_leaves; ++i) leaf_grads.emplace_back(model.layout().total());
   leaf_loss.resize(max_leaves);
   if (comm.size() > 1)
-    sharded = std::make_unique<ShardedStep>(
+    exchange = std::make_unique<ShardedStep>(
         comm, root, model.layout().total(), leaf_grads, leaf_loss, weights.data(),
         bf16_run() ? weights16.data() : nullptr, batch_grads.get(), config.micro_batch,
         config.trace ? &tracer : nullptr);
+  else
+    exchange = std::make_unique<LocalExchange>(config.reducer, model.layout().total(),
+                                               config.workers, root, graph.executor(), chain.get());
 }
 
 std::vector<float*> Trainer::Impl::idle_leaf_buffers() {
@@ -90,9 +93,6 @@ bool Trainer::Impl::chains_leaves() const {
 }
 
 std::pair<double, double> Trainer::Impl::evaluate_set(const data::Dataset& set) {
-  if (!sharded)
-    return evaluate(graph, set, replica_weights(), config.eval_batch,
-                    augmenter ? &*augmenter : nullptr);
   const std::size_t chunks = eval_chunks(set, config.eval_batch);
   const auto ranks = static_cast<std::size_t>(comm.size());
   const dist::Range mine = dist::even_part(chunks, ranks, static_cast<std::size_t>(comm.rank()));
@@ -108,7 +108,6 @@ std::pair<double, double> Trainer::Impl::evaluate_set(const data::Dataset& set) 
 }
 
 void Trainer::Impl::gather_owned(float* array) {
-  if (!sharded) return;
   const auto ranks = static_cast<std::size_t>(comm.size());
   const std::size_t n = model.layout().total(), chunk = root.chunk();
   std::vector<std::size_t> bytes(ranks);
@@ -192,7 +191,7 @@ Summary Trainer::Impl::run(Observer& observer) {
                         skipped_total, total_steps});
       // Between steps: the weights are a whole step's. Several ranks stop together, at the
       // step where any of them asked (gathered within the step).
-      if (sharded ? sharded->stop_agreed() : observer.stop_requested()) {
+      if (exchange->stop_agreed(observer.stop_requested())) {
         stopped = true;
         break;
       }

@@ -79,10 +79,10 @@ struct Trainer::Impl {
   Tracer tracer;
   Root root;
   StepGraph graph;
-  std::map<std::size_t, std::unique_ptr<reduce::Reducer>> reducers;  // by leaf count
   const float base_lr;  // --lr after the linear scaling rule
   TimeAccount time;
-  std::unique_ptr<ShardedStep> sharded;  // more than one rank
+  // Where the leaves go: the local reduction tree, or (more than one rank) the sharded root.
+  std::unique_ptr<Exchange> exchange;
   StepPlan plan;
   Observer* run_observer = nullptr;  // of the current run(), for the ranks' stop agreement
   std::uint64_t steps_done = 0;      // training steps done (batches consumed)
@@ -116,11 +116,6 @@ struct Trainer::Impl {
   // The leaves' gradient buffers, whose contents are dead between steps (the roofline's scratch).
   std::vector<float*> idle_leaf_buffers();
 
-  // One reducer per leaf count (a partial last batch has its own decomposition). Arity: one flat
-  // root over all leaves, up to 64 (binary trees are slower: docs/reduce_results.md). Its workers
-  // are the replicas that get leaves (each calls finish).
-  reduce::Reducer& reducer_for(std::size_t leaves);
-
   // Graph node body: replica w claims leaves one at a time, assembles, computes and contributes
   // each, then finishes. Claiming balances a slow core; the contribution that completes the tree
   // runs the root. Nothing here waits for another node (chunk-owner's finish waits only for
@@ -141,8 +136,9 @@ struct Trainer::Impl {
   // chain contributes its sum as the one leaf of the step's reducer, which runs the root.
   void chain_leaf(std::size_t leaf, float* grad);
 
-  // One training step on `current`'s ids: replicas compute the leaves, the reducer sums them, the
-  // root applies the optimizer (fused, or after the whole gradient is checked and measured).
+  // One training step on `current`'s ids: replicas compute the leaves, the exchange brings their
+  // sum to the root, which applies the optimizer (fused, or after the whole gradient is checked
+  // and measured, on the exchange's owned chunks).
   // `next`: the step after it, whose leaves an idle replica may stage ahead (ids empty: none).
   StepOutcome step(const Staging::Step& current, const Staging::Step& next);
 
@@ -166,11 +162,11 @@ struct Trainer::Impl {
 
   void end_step_accounts(double wall);
 
-  // Several ranks: each evaluates a contiguous run of the chunks; the parts are all-gathered
-  // and added in chunk order, as one process adds them.
+  // Each rank evaluates a contiguous run of the chunks; the parts are all-gathered and added in
+  // chunk order, as one process adds them (one process: every chunk, nothing to gather).
   std::pair<double, double> evaluate_set(const data::Dataset& set);
 
-  // Several ranks: every rank's owned chunks of `array` (n floats) to every rank, in place.
+  // Every rank's owned chunks of `array` (n floats) to every rank, in place (one process: none).
   void gather_owned(float* array);
 
   Summary run(Observer& observer);
