@@ -7,11 +7,11 @@
 // rows/s, and the Net's own phase split (Net::times()) in milliseconds per iteration: matmul,
 // eltwise, loss, other. The bf16 cases run only where the CPU has native bf16 dot products
 // (AVX512_BF16): emulated bf16 costs several times f32 and says nothing about the bf16 path.
-// Also two of a bf16 plan's own loops alone (nn/gpt_kernels.hpp) on one leaf of those models,
+// Also two of a bf16 plan's own loops alone (nn/gpt/gpt_kernels.hpp) on one leaf of those models,
 // counted in rows/s: the causal softmax's forward on the attention scores, writing the bf16
 // weights P V reads, its backward writing bf16 dS, and LayerNorm's forward (bf16 out) and backward
 // (bf16 gradient in, the input gradient added to the stream's); and attention as cohort's AMX
-// kernel (nn/gpt_attention.hpp), forward then backward, on the heads of one default leaf.
+// kernel (nn/gpt/gpt_attention.hpp), forward then backward, on the heads of one default leaf.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "cohort/nn/gpt.hpp"
-#include "cohort/nn/gpt_attention.hpp"
-#include "cohort/nn/gpt_kernels.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
+#include "cohort/nn/gpt/gpt_attention.hpp"
+#include "cohort/nn/gpt/gpt_kernels.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/nn/version.hpp"

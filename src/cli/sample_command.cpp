@@ -14,7 +14,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/rng.hpp"
 #include "cohort/data/text.hpp"
-#include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
 #include "commands.hpp"
 #include "options.hpp"
 

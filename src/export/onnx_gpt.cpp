@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "cohort/core/error.hpp"
-#include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
 #include "onnx_graph.hpp"
 
 namespace cohort::exporting::onnx_graph {

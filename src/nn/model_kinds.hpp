@@ -9,7 +9,7 @@
 
 namespace cohort::nn {
 
-// The language model's kind: "gpt:" specs (nn/gpt.hpp).
+// The language model's kind: "gpt:" specs (nn/gpt/gpt.hpp).
 ModelKindEntry gpt_kind_entry();
 // A layer list's executor on oneDNN's primitives.
 std::unique_ptr<Executor> layer_executor(const Model& model, bool blocked_layouts,

@@ -71,7 +71,7 @@ void PlanBuilder::build() {
   if (const Kind first = layers[order[0]].kind;
       first == Kind::kReLU || first == Kind::kDropout || first == Kind::kFlatten) {
     memory copy = new_memory(x_md);
-    reorder_into(p_.x, copy, p_.forward);
+    reorder(p_.forward, p_.x, copy);
     cur = copy;
   }
   // A ReLU right after a linear layer runs inside it, as a post-op of the inner product: the
@@ -108,12 +108,7 @@ void PlanBuilder::build() {
       diff = backward(saved[k], k == 0, diff);
     }
   }
-  // One scratchpad for the plan, as large as the largest primitive's need.
-  p_.scratchpad = AlignedBuffer<std::uint8_t>(scratch_bytes_);
-  for (auto* list : {&p_.forward, &p_.backward})
-    for (auto& e : *list)
-      if (!e.custom && e.scratchpad_md.get_size() != 0)
-        e.args.insert({DNNL_ARG_SCRATCHPAD, memory(e.scratchpad_md, eng_, p_.scratchpad.data())});
+  bind_scratchpad();
 }
 
 // A forward step of a layer with parameters: src, weights and bias to dst.
@@ -160,7 +155,7 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
                                                        any(image(l.out)), strides, pad, pad)
                      : dnnl::convolution_forward::desc(prop, alg, any(image(l.in)), w_md,
                                                        any(image(l.out)), strides, pad, pad),
-          attr_, eng_);
+          attr(), eng_);
       s.src = ensure(cur, pd.src_desc(), p_.forward);
       s.user_weights =
           external(p_.params, memory::desc({l.out.C, l.in.C, l.kernel, l.kernel}, act_, Tag::oihw),
@@ -188,7 +183,7 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
                                                 : dnnl::algorithm::pooling_avg_exclude_padding;
       const memory::dims k{l.kernel, l.kernel}, st{l.stride, l.stride}, zero{0, 0};
       dnnl::pooling_forward::primitive_desc pd(
-          {prop, alg, cur.get_desc(), any(image(l.out)), st, k, zero, zero}, attr_, eng_);
+          {prop, alg, cur.get_desc(), any(image(l.out)), st, k, zero, zero}, attr(), eng_);
       s.dst = new_memory(pd.dst_desc());
       if (l.kind == Kind::kMaxPool && (s.pool = max_pool_shape(l, cur, s.dst))) {
         // A ReLU after it (conv -> relu -> maxpool, reordered above) runs in the same pass, and
@@ -235,9 +230,8 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
       float* plain_ptr = static_cast<float*>(plain.get_data_handle());
       const StreamKey* key = key_;
       const float p = l.p;
-      add_custom(p_.forward, [key, index, p, count, plain_ptr] {
-        dropout_mask(*key, index, p, count, plain_ptr);
-      });
+      custom(p_.forward,
+             [key, index, p, count, plain_ptr] { dropout_mask(*key, index, p, count, plain_ptr); });
       s.mask = ensure(plain, with_type(cur.get_desc(), Dt::f32), p_.forward);
       apply_mask(p_.forward, cur, s.mask);
       return s;
@@ -304,7 +298,7 @@ void PlanBuilder::add_max_pool_forward(Saved& s) {
   const memory src = s.src, dst = s.dst;  // the input's handle may change between calls
   with_element_type(act_, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
-    add_custom(p_.forward, [=] {
+    custom(p_.forward, [=] {
       max_pool_forward(shape, static_cast<const T*>(src.get_data_handle()),
                        static_cast<T*>(dst.get_data_handle()), where);
     });
@@ -319,7 +313,7 @@ PlanBuilder::memory PlanBuilder::add_max_pool_backward(const Saved& s, const mem
   const memory dd = diff;
   with_element_type(act_, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
-    add_custom(p_.backward, [=] {
+    custom(p_.backward, [=] {
       max_pool_backward(shape, where, static_cast<const T*>(dd.get_data_handle()),
                         static_cast<T*>(diff_src.get_data_handle()));
     });
@@ -334,12 +328,12 @@ void PlanBuilder::apply_mask(std::vector<Exec>& list, const memory& x, const mem
   const std::size_t n = mask.get_desc().get_size() / sizeof(float);
   if (act_ == Dt::bf16) {
     bf16* xp = static_cast<bf16*>(x.get_data_handle());
-    add_custom(list, [xp, mp, n] {
+    custom(list, [xp, mp, n] {
       for (std::size_t i = 0; i < n; ++i) xp[i] = to_bf16(to_float(xp[i]) * mp[i]);
     });
   } else {
     float* xp = static_cast<float*>(x.get_data_handle());
-    add_custom(list, [xp, mp, n] {
+    custom(list, [xp, mp, n] {
       for (std::size_t i = 0; i < n; ++i) xp[i] *= mp[i];
     });
   }
@@ -348,7 +342,7 @@ void PlanBuilder::apply_mask(std::vector<Exec>& list, const memory& x, const mem
 memory PlanBuilder::backward_data_linear(const Saved& s, const memory& diff,
                                          const dnnl::inner_product_forward::primitive_desc& fwd) {
   dnnl::inner_product_backward_data::primitive_desc dpd(
-      {s.src.get_desc(), s.weights.get_desc(), diff.get_desc()}, attr_, eng_, fwd);
+      {s.src.get_desc(), s.weights.get_desc(), diff.get_desc()}, attr(), eng_, fwd);
   memory diff_src = new_memory(s.src.get_desc());
   add(p_.backward, dnnl::inner_product_backward_data(dpd), dpd.scratchpad_desc(),
       {{DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_WEIGHTS, s.weights}, {DNNL_ARG_DIFF_SRC, diff_src}},
@@ -367,7 +361,7 @@ void PlanBuilder::keep_rows(const Saved& s, const memory& diff, std::size_t ordi
   const std::size_t x_bytes = s.src.get_desc().get_size(), dy_bytes = diff.get_desc().get_size();
   memory src = s.src, dd = diff, y = relu_dst;
   const std::int64_t n = N_, out = s.layer->out.C;
-  add_custom(p_.backward, [=] {
+  custom(p_.backward, [=] {
     const LinearRows& r = (*rows)[ordinal];
     if (r.x) std::memcpy(r.x, src.get_data_handle(), x_bytes);
     auto* d = static_cast<bf16*>(dd.get_data_handle());
@@ -405,7 +399,7 @@ memory PlanBuilder::backward(const Saved& s, bool first, memory diff) {
       // Weight and bias gradients in f32 whatever the activations' type.
       memory::desc dw_md({l.out.C, l.in.C}, Dt::f32, Tag::io), db_md({l.out.C}, Dt::f32, Tag::x);
       dnnl::inner_product_backward_weights::primitive_desc wpd(
-          {s.src.get_desc(), dw_md, db_md, diff.get_desc()}, attr_, eng_, fwd);
+          {s.src.get_desc(), dw_md, db_md, diff.get_desc()}, attr(), eng_, fwd);
       memory dw = external(p_.grads, dw_md, l.weight), db = external(p_.grads, db_md, l.bias);
       add(p_.backward, dnnl::inner_product_backward_weights(wpd), wpd.scratchpad_desc(),
           {{DNNL_ARG_SRC, s.src},
@@ -434,7 +428,7 @@ memory PlanBuilder::backward(const Saved& s, bool first, memory diff) {
                            alg, w_src, dw_md, b_md, any(image(l.out)), strides, pad, pad)
                      : dnnl::convolution_backward_weights::desc(
                            alg, w_src, dw_md, any(image(l.out)), strides, pad, pad),
-          attr_, eng_, fwd);
+          attr(), eng_, fwd);
       memory src = ensure(s.src, wpd.src_desc(), p_.backward);
       memory dd = ensure(diff, wpd.diff_dst_desc(), p_.backward);
       memory user_dw = external(
@@ -447,12 +441,12 @@ memory PlanBuilder::backward(const Saved& s, bool first, memory diff) {
       if (l.has_bias) args.insert({DNNL_ARG_DIFF_BIAS, external(p_.grads, b_md, l.bias)});
       add(p_.backward, dnnl::convolution_backward_weights(wpd), wpd.scratchpad_desc(),
           std::move(args), Phase::kMatmul);
-      if (!direct) reorder_into(dw, user_dw, p_.backward);  // back to the flat (OC, IC, KH, KW)
+      if (!direct) reorder(p_.backward, dw, user_dw);  // back to the flat (OC, IC, KH, KW)
       if (first) return {};
       dnnl::convolution_backward_data::primitive_desc dpd(
           {dnnl::algorithm::convolution_direct, any(image(l.in)),
            any({l.out.C, l.in.C, l.kernel, l.kernel}), any(image(l.out)), strides, pad, pad},
-          attr_, eng_, fwd);
+          attr(), eng_, fwd);
       memory w = ensure(s.weights, dpd.weights_desc(), p_.backward);
       memory dd2 = ensure(diff, dpd.diff_dst_desc(), p_.backward);
       memory diff_src = new_memory(dpd.diff_src_desc());
@@ -480,7 +474,7 @@ memory PlanBuilder::backward(const Saved& s, bool first, memory diff) {
                                                 : dnnl::algorithm::pooling_avg_exclude_padding;
       const memory::dims k{l.kernel, l.kernel}, st{l.stride, l.stride}, zero{0, 0};
       dnnl::pooling_backward::primitive_desc pd(
-          {alg, s.src.get_desc(), s.dst.get_desc(), st, k, zero, zero}, attr_, eng_, fwd);
+          {alg, s.src.get_desc(), s.dst.get_desc(), st, k, zero, zero}, attr(), eng_, fwd);
       memory diff_src = new_memory(pd.diff_src_desc());
       std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, diff},
                                            {DNNL_ARG_DIFF_SRC, diff_src}};

@@ -20,33 +20,26 @@
 
 #include "cohort/nn/max_pool.hpp"
 #include "plan.hpp"
+#include "plan_builder_base.hpp"
 
 namespace cohort::nn::detail {
 
 // Builds one plan; a helper object so the many small steps share their context.
-class PlanBuilder {
+class PlanBuilder : public PlanBuilderBase {
  public:
-  using memory = dnnl::memory;
-  using Tag = memory::format_tag;
-  using Dt = memory::data_type;
   using Kind = LayerSpec::Kind;
 
   PlanBuilder(const PlanRequest& r, Plan& plan)
-      : model_(*r.model),
+      : PlanBuilderBase(plan, *r.engine, r.precision),
+        model_(*r.model),
         key_(r.key),
         linear_rows_(r.linear_rows),
         batch_linear_(r.batch_linear),
-        p_(plan),
         N_(r.N),
         training_(r.training),
-        blocked_(r.blocked),
-        act_(r.precision == Precision::kBf16 ? Dt::bf16 : Dt::f32),
-        eng_(*r.engine) {
-    attr_.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // a task may move between threads
-  }
+        blocked_(r.blocked) {}
 
   void build();
-  const std::string& where() const { return where_; }
 
  private:
   // What backward needs from a layer's forward.
@@ -111,33 +104,13 @@ class PlanBuilder {
     }
     return attr;
   }
-  float* buffer(std::size_t bytes) {
-    p_.buffers.emplace_back((bytes + sizeof(float) - 1) / sizeof(float));
-    return p_.buffers.back().data();
-  }
-  memory new_memory(const memory::desc& md) { return memory(md, eng_, buffer(md.get_size())); }
-
-  void add(std::vector<Exec>& list, dnnl::primitive prim, const memory::desc& scratch,
-           std::unordered_map<int, memory> args, Phase phase) {
-    scratch_bytes_ = std::max(scratch_bytes_, scratch.get_size());
-    list.push_back({std::move(prim), std::move(args), phase, scratch, {}, where_});
-  }
-  void add_custom(std::vector<Exec>& list, std::function<void()> f) {
-    list.push_back({{}, {}, Phase::kOther, {}, std::move(f), where_});
-  }
-
   // `m` in layout (and element type) `want`: itself, or a reorder into a new buffer appended to
   // `list`.
   memory ensure(const memory& m, const memory::desc& want, std::vector<Exec>& list) {
     if (m.get_desc() == want) return m;
     memory out = new_memory(want);
-    reorder_into(m, out, list);
+    reorder(list, m, out);
     return out;
-  }
-  void reorder_into(const memory& from, const memory& to, std::vector<Exec>& list) {
-    dnnl::reorder::primitive_desc pd(eng_, from.get_desc(), eng_, to.get_desc(), attr_);
-    add(list, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
-        Phase::kOther);
   }
   memory external(std::vector<External>& list, const memory::desc& md, std::size_t offset) {
     memory m(md, eng_, DNNL_MEMORY_NONE);
@@ -164,15 +137,9 @@ class PlanBuilder {
   std::set<const LayerSpec*> relu_in_bn_;    // ReLUs run inside the batch normalization before them
   memory relu_for_rows_;  // backward: a ReLU's output whose backward the linear layer's rows run
   const LayerSpec* next_ = nullptr;  // the layer after the one being built, in order
-  Plan& p_;
   const std::int64_t N_;
   const bool training_;
   const bool blocked_;
-  const Dt act_;  // activations, input and parameters: f32, or bf16 for a bf16 Net
-  const dnnl::engine& eng_;
-  dnnl::primitive_attr attr_;
-  std::size_t scratch_bytes_ = 0;
-  std::string where_;
 };
 
 }  // namespace cohort::nn::detail

@@ -27,7 +27,7 @@ PlanBuilder::memory PlanBuilder::param_f32(const memory::desc& f32_md, std::size
   memory user = external(p_.params, memory::desc(f32_md.dims(), act_, Tag::x), offset);
   if (act_ == Dt::f32) return user;
   memory converted = new_memory(f32_md);
-  reorder_into(user, converted, p_.forward);
+  reorder(p_.forward, user, converted);
   return converted;
 }
 
@@ -46,7 +46,7 @@ PlanBuilder::Saved PlanBuilder::forward_bn(const LayerSpec& l, memory cur) {
                           : Flags::use_scale | Flags::use_shift | Flags::use_global_stats;
   if (fuse_relu) flags = flags | Flags::fuse_norm_relu;
   dnnl::batch_normalization_forward::primitive_desc pd({prop, cur.get_desc(), kBnEpsilon, flags},
-                                                       attr_, eng_);
+                                                       attr(), eng_);
   if (fuse_relu) relu_in_bn_.insert(next_);
   s.scale = param_f32(c_md, l.weight);  // gamma, (C)
   s.shift = param_f32(c_md, l.bias);    // beta, (C)
@@ -77,7 +77,7 @@ PlanBuilder::memory PlanBuilder::backward_bn(const Saved& s, memory diff) {
   const Flags flags = s.workspace ? Flags::use_scale | Flags::use_shift | Flags::fuse_norm_relu
                                   : Flags::use_scale | Flags::use_shift;
   dnnl::batch_normalization_backward::primitive_desc pd(
-      {dnnl::prop_kind::backward, diff.get_desc(), s.src.get_desc(), kBnEpsilon, flags}, attr_,
+      {dnnl::prop_kind::backward, diff.get_desc(), s.src.get_desc(), kBnEpsilon, flags}, attr(),
       eng_, fwd);
   // Not in place: in a residual block the output gradient also feeds the shortcut.
   memory diff_src = new_memory(pd.diff_src_desc());
@@ -108,7 +108,7 @@ PlanBuilder::Saved PlanBuilder::forward_gap(const LayerSpec& l, memory cur) {
   dnnl::pooling_forward::primitive_desc pd(
       {prop, dnnl::algorithm::pooling_avg_exclude_padding, cur.get_desc(), any({N_, l.in.C, 1, 1}),
        one, k, zero, zero},
-      attr_, eng_);
+      attr(), eng_);
   s.pooled = new_memory(pd.dst_desc());  // (N, C, 1, 1)
   add(p_.forward, dnnl::pooling_forward(pd), pd.scratchpad_desc(),
       {{DNNL_ARG_SRC, cur}, {DNNL_ARG_DST, s.pooled}}, Phase::kOther);
@@ -128,7 +128,7 @@ PlanBuilder::memory PlanBuilder::backward_gap(const Saved& s, memory diff) {
   dnnl::pooling_backward::primitive_desc pd(
       {dnnl::algorithm::pooling_avg_exclude_padding, s.src.get_desc(), s.pooled.get_desc(), one, k,
        zero, zero},
-      attr_, eng_, fwd);
+      attr(), eng_, fwd);
   memory diff_src = new_memory(pd.diff_src_desc());
   add(p_.backward, dnnl::pooling_backward(pd), pd.scratchpad_desc(),
       {{DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_DIFF_SRC, diff_src}}, Phase::kOther);
@@ -140,7 +140,7 @@ void PlanBuilder::add_relu_forward(memory x, Saved& s, bool run) {
   const auto prop =
       training_ ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
   dnnl::eltwise_forward::primitive_desc pd(
-      {prop, dnnl::algorithm::eltwise_relu_use_dst_for_bwd, x.get_desc(), 0.0f}, attr_, eng_);
+      {prop, dnnl::algorithm::eltwise_relu_use_dst_for_bwd, x.get_desc(), 0.0f}, attr(), eng_);
   if (run)
     add(p_.forward, dnnl::eltwise_forward(pd), pd.scratchpad_desc(),
         {{DNNL_ARG_SRC, x}, {DNNL_ARG_DST, x}}, Phase::kEltwise);
@@ -152,7 +152,7 @@ void PlanBuilder::add_relu_backward(const Saved& s, const memory& diff) {
   auto fwd = dnnl::eltwise_forward::primitive_desc(s.fwd_pd.get());
   dnnl::eltwise_backward::primitive_desc pd(
       {dnnl::algorithm::eltwise_relu_use_dst_for_bwd, s.dst.get_desc(), s.dst.get_desc(), 0.0f},
-      attr_, eng_, fwd);
+      attr(), eng_, fwd);
   add(p_.backward, dnnl::eltwise_backward(pd), pd.scratchpad_desc(),
       {{DNNL_ARG_DST, s.dst}, {DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_DIFF_SRC, diff}},
       Phase::kEltwise);

@@ -2,7 +2,7 @@
 // run's own oneDNN rate — a leaf's matmul primitives timed alone on one thread (a fresh Net of
 // the run's model, precision and layouts), times the leaves, plus the root's batch weight-gradient
 // GEMMs, spread evenly over the replicas (a language model's attention products at oneDNN's rate
-// also where cohort's kernel computes them, nn/gpt_attention.hpp) — and the root moved its
+// also where cohort's kernel computes them, nn/gpt/gpt_attention.hpp) — and the root moved its
 // bytes at this run's own sweep bandwidth; and the measured step time against it. Same-run
 // measurements only, so the fraction does not depend on which machine or how noisy a day it is.
 #pragma once

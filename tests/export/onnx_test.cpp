@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "cohort/export/export.hpp"
-#include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
 #include "export_test_util.hpp"
 
 namespace cohort::exporting {

@@ -5,7 +5,7 @@
 // against softmax(scale q k^T) itself; y, dq, dk and dv within the rounding of their bf16
 // operands (used and ds, 2^-9 relative a term) and of their own, plus f32 accumulation. Skipped
 // where an engine cannot run (attention_kernel_usable: the CPU, the OS or a clang build).
-#include "cohort/nn/gpt_attention.hpp"
+#include "cohort/nn/gpt/gpt_attention.hpp"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +19,7 @@
 
 #include "cohort/core/rng.hpp"
 #include "cohort/nn/dropout.hpp"
-#include "cohort/nn/gpt_kernels.hpp"
+#include "cohort/nn/gpt/gpt_kernels.hpp"
 
 namespace cohort::nn {
 namespace gpt_attention_test {

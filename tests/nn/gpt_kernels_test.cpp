@@ -5,7 +5,7 @@
 // exactly 0 and never read; the bf16 forms the f32 results rounded. gelu_forward and
 // gelu_backward: GELU (erf form) and its slope over the range activations take and beyond; their
 // bf16 forms the f32 results rounded, the forward's table lookups at every bf16 value.
-#include "cohort/nn/gpt_kernels.hpp"
+#include "cohort/nn/gpt/gpt_kernels.hpp"
 
 #include <gtest/gtest.h>
 

@@ -17,7 +17,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/rng.hpp"
-#include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/tensor/bf16.hpp"
 #include "cohort/tensor/buffer.hpp"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cohort/nn/dropout.hpp"
-#include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
 
 namespace cohort::reference {
 

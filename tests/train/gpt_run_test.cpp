@@ -1,4 +1,4 @@
-// The Trainer on a language model (gpt:, nn/gpt.hpp) and text (Tiny Shakespeare's first 40,000
+// The Trainer on a language model (gpt:, nn/gpt/gpt.hpp) and text (Tiny Shakespeare's first 40,000
 // characters): the same weights for every worker count, in f32 and bf16, with dropout; a resume
 // equal to the uninterrupted run; a falling validation loss over the whole validation split,
 // the same every time it is measured; and the refusals of a language model on images and of
@@ -41,7 +41,7 @@ const data::Splits& text() {
 }
 
 // Heads of 32 in windows of 32, where bf16 attention runs as cohort's kernel on CPUs with AVX-512
-// and BF16 (nn/gpt_attention.hpp: on AMX's tiles where the CPU has them), and its windows.
+// and BF16 (nn/gpt/gpt_attention.hpp: on AMX's tiles where the CPU has them), and its windows.
 constexpr const char* kKernelSpec = "gpt:1-2-64-32-0.1";
 const data::Splits& text_for(const TrainConfig& c) {
   static const data::Splits splits32 = shakespeare(32);

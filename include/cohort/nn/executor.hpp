@@ -27,7 +27,7 @@ inline constexpr Named<Precision> kPrecisionNames[] = {{Precision::kF32, "f32"},
 struct PhaseTimes {
   double matmul = 0;   // inner products and convolutions: forward, backward-data, -weights
   double eltwise = 0;  // ReLU (and residual adds), GELU, attention's softmax; attention as
-                       // cohort's kernel (nn/gpt_attention.hpp), its products included
+                       // cohort's kernel (nn/gpt/gpt_attention.hpp), its products included
   double loss = 0;     // softmax cross-entropy
   double other = 0;    // bn, LayerNorm, pooling, dropout, reorders, cohort's own loops
   double total() const { return matmul + eltwise + loss + other; }

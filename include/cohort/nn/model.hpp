@@ -1,5 +1,5 @@
 // Model: a network parsed from a spec string — a list of layers, or a kind of its own (the
-// language model, nn/gpt.hpp; kinds a caller registers) — with the layout of its parameters in
+// language model, nn/gpt/gpt.hpp; kinds a caller registers) — with the layout of its parameters in
 // one flat array and PyTorch-compatible initialisation, behind one interface (ModelKind).
 // Not an executor: no oneDNN, no activations, no threads (see nn/net.hpp for that).
 #pragma once
@@ -186,7 +186,7 @@ class Model {
   //                          res(OC[,stride])
   //   e.g.
   //   conv(32,5)-relu-maxpool(2)-conv(64,5)-relu-maxpool(2)-flatten-linear(256)-relu-linear(10)
-  //   "gpt:LAYERS-HEADS-EMBD-BLOCK[-DROPOUT]"   a language model (nn/gpt.hpp) over `vocab`
+  //   "gpt:LAYERS-HEADS-EMBD-BLOCK[-DROPOUT]"   a language model (nn/gpt/gpt.hpp) over `vocab`
   //                          tokens: its samples are windows of BLOCK + 1 tokens, its input
   //                          (1, 1, BLOCK + 1) and its classes the vocabulary; no layer list
   //   a registered kind's spec (register_model_kind)
@@ -227,7 +227,7 @@ class Model {
   // U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with fan_in = IC * KH * KW, each tensor from a stream
   // keyed by (seed, tensor index), the index of the tensor in layout() (bn tensors take an index
   // too, a nobias conv's missing bias none); bn scale 1 and shift 0. (A language model: GPT-2's,
-  // nn/gpt.hpp.) params: layout().total() floats; padding is zeroed. The values are PyTorch's
+  // nn/gpt/gpt.hpp.) params: layout().total() floats; padding is zeroed. The values are PyTorch's
   // draw order, whatever the storage order.
   void init(float* params, std::uint64_t seed) const { kind_->init(params, seed); }
 

@@ -45,7 +45,7 @@ std::vector<Module> torch_modules(const Model& model);
 // name and shape, and where its values come from. A layer list's, in its order: module by module,
 // a linear or conv layer's weight then bias (a conv(..., nobias) has its weight only, as
 // Conv2d(..., bias=False)), a bn layer's weight (scale), bias (shift), running_mean, running_var
-// and num_batches_tracked; a language model's: nanoGPT's (nn/gpt.hpp).
+// and num_batches_tracked; a language model's: nanoGPT's (nn/gpt/gpt.hpp).
 struct StateTensor {
   enum class Source {
     kParams,          // F32: the canonical parameter array (weights, biases, bn scale and shift)

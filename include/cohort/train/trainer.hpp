@@ -20,7 +20,6 @@
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/data/dataset.hpp"
 #include "cohort/dist/comm.hpp"
-#include "cohort/nn/gpt.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/nn/version.hpp"

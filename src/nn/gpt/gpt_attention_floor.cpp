@@ -1,5 +1,5 @@
 // The roofline's floor for attention where cohort's kernel runs it: oneDNN's matmuls on the
-// same products; see cohort/nn/gpt_attention.hpp.
+// same products; see cohort/nn/gpt/gpt_attention.hpp.
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -9,8 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "cohort/nn/gpt.hpp"
-#include "cohort/nn/gpt_attention.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
+#include "cohort/nn/gpt/gpt_attention.hpp"
 #include "cohort/tensor/buffer.hpp"
 
 namespace cohort::nn {

@@ -6,7 +6,7 @@
 //
 // The steps are oneDNN 2.6 primitives (inner products for the linear layers and the tied head,
 // batched matmuls over strided views for attention, reorders between f32 and bf16) and cohort's
-// loops (the embedding gather and its scatter-add, dropout, residual adds; nn/gpt_kernels.hpp:
+// loops (the embedding gather and its scatter-add, dropout, residual adds; nn/gpt/gpt_kernels.hpp:
 // LayerNorm, the causal softmax forward and backward, which read only the causal part and apply
 // attention's scale, and the GELU with its slope), as the two step lists of a detail::Plan. Some
 // weight gradients run on dnnl_sgemm or OpenBLAS's sgemm in f32, and on oneDNN's matmul in bf16
@@ -34,28 +34,24 @@
 #include <utility>
 #include <vector>
 
+#include "../plan_builder_base.hpp"
 #include "cohort/nn/dropout.hpp"
-#include "cohort/nn/gpt.hpp"
-#include "cohort/nn/gpt_attention.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
+#include "cohort/nn/gpt/gpt_attention.hpp"
 #include "gpt_plan.hpp"
 
 namespace cohort::nn::detail {
 
-class GptPlanBuilder {
+class GptPlanBuilder : public PlanBuilderBase {
  public:
-  using memory = dnnl::memory;
-  using Dt = memory::data_type;
-  using Tag = memory::format_tag;
   using Dims = memory::dims;
 
   GptPlanBuilder(const GptPlanRequest& r, Plan& p)
-      : m_(*r.model),
+      : PlanBuilderBase(p, *r.engine, r.precision),
+        m_(*r.model),
         s_(m_.shape()),
         key_(r.key),
         windows_(r.windows),
-        p_(p),
-        eng_(*r.engine),
-        act_(r.precision == Precision::kBf16 ? Dt::bf16 : Dt::f32),
         N_(r.N),
         T_(s_.block),
         C_(s_.embd),
@@ -70,13 +66,8 @@ class GptPlanBuilder {
   // The steps, then one scratchpad for the plan, as large as the largest primitive's need.
   void build() {
     build_steps();
-    p_.scratchpad = AlignedBuffer<std::uint8_t>(scratch_bytes_);
-    for (auto* list : {&p_.prepare, &p_.forward, &p_.backward})
-      for (Exec& e : *list)
-        if (!e.custom && e.scratchpad_md.get_size() != 0)
-          e.args.insert({DNNL_ARG_SCRATCHPAD, memory(e.scratchpad_md, eng_, p_.scratchpad.data())});
+    bind_scratchpad();
   }
-  const std::string& where() const { return where_; }
 
  private:
   void build_steps();
@@ -94,15 +85,10 @@ class GptPlanBuilder {
   };
 
   bool half() const { return act_ == Dt::bf16; }
-  float* buffer(std::size_t bytes) {
-    p_.buffers.emplace_back((bytes + sizeof(float) - 1) / sizeof(float));
-    return p_.buffers.back().data();
-  }
   memory plain(Dims dims, Dt dt) {
     memory::desc md(dims, dt, dims.size() == 1 ? Tag::a : dims.size() == 2 ? Tag::ab : Tag::abcd);
     return memory(md, eng_, buffer(md.get_size()));
   }
-  memory plain_layout(const memory::desc& md) { return memory(md, eng_, buffer(md.get_size())); }
   // f32 rows of a multiple of 4 KB (1,024 floats), as the MLP's 4 C columns are for C = 256,
   // 512, ... oneDNN 2.6's AVX2 sgemm (gemm:jit) runs a weight gradient that reads rows of 4 KB
   // fastest when they are the non-transposed operand 16 bytes off 32-byte alignment, slower as
@@ -128,7 +114,7 @@ class GptPlanBuilder {
     std::string key = role + ":layout:" + std::to_string(static_cast<int>(dt));
     for (const auto d : dims) key += "," + std::to_string(d);
     auto [it, fresh] = temps_.try_emplace(key + ":" + std::to_string(md.get_size()));
-    if (fresh) it->second = plain_layout(md);
+    if (fresh) it->second = new_memory(md);
     return it->second;
   }
   // A buffer that steps of different layers reuse: what one layer's steps write and read before
@@ -180,11 +166,16 @@ class GptPlanBuilder {
   // views of qkv or the row blocks' (docs/decisions.md, "Attention on AMX"), or where
   // GptPaths::attention says so. Decided once a plan.
   bool dense_attention();
-  // The engine with which attention runs as cohort's kernel (nn/gpt_attention.hpp) on qkv itself,
-  // or none: bf16 plans where the kernel can run and GptPaths::attention is kAuto, kKernel or
-  // kKernelAvx512Bf16. Decided once a plan.
+  // The engine with which attention runs as cohort's kernel (nn/gpt/gpt_attention.hpp) on qkv
+  // itself, or none: bf16 plans where the kernel can run and GptPaths::attention is kAuto, kKernel
+  // or kKernelAvx512Bf16. Decided once a plan.
   std::optional<AttentionEngine> attention_kernel();
+  // block_forward's operations (plan_gpt_block.cpp).
+  memory qkv_buffer();
+  void attention(BlockSaved& b, std::int64_t l);
   void attention_forward(const BlockSaved& b, const float* pm);
+  void residual(const memory& x, const memory& branch, std::size_t layer, const memory& copy);
+  void gelu(const memory& f, BlockSaved& b);
   void attention_backward(const BlockSaved& b, const memory& dy, const memory& dqkv,
                           const float* pm);
   // The heads of a (M, ...) buffer whose rows are `row_stride` apart, from `column` on: rows
@@ -233,30 +224,11 @@ class GptPlanBuilder {
     p_.grads.push_back({m, offset});
     return m;
   }
-  dnnl::primitive_attr attr() const {
-    dnnl::primitive_attr a;
-    a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    return a;
-  }
-  void add(std::vector<Exec>& list, dnnl::primitive prim, const memory::desc& scratch,
-           std::unordered_map<int, memory> args, Phase phase) {
-    scratch_bytes_ = std::max(scratch_bytes_, scratch.get_size());
-    list.push_back({std::move(prim), std::move(args), phase, scratch, {}, where_});
-  }
-  void custom(std::vector<Exec>& list, std::function<void()> f, Phase phase = Phase::kOther) {
-    list.push_back({{}, {}, phase, {}, std::move(f), where_});
-  }
-  // `to` = `from` converted (f32 <-> bf16) or copied, element for element.
-  void convert(std::vector<Exec>& list, const memory& from, const memory& to) {
-    dnnl::reorder::primitive_desc pd(eng_, from.get_desc(), eng_, to.get_desc(), attr());
-    add(list, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
-        Phase::kOther);
-  }
   // The plain f32 (M, C) memory `x` in the activations' type: itself in f32.
   memory as_act(std::vector<Exec>& list, const memory& x, Dims dims, const std::string& role) {
     if (!half()) return x;
     memory out = kept(role, dims, act_);
-    convert(list, x, out);
+    reorder(list, x, out);
     return out;
   }
   // The dropout mask of `layer` (count values), drawn by a step appended to `list` into a buffer
@@ -283,7 +255,7 @@ class GptPlanBuilder {
 
   LnSaved ln_forward(const memory& x, std::size_t weight, const memory& dst);
   // LayerNorm, x f32 to dst in the activations' type: oneDNN's in f32; in bf16 cohort's loops
-  // (nn/gpt_kernels.hpp), which write and read bf16 where oneDNN's needs a reorder each way.
+  // (nn/gpt/gpt_kernels.hpp), which write and read bf16 where oneDNN's needs a reorder each way.
   // Backward: diff_src (f32) written or added to (`accumulate`), the weight's gradient
   // overwritten.
   void ln_backward(const LnSaved& s, const memory& diff_dst, const memory& diff_src,
@@ -304,6 +276,10 @@ class GptPlanBuilder {
   // diff_src from diff_dst; the weight's gradient (overwritten) from src and diff_dst.
   void linear_backward(const memory& src, std::size_t weight, std::int64_t O,
                        const memory& diff_dst, const memory& diff_src);
+  void linear_backward_data(const memory& src, std::size_t weight, std::int64_t O,
+                            const memory& diff_dst, const memory& diff_src);
+  void linear_backward_weights(const memory& src, std::size_t weight, std::int64_t O,
+                               const memory& diff_dst);
   // `next_in`: where the block's last residual add also writes the stream (the next block's
   // input, which backward reads), or none.
   BlockSaved block_forward(std::int64_t l, const memory& x, const memory& next_in);
@@ -313,14 +289,9 @@ class GptPlanBuilder {
   const GptShape& s_;
   const StreamKey* key_;
   const std::int32_t* const* windows_;
-  Plan& p_;
-  const dnnl::engine& eng_;
-  const Dt act_;
   const std::int64_t N_, T_, C_, H_, hs_, V_, M_;
   const bool training_, drop_;
   const GptPaths paths_;
-  std::size_t scratch_bytes_ = 0;
-  std::string where_;
   std::optional<dnnl::layer_normalization_forward::primitive_desc> ln_fwd_;
   std::optional<dnnl::layer_normalization_backward::primitive_desc> ln_bwd_;
   std::map<std::string, memory> temps_;

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cohort/nn/gpt_attention.hpp"
-#include "cohort/nn/gpt_kernels.hpp"
+#include "cohort/nn/gpt/gpt_attention.hpp"
+#include "cohort/nn/gpt/gpt_kernels.hpp"
 #include "gpt_plan_builder.hpp"
 
 namespace cohort::nn::detail {
@@ -27,27 +27,60 @@ std::size_t dropout_layer(std::int64_t block, int which) {
 
 }  // namespace
 
+// One block's forward as its list of operations, as llm.c's train_gpt2.c writes it; how each is
+// lowered (oneDNN or cohort's loop, the precision, dropout, the attention engine) is the
+// operation's own.
 GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const memory& x,
                                                          const memory& next_in) {
-  using namespace dnnl;
   const GptModel::BlockOffsets& o = m_.block(l);
+  const std::string h = "h." + std::to_string(l);
+  const std::int64_t C = C_;
   BlockSaved b;
-  const std::int64_t T = T_, C = C_, H = H_, N = N_;
-  where_ = "h." + std::to_string(l) + ".ln_1";
-  // The LayerNorm's output, in the activations' type, is the next layer's input: kept.
-  b.h1 = kept("h1", {M_, C}, act_);
+  where_ = h + ".ln_1";
+  b.h1 = kept("h1", {M_, C}, act_);  // the LayerNorm's output, the next layer's input: kept
   b.ln1 = ln_forward(x, o.ln_1, b.h1);
-  where_ = "h." + std::to_string(l) + ".attn.c_attn";
+  where_ = h + ".attn.c_attn";
+  b.qkv = qkv_buffer();
+  linear(b.h1, o.c_attn, 3 * C, b.qkv);
+  where_ = h + ".attn";
+  attention(b, l);
+  where_ = h + ".attn.c_proj";
+  const memory a = temp("branch", {M_, C}, Dt::f32);
+  linear(b.y, o.attn_proj, C, a);
+  b.x_mid = training_ ? plain({M_, C}, Dt::f32) : x;  // the stream after this branch (ln_2's input)
+  residual(x, a, dropout_layer(l, 1), training_ ? b.x_mid : memory());
+  where_ = h + ".ln_2";
+  b.h2 = kept("h2", {M_, C}, act_);
+  b.ln2 = ln_forward(b.x_mid, o.ln_2, b.h2);
+  where_ = h + ".mlp.c_fc";
+  const memory f = temp("f", {M_, 4 * C}, act_);
+  linear(b.h2, o.c_fc, 4 * C, f);
+  where_ = h + ".mlp.gelu";
+  gelu(f, b);
+  where_ = h + ".mlp.c_proj";
+  const memory mo = temp("branch", {M_, C}, Dt::f32);
+  linear(b.g, o.mlp_proj, C, mo);
+  residual(x, mo, dropout_layer(l, 2), next_in);
+  return b;
+}
+
+// Where the QKV projection writes: kept for backward, except where attention is dense (its q, k
+// and v are kept copies).
+dnnl::memory GptPlanBuilder::qkv_buffer() {
+  const bool dense = !attention_kernel() && dense_attention();
+  return dense ? temp("qkv", {M_, 3 * C_}, act_) : kept("qkv", {M_, 3 * C_}, act_);
+}
+
+// Causal self-attention of b.qkv into b.y: as cohort's kernel, head by head, where
+// attention_kernel() has an engine (each row's softmax statistics kept); else on oneDNN's matmuls
+// around cohort's softmax (attention_forward), on dense copies of q, k and v or on views of qkv.
+void GptPlanBuilder::attention(BlockSaved& b, std::int64_t l) {
+  const std::int64_t T = T_, H = H_, N = N_;
   const std::optional<AttentionEngine> kernel = attention_kernel();
   const bool dense = !kernel && dense_attention();
-  b.qkv = dense ? temp("qkv", {M_, 3 * C}, act_) : kept("qkv", {M_, 3 * C}, act_);
-  linear(b.h1, o.c_attn, 3 * C, b.qkv);
-
-  where_ = "h." + std::to_string(l) + ".attn";
   const float* pm = drop_ ? causal_mask(p_.forward, dropout_layer(l, 0)) : nullptr;
-  b.y = kept("y", {M_, C}, act_);
+  b.y = kept("y", {M_, C_}, act_);
   if (kernel) {
-    // cohort's kernel, head by head (nn/gpt_attention.hpp): each row's softmax statistics kept.
     b.stats = kept("stats", {N, H, T, 2}, Dt::f32);
     const auto* qkv = static_cast<const bf16*>(b.qkv.get_data_handle());
     float* stats = static_cast<float*>(b.stats.get_data_handle());
@@ -58,73 +91,57 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
     custom(
         p_.forward, [=] { attention_kernel_forward(engine, qkv, pm, stats, y, shape, scale); },
         Phase::kEltwise);
-  } else {
-    // P (f32) and the weights the values are averaged with, P dropped out and in the activations'
-    // type (b.p_used), both written by the softmax; P itself where neither applies.
-    b.p = kept("p", {N, H, T, T}, Dt::f32);
-    b.p_used = drop_ || half() ? kept("p_used", {N, H, T, T}, act_) : b.p;
-    if (dense) {
-      for (int i = 0; i < 3; ++i) b.parts[i] = kept("qkv." + std::to_string(i), {M_, C}, act_);
-      split_qkv(p_.forward, b.qkv, b.parts, false);
-    }
-    attention_forward(b, pm);
+    return;
   }
+  // P (f32) and the weights the values are averaged with, P dropped out and in the activations'
+  // type (b.p_used), both written by the softmax; P itself where neither applies.
+  b.p = kept("p", {N, H, T, T}, Dt::f32);
+  b.p_used = drop_ || half() ? kept("p_used", {N, H, T, T}, act_) : b.p;
+  if (dense) {
+    for (int i = 0; i < 3; ++i) b.parts[i] = kept("qkv." + std::to_string(i), {M_, C_}, act_);
+    split_qkv(p_.forward, b.qkv, b.parts, false);
+  }
+  attention_forward(b, pm);
+}
 
-  // The residual branches: x += dropout(branch), in f32; with `copy`, the sum also written there.
-  auto residual = [this, &x](const memory& branch, std::size_t layer, const memory& copy) {
-    float* xs = static_cast<float*>(x.get_data_handle());
-    float* to = copy ? static_cast<float*>(copy.get_data_handle()) : nullptr;
-    const float* br = static_cast<const float*>(branch.get_data_handle());
-    const std::size_t n = static_cast<std::size_t>(M_ * C_);
-    const float* mk = drop_ ? mask(p_.forward, n, layer) : nullptr;
-    custom(p_.forward, [=] {
-      if (mk)
-        for (std::size_t i = 0; i < n; ++i) xs[i] += br[i] * mk[i];
-      else
-        for (std::size_t i = 0; i < n; ++i) xs[i] += br[i];
-      if (to) std::memcpy(to, xs, n * sizeof(float));
-    });
-  };
-  where_ = "h." + std::to_string(l) + ".attn.c_proj";
-  memory a = temp("branch", {M_, C}, Dt::f32);
-  linear(b.y, o.attn_proj, C, a);
-  // Backward needs the stream as it is after this branch (ln_2's input); the forward goes on in x.
-  b.x_mid = training_ ? plain({M_, C}, Dt::f32) : x;
-  residual(a, dropout_layer(l, 1), training_ ? b.x_mid : memory());
-  where_ = "h." + std::to_string(l) + ".ln_2";
-  b.h2 = kept("h2", {M_, C}, act_);
-  b.ln2 = ln_forward(b.x_mid, o.ln_2, b.h2);
-  where_ = "h." + std::to_string(l) + ".mlp.c_fc";
-  // GELU by gelu_forward, which keeps its slope for backward in place of f (in the activations'
-  // type).
-  const memory pre = temp("f", {M_, 4 * C}, act_);
-  linear(b.h2, o.c_fc, 4 * C, pre);
-  where_ = "h." + std::to_string(l) + ".mlp.gelu";
-  b.g = kept("g", {M_, 4 * C}, act_, skew(4 * C));  // c_proj's X
-  if (training_) b.slope = plain({M_, 4 * C}, act_);
-  {
-    void* f = pre.get_data_handle();
-    void* g = b.g.get_data_handle();
-    void* slope = training_ ? b.slope.get_data_handle() : nullptr;
-    const std::int64_t n = M_ * 4 * C;
-    const bool half = this->half();
-    custom(
-        p_.forward,
-        [f, g, slope, n, half] {
-          if (half)
-            gelu_forward(static_cast<const bf16*>(f), static_cast<bf16*>(g),
-                         static_cast<bf16*>(slope), n);
-          else
-            gelu_forward(static_cast<const float*>(f), static_cast<float*>(g),
-                         static_cast<float*>(slope), n);
-        },
-        Phase::kEltwise);
-  }
-  where_ = "h." + std::to_string(l) + ".mlp.c_proj";
-  memory mo = temp("branch", {M_, C}, Dt::f32);
-  linear(b.g, o.mlp_proj, C, mo);
-  residual(mo, dropout_layer(l, 2), next_in);
-  return b;
+// A residual branch: x += dropout(branch), in f32; with `copy`, the sum also written there.
+void GptPlanBuilder::residual(const memory& x, const memory& branch, std::size_t layer,
+                              const memory& copy) {
+  float* xs = static_cast<float*>(x.get_data_handle());
+  float* to = copy ? static_cast<float*>(copy.get_data_handle()) : nullptr;
+  const float* br = static_cast<const float*>(branch.get_data_handle());
+  const std::size_t n = static_cast<std::size_t>(M_ * C_);
+  const float* mk = drop_ ? mask(p_.forward, n, layer) : nullptr;
+  custom(p_.forward, [=] {
+    if (mk)
+      for (std::size_t i = 0; i < n; ++i) xs[i] += br[i] * mk[i];
+    else
+      for (std::size_t i = 0; i < n; ++i) xs[i] += br[i];
+    if (to) std::memcpy(to, xs, n * sizeof(float));
+  });
+}
+
+// b.g = GELU(f) by gelu_forward, which keeps its slope for backward (training plans: b.slope, in
+// the activations' type); b.g is c_proj's X.
+void GptPlanBuilder::gelu(const memory& f, BlockSaved& b) {
+  const std::int64_t n = M_ * 4 * C_;
+  b.g = kept("g", {M_, 4 * C_}, act_, skew(4 * C_));
+  if (training_) b.slope = plain({M_, 4 * C_}, act_);
+  void* in = f.get_data_handle();
+  void* g = b.g.get_data_handle();
+  void* slope = training_ ? b.slope.get_data_handle() : nullptr;
+  const bool half = this->half();
+  custom(
+      p_.forward,
+      [in, g, slope, n, half] {
+        if (half)
+          gelu_forward(static_cast<const bf16*>(in), static_cast<bf16*>(g),
+                       static_cast<bf16*>(slope), n);
+        else
+          gelu_forward(static_cast<const float*>(in), static_cast<float*>(g),
+                       static_cast<float*>(slope), n);
+      },
+      Phase::kEltwise);
 }
 
 // Attention on oneDNN's matmuls around cohort's causal softmax (block_forward's other way).

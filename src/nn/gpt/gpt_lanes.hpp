@@ -1,6 +1,6 @@
 // Private to src/nn: the vectors of floats (GCC's vector extension) and the helpers that a
 // language model's own loops share: gpt_kernels.cpp (the causal softmax, GELU) and
-// gpt_layer_norm.cpp (LayerNorm). Their interface is cohort/nn/gpt_kernels.hpp.
+// gpt_layer_norm.cpp (LayerNorm). Their interface is cohort/nn/gpt/gpt_kernels.hpp.
 #pragma once
 
 #include <cstdint>

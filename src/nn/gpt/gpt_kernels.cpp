@@ -1,6 +1,6 @@
 // A language model's own loops: the causal softmax's forward and backward, GELU and its slope
 // (see the header for why they are cohort's own).
-#include "cohort/nn/gpt_kernels.hpp"
+#include "cohort/nn/gpt/gpt_kernels.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <vector>
 
+#include "../leaf_caps.hpp"
+#include "../model_kinds.hpp"
 #include "cohort/core/error.hpp"
-#include "cohort/nn/gpt.hpp"
-#include "cohort/nn/gpt_attention.hpp"
-#include "leaf_caps.hpp"
-#include "model_kinds.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
+#include "cohort/nn/gpt/gpt_attention.hpp"
 
 namespace cohort::nn {
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "cohort/nn/gpt.hpp"
-#include "plan.hpp"
+#include "../plan.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
 
 namespace cohort::nn::detail {
 

@@ -85,7 +85,7 @@ const GptModel& gpt_model(const Model& model);
 // oneDNN dispatches on this CPU (the trainer's choice); the others force one way, so that tests
 // run each on any CPU.
 struct GptPaths {
-  // Attention as cohort's kernel on qkv (bf16 plans where nn/gpt_attention.hpp's
+  // Attention as cohort's kernel on qkv (bf16 plans where nn/gpt/gpt_attention.hpp's
   // attention_kernel_engine has an engine: AMX's, else AVX-512's); else on oneDNN's matmuls, on
   // dense copies of q, k and v over whole windows (where oneDNN's matmul runs AMX's kernel) or on
   // strided views of qkv by row blocks (elsewhere). kKernelAvx512Bf16 runs the kernel on

@@ -9,21 +9,17 @@
 #include <vector>
 
 #include "cohort/core/error.hpp"
-#include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
+#include "cohort/nn/gpt/gpt_kernels.hpp"
 
 namespace cohort::nn {
 
 namespace {
 
-// y = LayerNorm(x) * w over C values.
+// y = LayerNorm(x) * w over C values: the plans' loop (gpt_kernels.hpp) on one row.
 void layer_norm(const float* x, const float* w, std::int64_t C, float* y) {
-  double mean = 0, var = 0;
-  for (std::int64_t c = 0; c < C; ++c) mean += x[c];
-  mean /= double(C);
-  for (std::int64_t c = 0; c < C; ++c) var += (x[c] - mean) * (x[c] - mean);
-  var /= double(C);
-  const auto istd = static_cast<float>(1.0 / std::sqrt(var + GptModel::kLayerNormEpsilon));
-  for (std::int64_t c = 0; c < C; ++c) y[c] = (x[c] - static_cast<float>(mean)) * istd * w[c];
+  float mean = 0, rstd = 0;
+  layer_norm_forward(x, w, y, &mean, &rstd, 1, C, GptModel::kLayerNormEpsilon);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Causal self-attention as cohort's kernel; see cohort/nn/gpt_attention.hpp.
+// Causal self-attention as cohort's kernel; see cohort/nn/gpt/gpt_attention.hpp.
 //
 // Its products are those of AMX's TDPBF16PS, which multiplies a 16 x 32 bf16 tile A (row-major)
 // by a 32 x 16 tile B held as 16 rows of 16 pairs, B's rows 2k and 2k + 1 interleaved (row k of
@@ -15,7 +15,7 @@
 // scores and dused are computed on the blocks at or below the diagonal (the softmax reads no
 // other entry) and the products over keys stop at the chunk holding the diagonal; the entries
 // past it are zeros the softmax wrote.
-#include "cohort/nn/gpt_attention.hpp"
+#include "cohort/nn/gpt/gpt_attention.hpp"
 
 #include <sys/syscall.h>
 #include <unistd.h>

@@ -1,11 +1,11 @@
-// A language model's LayerNorm as cohort's loops (bf16 plans; see cohort/nn/gpt_kernels.hpp and
+// A language model's LayerNorm as cohort's loops (bf16 plans; see cohort/nn/gpt/gpt_kernels.hpp and
 // docs/decisions.md, "LayerNorm in bf16 as cohort's loop").
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "cohort/core/cpu.hpp"
-#include "cohort/nn/gpt_kernels.hpp"
+#include "cohort/nn/gpt/gpt_kernels.hpp"
 #include "gpt_lanes.hpp"
 
 namespace cohort::nn {

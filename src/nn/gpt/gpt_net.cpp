@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "cohort/core/error.hpp"
-#include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
 #include "cohort/nn/loss.hpp"
 #include "gpt_plan.hpp"
 

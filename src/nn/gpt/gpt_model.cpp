@@ -5,7 +5,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/core/rng.hpp"
-#include "cohort/nn/gpt.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
 #include "cohort/nn/model.hpp"
 
 namespace cohort::nn {

@@ -12,8 +12,8 @@
 #include <string>
 
 #include "cohort/core/error.hpp"
-#include "cohort/nn/gpt.hpp"
-#include "cohort/nn/gpt_kernels.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
+#include "cohort/nn/gpt/gpt_kernels.hpp"
 #include "cohort/nn/version.hpp"
 #include "gpt_plan.hpp"
 #include "gpt_plan_builder.hpp"
@@ -53,7 +53,7 @@ GptPlanBuilder::LnSaved GptPlanBuilder::ln_forward(const memory& x, std::size_t 
   }
   // bf16: cohort's loop, writing bf16; the weight as f32, converted by the plan's prepare steps.
   s.scale = plain({C_}, Dt::f32);
-  convert(p_.prepare, param({C_}, weight), s.scale);
+  reorder(p_.prepare, param({C_}, weight), s.scale);
   custom(
       p_.forward,
       [x, gamma = s.scale, dst, mean = s.mean, rstd = s.stat, M = M_, C = C_] {
@@ -153,8 +153,8 @@ void GptPlanBuilder::linear(const memory& src, std::size_t weight, std::int64_t 
   const inner_product_forward::primitive_desc pd = linear_pd(src.get_desc(), O, dst.get_desc());
   memory w = param({O, I}, weight);
   if (pd.weights_desc() != w.get_desc()) {
-    memory blocked = plain_layout(pd.weights_desc());
-    convert(p_.prepare, w, blocked);
+    memory blocked = new_memory(pd.weights_desc());
+    reorder(p_.prepare, w, blocked);
     w = blocked;
   }
   blocked_weights_[weight] = w;
@@ -164,16 +164,20 @@ void GptPlanBuilder::linear(const memory& src, std::size_t weight, std::int64_t 
 
 void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std::int64_t O,
                                      const memory& diff_dst, const memory& diff_src) {
+  if (diff_src) linear_backward_data(src, weight, O, diff_dst, diff_src);
+  linear_backward_weights(src, weight, O, diff_dst);
+}
+
+// dX = dY W: a matmul on the plain bf16 weights where its kernel is AMX's (or GptPaths asks for
+// it), else oneDNN's inner product's backward-data on the forward's blocked copy.
+void GptPlanBuilder::linear_backward_data(const memory& src, std::size_t weight, std::int64_t O,
+                                          const memory& diff_dst, const memory& diff_src) {
   using namespace dnnl;
   const std::int64_t I = src.get_desc().dims()[1];
-  const memory dw = grad({O, I}, weight);
-  const memory::desc dst_md({M_, O}, act_, Tag::ab);
-  const inner_product_forward::primitive_desc hint = linear_pd(src.get_desc(), O, dst_md);
   using Backward = GptPaths::Bf16LinearBackward;
   const bool matmuls = half() && paths_.bf16_linear_backward != Backward::kInnerProduct;
   const bool forced = paths_.bf16_linear_backward == Backward::kMatmul;
-  bool diff_src_done = false;
-  if (diff_src && matmuls) {
+  if (matmuls) {
     // dX (M, I) = dY W as a matmul on the plain bf16 weights: where its kernel is AMX's, it ran
     // faster than the inner product's backward-data on the forward's blocked copy on three of
     // the four shapes measured, and as fast on the fourth (docs/decisions.md, "Language models'
@@ -187,26 +191,40 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
            {DNNL_ARG_WEIGHTS, param({O, I}, weight)},
            {DNNL_ARG_DST, diff_src}},
           Phase::kMatmul);
-      diff_src_done = true;
+      return;
     }
   }
-  if (diff_src && !diff_src_done) {
-    const auto dpd = weights_layout_pd([&](Tag tag) {
-      return inner_product_backward_data::primitive_desc(
-          inner_product_backward_data::desc(diff_src.get_desc(), memory::desc({O, I}, act_, tag),
-                                            diff_dst.get_desc()),
-          attr(), eng_, hint);
-    });
-    memory w = blocked_weights_.at(weight);  // forward's copy, this step's weights
-    if (dpd.weights_desc() != w.get_desc()) {
-      memory other = plain_layout(dpd.weights_desc());
-      convert(p_.prepare, w, other);
-      w = other;
-    }
-    add(p_.backward, inner_product_backward_data(dpd), dpd.scratchpad_desc(),
-        {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, diff_src}},
-        Phase::kMatmul);
+  const inner_product_forward::primitive_desc hint =
+      linear_pd(src.get_desc(), O, memory::desc({M_, O}, act_, Tag::ab));
+  const auto dpd = weights_layout_pd([&](Tag tag) {
+    return inner_product_backward_data::primitive_desc(
+        inner_product_backward_data::desc(diff_src.get_desc(), memory::desc({O, I}, act_, tag),
+                                          diff_dst.get_desc()),
+        attr(), eng_, hint);
+  });
+  memory w = blocked_weights_.at(weight);  // forward's copy, this step's weights
+  if (dpd.weights_desc() != w.get_desc()) {
+    memory other = new_memory(dpd.weights_desc());
+    reorder(p_.prepare, w, other);
+    w = other;
   }
+  add(p_.backward, inner_product_backward_data(dpd), dpd.scratchpad_desc(),
+      {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, diff_src}},
+      Phase::kMatmul);
+}
+
+// dW = dY^T X into the weight's gradient: in f32 with rows of 4 KB, dnnl_sgemm oriented to them;
+// in bf16, a matmul on dY's transposed view where its kernel is a brgemm (or GptPaths asks for
+// it); a small f32 one on OpenBLAS where oneDNN's choice is its gemm-based kernel; else oneDNN's
+// inner product's backward-weights, reordered from its layout into the plain gradient.
+void GptPlanBuilder::linear_backward_weights(const memory& src, std::size_t weight, std::int64_t O,
+                                             const memory& diff_dst) {
+  using namespace dnnl;
+  const std::int64_t I = src.get_desc().dims()[1];
+  const memory dw = grad({O, I}, weight);
+  using Backward = GptPaths::Bf16LinearBackward;
+  const bool matmuls = half() && paths_.bf16_linear_backward != Backward::kInnerProduct;
+  const bool forced = paths_.bf16_linear_backward == Backward::kMatmul;
   if (!half() && (wide_rows(I) || wide_rows(O))) {
     // dnnl_sgemm (row-major), the wide operand not transposed (wide_rows): W = dY^T X, or
     // W^T = X^T dY into a transposed (ba) buffer reordered into the gradient.
@@ -226,7 +244,7 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
           COHORT_CHECK(status == dnnl_success, "dnnl_sgemm of a weight gradient");
         },
         Phase::kMatmul);
-    if (w_t) convert(p_.backward, out, dw);
+    if (w_t) reorder(p_.backward, out, dw);
     return;
   }
   if (matmuls) {
@@ -245,6 +263,8 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
       return;
     }
   }
+  const inner_product_forward::primitive_desc hint =
+      linear_pd(src.get_desc(), O, memory::desc({M_, O}, act_, Tag::ab));
   const auto wpd = weights_layout_pd([&](Tag tag) {
     return inner_product_backward_weights::primitive_desc(
         inner_product_backward_weights::desc(src.get_desc(), memory::desc({O, I}, Dt::f32, tag),
@@ -272,7 +292,7 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
   add(p_.backward, inner_product_backward_weights(wpd), wpd.scratchpad_desc(),
       {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, out}},
       Phase::kMatmul);
-  if (!plain_dw) convert(p_.backward, out, dw);
+  if (!plain_dw) reorder(p_.backward, out, dw);
 }
 
 void GptPlanBuilder::build_steps() {

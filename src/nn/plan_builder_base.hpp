@@ -1,0 +1,78 @@
+// Private to src/nn: what every plan builder shares — the plan being built, the engine, the
+// activations' type, buffers, adding a primitive or a plain function to a list of steps, a reorder,
+// the user scratchpad — for PlanBuilder (the layer lists', plan_builder.hpp) and GptPlanBuilder
+// (the language model's, gpt_plan_builder.hpp).
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "plan.hpp"
+
+namespace cohort::nn::detail {
+
+class PlanBuilderBase {
+ public:
+  using memory = dnnl::memory;
+  using Tag = memory::format_tag;
+  using Dt = memory::data_type;
+
+  // The step being built ("conv1 forward", "h.0.attn"): named in errors.
+  const std::string& where() const { return where_; }
+
+ protected:
+  PlanBuilderBase(Plan& plan, const dnnl::engine& engine, Precision precision)
+      : p_(plan), eng_(engine), act_(precision == Precision::kBf16 ? Dt::bf16 : Dt::f32) {}
+
+  // The plan's attributes: a user scratchpad (a task may move between threads). A new object
+  // each call: a copy would share its handle.
+  static dnnl::primitive_attr attr() {
+    dnnl::primitive_attr a;
+    a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    return a;
+  }
+  // A buffer of `bytes` the plan owns.
+  float* buffer(std::size_t bytes) {
+    p_.buffers.emplace_back((bytes + sizeof(float) - 1) / sizeof(float));
+    return p_.buffers.back().data();
+  }
+  memory new_memory(const memory::desc& md) { return memory(md, eng_, buffer(md.get_size())); }
+  void add(std::vector<Exec>& list, dnnl::primitive prim, const memory::desc& scratch,
+           std::unordered_map<int, memory> args, Phase phase) {
+    scratch_bytes_ = std::max(scratch_bytes_, scratch.get_size());
+    list.push_back({std::move(prim), std::move(args), phase, scratch, {}, where_});
+  }
+  void custom(std::vector<Exec>& list, std::function<void()> f, Phase phase = Phase::kOther) {
+    list.push_back({{}, {}, phase, {}, std::move(f), where_});
+  }
+  // `to` = `from` in to's layout and element type (f32 <-> bf16), element for element.
+  void reorder(std::vector<Exec>& list, const memory& from, const memory& to) {
+    dnnl::reorder::primitive_desc pd(eng_, from.get_desc(), eng_, to.get_desc(), attr());
+    add(list, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
+        Phase::kOther);
+  }
+  // The end of a build: one scratchpad for the plan, as large as the largest primitive's need,
+  // bound to every primitive that needs one.
+  void bind_scratchpad() {
+    p_.scratchpad = AlignedBuffer<std::uint8_t>(scratch_bytes_);
+    for (auto* list : {&p_.prepare, &p_.forward, &p_.backward})
+      for (Exec& e : *list)
+        if (!e.custom && e.scratchpad_md.get_size() != 0)
+          e.args.insert({DNNL_ARG_SCRATCHPAD, memory(e.scratchpad_md, eng_, p_.scratchpad.data())});
+  }
+
+  Plan& p_;
+  const dnnl::engine& eng_;
+  const Dt act_;  // activations, input and parameters: f32, or bf16 for a bf16 plan
+  std::size_t scratch_bytes_ = 0;
+  std::string where_;
+};
+
+}  // namespace cohort::nn::detail
