@@ -10,14 +10,17 @@
 // on the inputs: not on the range asked for, the thread or the addresses.
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cohort/core/cpu.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/nn/batch_grad.hpp"
+#include "cohort/nn/version.hpp"
 
 // The kernel is compiled for AVX512_BF16 in every x86-64 build (cohort/core/cpu.hpp) and runs
-// where row_pair_kernel() says the CPU has it; elsewhere the callers use oneDNN's GEMM.
+// where row_pair_kernel() says the CPU has it and root_bf16_gemm() chooses it; elsewhere the
+// callers use oneDNN's GEMM.
 #if defined(COHORT_X86_DISPATCH)
 #include <immintrin.h>
 #define COHORT_PAIR_KERNEL 1
@@ -145,6 +148,12 @@ bool weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t rows, s
   return true;
 }
 
+RootGemm root_bf16_gemm() {
+  static const RootGemm choice =
+      choose_root_gemm(onednn_isa().find("amx") != std::string::npos, row_pair_kernel());
+  return choice;
+}
+
 void to_row_pairs(const bf16* dy, std::int64_t rows, std::int64_t out, bf16* pairs) {
   for (std::int64_t r = 0; r < rows; r += 2) {
     const bf16* r0 = dy + r * out;
@@ -210,6 +219,12 @@ bool row_pair_kernel() {
 #else
   return false;
 #endif
+}
+
+RootGemm root_bf16_gemm() {
+  static const RootGemm choice =
+      choose_root_gemm(onednn_isa().find("amx") != std::string::npos, row_pair_kernel());
+  return choice;
 }
 
 void to_row_pairs(const bf16* dy, std::int64_t rows, std::int64_t out, bf16* pairs) {

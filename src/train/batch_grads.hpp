@@ -29,14 +29,15 @@ class BatchGrads {
  public:
   // Room for `batch` rows of every linear layer of `model`, in the replicas' precision (bf16
   // rows: products of bf16 values accumulated in f32, as the bf16 Net's own weight gradients).
-  // bf16 with an even micro-batch on a build and CPU with nn::row_pair_kernel(): dY is kept in
+  // bf16 with an even micro-batch where nn::root_bf16_gemm() is the row-pair kernel: dY is kept in
   // row pairs and the weight gradients run on cohort's own kernel (nn/batch_grad.hpp); otherwise
   // row-major, on oneDNN's GEMMs.
   BatchGrads(const nn::Model& model, std::size_t batch, nn::Precision precision,
              std::size_t micro_batch);
   bool row_pairs() const { return pairs_; }
   static bool row_pairs_for(nn::Precision precision, std::size_t micro_batch) {
-    return precision == nn::Precision::kBf16 && micro_batch % 2 == 0 && nn::row_pair_kernel();
+    return precision == nn::Precision::kBf16 && micro_batch % 2 == 0 &&
+           nn::root_bf16_gemm() == nn::RootGemm::kRowPairs;
   }
 
   // Where the leaf starting at batch row `first` keeps its rows: one entry per linear layer, in

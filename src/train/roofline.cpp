@@ -188,12 +188,45 @@ double sweep_seconds(double read_bytes, std::size_t rw_arrays, std::size_t n,
 
 }  // namespace
 
+FloorPlan plan_floor(const nn::Model& model, const TrainConfig& config, std::size_t state_arrays,
+                     std::size_t job_replicas, std::size_t ranks, std::size_t root_sources) {
+  FloorPlan f;
+  f.leaves = config.batch / config.micro_batch;
+  f.replicas = std::max<std::size_t>(1, std::min(job_replicas, f.leaves));
+  f.root_bytes = root_bytes(model, config, state_arrays, root_sources);
+  const std::size_t n = model.layout().total();
+  // The weights and each state array are read and written in place; the rest is read.
+  const double rw_bytes = static_cast<double>(n) * 8 * static_cast<double>(1 + state_arrays);
+  // Several ranks: each root sweeps its share of the chunks (the exchange is not in the floor).
+  const auto share = static_cast<double>(std::max<std::size_t>(1, ranks));
+  f.sweep_read_bytes = std::max(0.0, f.root_bytes - rw_bytes) / share;
+  f.sweep_arrays = 1 + state_arrays;
+  f.sweep_floats = static_cast<std::size_t>(static_cast<double>(n) / share);
+  return f;
+}
+
+Roofline roofline_of(const FloorPlan& f, double leaf_gemm_seconds, double root_gemm_seconds,
+                     double sweep_seconds, double step_seconds) {
+  Roofline r;
+  r.leaf_gemm_seconds = leaf_gemm_seconds;
+  r.root_gemm_seconds = root_gemm_seconds;
+  r.leaves = f.leaves;
+  r.replicas = f.replicas;
+  r.gemm_seconds = (static_cast<double>(f.leaves) * leaf_gemm_seconds + root_gemm_seconds) /
+                   static_cast<double>(f.replicas);
+  r.root_bytes = f.root_bytes;
+  r.root_seconds = sweep_seconds;
+  r.floor_seconds = r.gemm_seconds + r.root_seconds;
+  r.step_seconds = step_seconds;
+  r.fraction = step_seconds > 0 ? r.floor_seconds / step_seconds : 0;
+  return r;
+}
+
 Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, StepGraph& graph,
                           std::size_t state_arrays, double step_seconds, std::size_t job_replicas,
                           std::size_t ranks, std::size_t root_sources,
                           std::span<float* const> scratch) {
-  Roofline r;
-  r.step_seconds = step_seconds;
+  const FloorPlan f = plan_floor(model, config, state_arrays, job_replicas, ranks, root_sources);
   double leaf = 0, root_gemms = 0;
   graph.for_each_replica(1, [&](std::size_t) {  // a replica's thread: OpenMP pinned to one
     leaf = leaf_matmul_seconds(model, config, graph.replica(0).net, scratch);
@@ -202,21 +235,9 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
                                                   config.precision);
     root_gemms = batch_gemm_seconds(model, config);
   });
-  const std::size_t leaves = config.batch / config.micro_batch;
-  const auto replicas =
-      static_cast<double>(std::max<std::size_t>(1, std::min(job_replicas, leaves)));
-  r.gemm_seconds = (static_cast<double>(leaves) * leaf + root_gemms) / replicas;
-  r.root_bytes = root_bytes(model, config, state_arrays, root_sources);
-  const std::size_t n = model.layout().total();
-  const double rw_bytes = static_cast<double>(n) * 8 * static_cast<double>(1 + state_arrays);
-  // Several ranks: each root sweeps its share of the chunks (the exchange is not in the floor).
-  const auto share = static_cast<double>(std::max<std::size_t>(1, ranks));
-  r.root_seconds = sweep_seconds(std::max(0.0, r.root_bytes - rw_bytes) / share, 1 + state_arrays,
-                                 static_cast<std::size_t>(static_cast<double>(n) / share),
-                                 graph.executor(), scratch);
-  r.floor_seconds = r.gemm_seconds + r.root_seconds;
-  r.fraction = step_seconds > 0 ? r.floor_seconds / step_seconds : 0;
-  return r;
+  const double sweep =
+      sweep_seconds(f.sweep_read_bytes, f.sweep_arrays, f.sweep_floats, graph.executor(), scratch);
+  return roofline_of(f, leaf, root_gemms, sweep, step_seconds);
 }
 
 }  // namespace cohort::train

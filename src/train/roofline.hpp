@@ -1,6 +1,6 @@
 // The step's roofline (Summary::roofline): the time a step would take if its GEMMs ran at this
-// run's own oneDNN rate — a leaf's matmul primitives timed alone on one thread (a fresh Net of
-// the run's model, precision and layouts), times the leaves, plus the root's batch weight-gradient
+// run's own oneDNN rate — a leaf's matmul primitives timed alone on one thread (replica 0's Net,
+// the run's own primitives), times the leaves, plus the root's batch weight-gradient
 // GEMMs, spread evenly over the replicas (a language model's attention products at oneDNN's rate
 // also where cohort's kernel computes them, nn/gpt/gpt_attention.hpp) — and the root moved its
 // bytes at this run's own sweep bandwidth; and the measured step time against it. Same-run
@@ -16,6 +16,25 @@
 
 namespace cohort::train {
 
+// What the floor is made of, from the model and the config alone (no timing): the leaves and the
+// replicas the GEMMs spread over, the root's bytes, and the sweep that stands for them (the
+// bytes it reads besides the arrays it updates in place, those arrays, and their floats: a
+// rank's share of them).
+struct FloorPlan {
+  std::size_t leaves = 0, replicas = 0;
+  double root_bytes = 0;
+  double sweep_read_bytes = 0;
+  std::size_t sweep_arrays = 0, sweep_floats = 0;
+};
+// Arguments as measure_roofline's.
+FloorPlan plan_floor(const nn::Model& model, const TrainConfig& config, std::size_t state_arrays,
+                     std::size_t job_replicas, std::size_t ranks, std::size_t root_sources);
+// The roofline from its plan and its measured parts: one leaf's GEMMs, the root's GEMMs of a
+// step, the sweep, and the measured step (arithmetic only).
+Roofline roofline_of(const FloorPlan& plan, double leaf_gemm_seconds, double root_gemm_seconds,
+                     double sweep_seconds, double step_seconds);
+
+// The roofline of a run: plan_floor, its parts timed on this machine, roofline_of.
 // `step_seconds`: the measured mean step of full batches. `state_arrays`: the optimizer's.
 // `job_replicas`: the replicas of every rank, which share the batch's leaves; `ranks`: the
 // processes whose roots each sweep a share of the root's bytes. Several ranks: the caller runs

@@ -338,3 +338,25 @@ TEST(RowPairsNet, AnF32NetRefusesRowPairs) {
 
 }  // namespace row_pairs_test
 }  // namespace cohort::nn
+
+namespace cohort::nn {
+namespace {
+
+// The root's bf16 GEMM is chosen by what the CPU runs alone: oneDNN's where it dispatches AMX
+// (its tiles), the row-pair kernel where the CPU runs it without AMX, oneDNN's elsewhere.
+TEST(RootGemm, TheTableOfWhatTheCpuRuns) {
+  static_assert(choose_root_gemm(/*onednn_amx=*/true, /*row_pairs=*/true) == RootGemm::kOneDnn);
+  static_assert(choose_root_gemm(true, false) == RootGemm::kOneDnn);
+  static_assert(choose_root_gemm(false, true) == RootGemm::kRowPairs);
+  static_assert(choose_root_gemm(false, false) == RootGemm::kOneDnn);
+  // This process: the table at this CPU's row (printed: the CPU decides which row a run tests).
+  const bool amx = onednn_isa().find("amx") != std::string::npos;
+  std::printf("oneDNN dispatches %s; row-pair kernel %s: %s\n", onednn_isa().c_str(),
+              row_pair_kernel() ? "runs" : "does not run",
+              std::string(name_of(kRootGemmNames, root_bf16_gemm())).c_str());
+  EXPECT_EQ(root_bf16_gemm(), choose_root_gemm(amx, row_pair_kernel()));
+  if (amx) EXPECT_EQ(root_bf16_gemm(), RootGemm::kOneDnn) << "AMX: oneDNN's tiles";
+}
+
+}  // namespace
+}  // namespace cohort::nn

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "cohort/core/function_ref.hpp"
+#include "cohort/core/names.hpp"
 #include "cohort/tensor/bf16.hpp"
 
 namespace cohort::nn {
@@ -40,13 +41,29 @@ void linear_bias_grad(const bf16* dy, std::int64_t rows, std::int64_t out, std::
 
 // Row pairs (src/nn/row_pairs.cpp): bf16 dY kept as pairs of rows, element (r, o) at
 // (r / 2) * 2 * OC + 2 * o + r % 2 (an odd last row's partner is 0), which cohort's own
-// AVX512_BF16 kernel reads directly: measured faster than oneDNN 2.6's gemm_bf16bf16f32 on the
-// root's chunks (docs/decisions.md, "The root's bf16 GEMMs on cohort's own row-pair kernel"). A
+// AVX512_BF16 kernel reads directly: faster than oneDNN 2.6's gemm_bf16bf16f32 on the root's
+// chunks where oneDNN has no AMX (docs/decisions.md, "The root's bf16 GEMMs on cohort's own
+// row-pair kernel"). A
 // range of even rows [a, b) occupies the same elements as in row-major order.
 //
 // Whether this CPU runs the kernel (AVX-512 with AVX512_BF16: cpu_features(); the kernel is
 // compiled in every x86-64 build and chosen at run time).
 bool row_pair_kernel();
+
+// The kernel of the root's bf16 batch weight gradients, chosen by what the CPU runs alone (never by
+// timing: the weights' bits depend on it): where oneDNN dispatches AMX, its gemm_bf16bf16f32 on the
+// tiles; elsewhere cohort's row-pair kernel where the CPU runs it (AVX512_BF16 dot products), else
+// oneDNN's (docs/decisions.md, "The root's bf16 GEMMs on cohort's own row-pair kernel").
+// ONEDNN_MAX_CPU_ISA below AMX on an AMX CPU takes the row-pair kernel, as a CPU without AMX does.
+enum class RootGemm { kOneDnn, kRowPairs };
+inline constexpr Named<RootGemm> kRootGemmNames[] = {{RootGemm::kOneDnn, "onednn"},
+                                                     {RootGemm::kRowPairs, "row_pairs"}};
+// The rule: `onednn_amx`, oneDNN dispatches AMX; `row_pairs`, row_pair_kernel().
+constexpr RootGemm choose_root_gemm(bool onednn_amx, bool row_pairs) {
+  return !onednn_amx && row_pairs ? RootGemm::kRowPairs : RootGemm::kOneDnn;
+}
+// This process's choice (onednn_isa(), row_pair_kernel()).
+RootGemm root_bf16_gemm();
 // pairs = dy (rows, OC) in row pairs; rows odd: the last pair's partner is written 0.
 void to_row_pairs(const bf16* dy, std::int64_t rows, std::int64_t out, bf16* pairs);
 // As linear_weight_grad (bf16), with dy in row pairs: each element a sum over the rows in order,

@@ -203,9 +203,16 @@ struct EvalResult {
 
 // The step against its physical floor (src/train/roofline.hpp), per full-batch step.
 struct Roofline {
-  double gemm_seconds = 0;        // the step's GEMMs at this run's oneDNN rate / replicas
+  double leaf_gemm_seconds = 0;  // one leaf's GEMMs at this run's oneDNN rate, alone
+  double root_gemm_seconds = 0;  // the root's batch weight-gradient GEMMs of a step, alone
+  std::size_t leaves = 0;        // a full batch's
+  std::size_t replicas = 0;      // the job's replicas with leaves (at most the leaves)
+  // (leaves x leaf_gemm_seconds + root_gemm_seconds) / replicas: the step's GEMMs at this run's
+  // oneDNN rate, spread evenly over the replicas
+  double gemm_seconds = 0;
   double root_bytes = 0;          // what the root reads and writes
-  double root_seconds = 0;        // a sweep of those bytes on the root's threads, this run
+  double root_seconds = 0;        // a sweep of those bytes on the root's threads (a rank's
+                                  // share of them), this run
   double floor_seconds = 0;       // gemm_seconds + root_seconds
   double step_seconds = 0;        // measured: the mean over the run's steps after its first
   double first_step_seconds = 0;  // the run's first step (it creates the primitives); 0 when
