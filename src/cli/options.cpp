@@ -15,6 +15,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/names.hpp"
 #include "cohort/dist/comm.hpp"
+#include "cohort/nn/batch_grad.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/train/version.hpp"
 #include "cohort/version.hpp"
@@ -310,8 +311,12 @@ std::string version_text() {
   return "cohort " COHORT_VERSION "\nbuild " COHORT_BUILD_TARGET ", cohort's kernels " +
          cohort_kernels_isa() + "\noneDNN " + nn::onednn_version() + "\nCPU " + nn::onednn_isa() +
          " (oneDNN's dispatch), bf16 " +
-         std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())) + "\nOpenBLAS " +
-         nn::openblas_version() + "\noneTBB " + train::tbb_version() + "\nMPI " +
+         std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())) +
+         ", the root's bf16 GEMMs on " +
+         std::string(name_of(nn::kRootGemmNames, nn::root_bf16_gemm())) + "\nOpenBLAS " +
+         nn::openblas_version() +
+         (nn::openblas_usable() ? "" : ", not called (its kernels or build do not fit)") +
+         "\noneTBB " + train::tbb_version() + "\nMPI " +
          (dist::built_with_mpi() ? "yes (mpirun -np R cohort train ...)" : "no (one process)");
 }
 

@@ -6,6 +6,10 @@
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
+#include <cctype>
+#include <iterator>
+#include <string>
 #include <string_view>
 
 #include "cohort/core/cpu.hpp"
@@ -90,14 +94,27 @@ std::string openblas_version() {
   return version + " (" + build + " build, kernels " + openblas_get_corename() + ")";
 }
 
+std::string openblas_core() { return openblas_get_corename(); }
+
 std::string kernel_set() {
   return "onednn:" + onednn_isa() + ",cohort:" + cohort_kernels_isa() +
          ",openblas:" + openblas_get_corename();
 }
 
+bool openblas_core_fits(std::string_view core, bool avx2) {
+  if (!avx2) return true;
+  // OpenBLAS 0.3's x86-64 kernels with AVX2 (DYNAMIC_ARCH's core names).
+  static constexpr std::string_view kAvx2Cores[] = {
+      "haswell", "zen", "skylakex", "cooperlake", "sapphirerapids", "excavator"};
+  std::string lower(core);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return std::find(std::begin(kAvx2Cores), std::end(kAvx2Cores), lower) != std::end(kAvx2Cores);
+}
+
 bool openblas_usable() {
   static const bool usable = [] {
     if (openblas_get_parallel() != 2) return false;
+    if (!openblas_core_fits(openblas_get_corename(), cpu_features().x86_64_v3())) return false;
     // OpenBLAS's OpenMP build starts at the core count and, when a call comes from a thread whose
     // OpenMP limit differs, resizes its shared thread buffers, unlocked. Set to 1 before any
     // replica calls it, every call from a replica (limit 1) takes the one-thread path untouched.

@@ -1,6 +1,7 @@
 // The command line: exit codes, messages that name the bad input, and the files it writes.
 #include "cohort/cli/cli.hpp"
 #include "cohort/core/cpu.hpp"
+#include "cohort/nn/batch_grad.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/version.hpp"
 #include "testing.hpp"
@@ -495,9 +496,10 @@ TEST_F(Cli, HelpAndVersionExitZero) {
 
 // --version names cohort's version (from CMake's project(VERSION)), the oneDNN, OpenBLAS and
 // oneTBB libraries it runs on and what oneDNN does here (its ISA, bf16 none, emulated or native),
-// one a line. The OpenBLAS loaded is its OpenMP build, the one replicas may call at once
-// (cmake/FindOpenBLASOpenMP.cmake): with another, nn::openblas_usable() keeps the language
-// models' small weight gradients on oneDNN.
+// one a line, and the kernel the root's bf16 GEMMs run on. The OpenBLAS loaded is its OpenMP
+// build, the one replicas may call at once (cmake/FindOpenBLASOpenMP.cmake): with another, or
+// with kernels older than the CPU (nn::openblas_core_fits), nn::openblas_usable() keeps the
+// language models' small weight gradients on oneDNN, and --version says so.
 TEST_F(Cli, VersionNamesCohortAndItsLibraries) {
   Result r = cohort({"--version"});
   ASSERT_EQ(r.code, 0) << r.err;
@@ -511,11 +513,25 @@ TEST_F(Cli, VersionNamesCohortAndItsLibraries) {
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\noneTBB \d+\.\d+)"))) << r.out;
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(\nOpenBLAS \d+\.\d+\.\d+ \(OpenMP build, )")))
       << r.out;
-  EXPECT_TRUE(nn::openblas_usable());
+  const bool fits = nn::openblas_core_fits(nn::openblas_core(), cpu_features().x86_64_v3());
+  EXPECT_EQ(nn::openblas_usable(), fits) << "kernels " << nn::openblas_core();
+  EXPECT_EQ(r.out.find("not called") == std::string::npos, fits) << r.out;
   EXPECT_NE(r.out.find("\nCPU " + nn::onednn_isa() + " (oneDNN's dispatch), bf16 " +
-                       std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())) + "\n"),
+                       std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())) +
+                       ", the root's bf16 GEMMs on " +
+                       std::string(name_of(nn::kRootGemmNames, nn::root_bf16_gemm())) + "\n"),
             std::string::npos)
       << r.out;
+}
+
+// OpenBLAS's kernels are called only where they are of AVX2's class on a CPU with AVX2: a build
+// that does not know the CPU falls back to an older core's (SSE3's "Prescott" on some Xeons).
+TEST(OpenBlasCore, KernelsOfAvx2sClassWhereTheCpuHasAvx2) {
+  for (const char* core : {"Haswell", "Zen", "SkylakeX", "COOPERLAKE", "SapphireRapids"})
+    EXPECT_TRUE(nn::openblas_core_fits(core, /*avx2=*/true)) << core;
+  for (const char* core : {"Prescott", "Core2", "Nehalem", "Sandybridge", "Atom", ""})
+    EXPECT_FALSE(nn::openblas_core_fits(core, true)) << core;
+  EXPECT_TRUE(nn::openblas_core_fits("Prescott", /*avx2=*/false));  // nothing better to run
 }
 
 // --precision bf16 where oneDNN has no bf16 kernels (no AVX-512) is refused with exit 2 before

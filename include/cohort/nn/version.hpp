@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "cohort/core/names.hpp"
 
@@ -31,12 +32,18 @@ Bf16Support bf16_support();  // probed once per process
 // inner product is its gemm-based one: docs/decisions.md, "Small weight gradients on OpenBLAS"),
 // e.g. "0.3.21 (OpenMP build, kernels Zen)".
 std::string openblas_version();
+// OpenBLAS's kernels: openblas_get_corename(), e.g. "Haswell".
+std::string openblas_core();
 // Whether the loaded OpenBLAS is its OpenMP build, which runs a call on the calling thread when
 // that thread's OpenMP limit is 1 and may be called from several threads at once (the serial
-// build may not). Otherwise those gradients stay on oneDNN. The first call sets OpenBLAS's
-// thread count, and the calling thread's OpenMP limit, to 1 (a plan that uses OpenBLAS asks
-// before any replica runs it).
+// build may not), and its kernels fit this CPU (openblas_core_fits). Otherwise those gradients
+// stay on oneDNN. The first call sets OpenBLAS's thread count, and the calling thread's OpenMP
+// limit, to 1 (a plan that uses OpenBLAS asks before any replica runs it).
 bool openblas_usable();
+// Whether OpenBLAS's kernels `core` (openblas_get_corename()) are of AVX2's class or better where
+// the CPU has AVX2 (`avx2`): a CPU its build does not know gets an older core's kernels (an Intel
+// Xeon of family 6 model 207 gets "Prescott", SSE3), which cohort does not call. Case-insensitive.
+bool openblas_core_fits(std::string_view core, bool avx2);
 
 // The kernels this process dispatches, which decide a run's bits beside its config:
 // "onednn:<isa>,cohort:<isa>,openblas:<core>" (onednn_isa, cohort_kernels_isa, OpenBLAS's core).
