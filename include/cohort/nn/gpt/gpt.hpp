@@ -124,9 +124,9 @@ class GptNet {
   // ids in [0, vocab), row-major): the inputs are a window's first block tokens, the targets its
   // last block. Overwrites grad (layout().total() floats; padding untouched) with the gradient
   // of the cross-entropy *summed* over the N x block positions, times `scale`, and returns that
-  // sum times `scale` (nn::Net passes 1 / block: a window's mean over its positions, which the
-  // trainer's 1 / batch makes the mean over the batch's positions, as nanoGPT's loss). `key`
-  // names dropout's streams. A bf16 net takes the bf16 copy of the parameters (same offsets).
+  // sum times `scale` (its kind's executor passes 1 / block: a window's mean over its positions,
+  // which the trainer's 1 / batch makes the mean over the batch's positions, as nanoGPT's loss).
+  // `key` names dropout's streams. A bf16 net takes the bf16 copy of the parameters (same offsets).
   double forward_backward(const float* params, const std::int32_t* windows, std::int64_t N,
                           float* grad, const StreamKey& key = {}, double scale = 1);
   double forward_backward(const bf16* params, const std::int32_t* windows, std::int64_t N,
