@@ -383,8 +383,6 @@ Model Model::parse(const std::string& spec_in, SampleShape input, std::int64_t v
 
 bool Model::has_batchnorm() const { return !batchnorm_layers().empty(); }
 
-bool Model::has_conv() const { return contains_conv(layers()); }
-
 std::vector<const LayerSpec*> Model::batchnorm_layers() const {
   std::vector<const LayerSpec*> out;
   visit(layers(), [&](const LayerSpec& l) {

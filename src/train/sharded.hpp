@@ -51,7 +51,8 @@ class ShardedStep final : public Exchange {
   // sending each group's weights at once), then all-gathers the leaf losses, the chunk
   // statistics (into Root::import_chunk) and `stop` (see stop_agreed).
   // `meanwhile` (the other ranks' rows assembled here) runs once the sends are posted, before
-  // the first wait, where this rank's chunks read the whole staged batch (needs_staged_input).
+  // the first wait, where this rank's chunks read the whole staged batch (a first linear layer's
+  // weight with batch weight gradients).
   void reduce(reduce::Executor& executor, bool stop, FunctionRef<void()> meanwhile) override;
   // Two-phase root, after Root::apply_summed on owned_chunks(): sends the owned weights.
   void share_weights() override;
@@ -60,9 +61,6 @@ class ShardedStep final : public Exchange {
   double end_step() override;
 
   dist::Range owned_chunks() const override { return owned_; }
-  // Whether this rank's chunks read the whole staged batch (a first linear layer's weight with
-  // batch weight gradients): then it assembles the other ranks' rows as well.
-  bool needs_staged_input() const { return needs_staged_input_; }
   // Some rank asked to stop at this step (its request reached reduce()).
   bool stop_agreed(bool) const override { return stop_agreed_; }
 

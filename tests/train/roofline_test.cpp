@@ -158,7 +158,7 @@ TEST(RooflinePlan, TheFloorIsTheLeavesGemmsSpreadOverTheReplicasPlusTheSweep) {
   f.replicas = 4;
   f.root_bytes = 1e6;
   const train::Roofline r = roofline_of(f, /*leaf=*/0.002, /*root=*/0.004, /*sweep=*/0.001,
-                                 /*step=*/0.01);
+                                        /*step=*/0.01);
   EXPECT_DOUBLE_EQ(r.gemm_seconds, (6 * 0.002 + 0.004) / 4);
   EXPECT_DOUBLE_EQ(r.floor_seconds, r.gemm_seconds + 0.001);
   EXPECT_DOUBLE_EQ(r.fraction, r.floor_seconds / 0.01);

@@ -203,7 +203,6 @@ class Model {
   std::int64_t num_classes() const { return kind_->num_classes(); }
   bool has_dropout() const { return kind_->has_dropout(); }
   bool has_batchnorm() const;
-  bool has_conv() const;  // a conv layer, at the top level or inside a residual block
 
   // Running statistics of the bn layers (not parameters: no gradient, no optimizer): for each,
   // "<name>.running_mean" and "<name>.running_var" (C floats each), in model order. Evaluation
