@@ -6,10 +6,12 @@ set -euo pipefail
 
 # Usage: scripts/setup.sh [runtime|test|bench]   (default: runtime)
 #   runtime  what `scripts/train.sh` needs: the compiler, CMake, and the libraries the build finds
-#            and the binary links (oneTBB, oneDNN, Open MPI, ...), and the Fashion-MNIST data set
+#            and the binary links (oneTBB, oneDNN, Open MPI, ...), pybind11 and Python's headers
+#            (the Python package), and the Fashion-MNIST data set
 #   test     runtime, plus what only the tests use: PyTorch and ONNX's checker (the export
 #            checks), NumPy, clang and its sanitizer runtime (the TSan and fuzz presets),
-#            matplotlib (bench/run_reduce_bench.py's plot, which a test draws)
+#            matplotlib (bench/run_reduce_bench.py's plot, which a test draws, and
+#            examples/python's), pytest (the Python package's tests)
 #   bench    the same as test (bench/ scripts' peers and plots)
 set_name=${1:-runtime}
 case "$set_name" in
@@ -33,6 +35,7 @@ packages=(
   libonnx-dev libprotobuf-dev protobuf-compiler   # cohort export --format onnx (protobuf classes)
   openmpi-bin libopenmpi-dev   # multi-rank runs: mpirun -np R cohort train (src/dist)
   dataset-fashion-mnist # the real Fashion-MNIST under /usr/share/datasets/fashion-mnist
+  pybind11-dev python3-dev python3-numpy   # the Python package `cohort` (python/)
 )
 if [[ "$set_name" != runtime ]]; then
   packages+=(
@@ -40,6 +43,7 @@ if [[ "$set_name" != runtime ]]; then
     python3-torch libopenblas0-openmp  # tests/export and bench/peers: PyTorch (with a fast BLAS)
     python3-onnx          # tests/export: onnx.checker on exported ONNX files
     python3-numpy         # scripts/convert_dataset.py, the --data format test, tests/export
+    python3-pytest        # tests/python: the Python package's tests
     python3-matplotlib    # bench/ scripts' plots (the reduction benchmark's, tested)
   )
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian 12 machine: installs what is missing, builds the
 # release preset (unity builds, below) and runs every test, installs it and builds and runs
-# examples/embed against the installed package, builds the ThreadSanitizer preset (clang) of the
+# examples/embed against the installed package and examples/python with the installed Python
+# package, builds the ThreadSanitizer preset (clang) of the
 # dependency-free core (the reducers) and runs its tests, then runs every test again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, and fuzzes the IDX, NumPy, CSV, image, text,
 # checkpoint and job-config readers and the `cohort train` command line (as a dry run) for a
@@ -33,6 +34,16 @@ cmake --build build/embed -j "$jobs"
 build/embed/embed datasets/fixture build/embed/embed.ckpt 5
 build/install/bin/cohort eval --checkpoint build/embed/embed.ckpt --data datasets/fixture
 test -s build/embed/embed.ckpt.safetensors  # the example's export
+
+# The Python package from the install tree alone: examples/python trains, plots and reads weights.
+echo "== the Python package from the install tree (examples/python)"
+py_version=$(/usr/bin/python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+export_path="$PWD/build/install/lib/python$py_version/dist-packages"
+PYTHONPATH="$export_path" /usr/bin/python3 -c \
+  "import cohort, sys; assert cohort.__file__.startswith(sys.argv[1]), cohort.__file__" "$export_path"
+PYTHONPATH="$export_path" /usr/bin/python3 examples/python/train_and_plot.py \
+  --data datasets/fixture --steps 20 --out build/install/python_example/loss.png
+test -s build/install/python_example/loss.png
 
 echo "== ThreadSanitizer build of the reducer core and its tests"
 cmake --preset tsan "$unity"

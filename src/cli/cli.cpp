@@ -2,12 +2,15 @@
 // with its three commands, the config file expanded into flags, and every failure mapped to an
 // exit code. Not the commands (commands.hpp) and not the option table (options.hpp).
 #include "cohort/cli/cli.hpp"
+#include "cohort/cli/session.hpp"
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
 #include <filesystem>
 #include <optional>
 #include <ostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -185,6 +188,49 @@ int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err)
   }
   return run_args(std::vector<std::string>(argv, argv + argc), out, err, disk_loaders(), Mode::kRun,
                   *world);
+}
+
+TrainOutcome train(const std::vector<std::string>& args, const Loaders& loaders,
+                   const TrainHooks& hooks, std::ostream& out, std::ostream& err) {
+  std::vector<std::string> all{"cohort", "train"};
+  all.insert(all.end(), args.begin(), args.end());
+  all = with_config_flags(std::move(all), loaders);
+  CLI::App app{"cohort train", "cohort"};
+  app.require_subcommand(1);
+  TrainOptions options;
+  CLI::App* cmd = add_train_command(app, options);
+  TrainOutcome outcome;
+  if (parse(app, all, out)) return outcome;  // --help
+  check_train_flags(*cmd, options);
+  if (!hooks.data_name.empty()) options.data_dir = hooks.data_name;
+  check_train_outputs(options);
+  const std::unique_ptr<dist::Comm> one = dist::local_comm();
+  train_command(options, loaders, out, err, *one, hooks, &outcome);
+  return outcome;
+}
+
+std::string sample(const SampleRequest& request) {
+  // Through the command's own options, so that their checks (temperature, top-k) hold here too.
+  auto shortest = [](double x) {  // the text that reads back as x
+    char text[32];
+    return std::string(text, std::to_chars(text, text + sizeof text, x).ptr);
+  };
+  const std::vector<std::string> args{"cohort",        "sample",
+                                      "--checkpoint",  request.checkpoint,
+                                      "--prompt",      request.prompt,
+                                      "--tokens",      std::to_string(request.tokens),
+                                      "--temperature", shortest(request.temperature),
+                                      "--top-k",       std::to_string(request.top_k),
+                                      "--seed",        std::to_string(request.seed),
+                                      "--quiet"};
+  CLI::App app{"cohort sample", "cohort"};
+  app.require_subcommand(1);
+  SampleOptions options;
+  add_sample_command(app, options);
+  std::ostringstream out, err;
+  if (parse(app, args, out)) return out.str();
+  sample_command(options, out, err);
+  return out.str();
 }
 
 int check_train(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,

@@ -2,11 +2,14 @@
 // train` (train_command.cpp, with its option table in options.cpp).
 #include "commands.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <iomanip>
+#include <memory>
 #include <numbers>
 #include <optional>
 #include <ostream>
+#include <tuple>
 
 #include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
@@ -42,72 +45,77 @@ CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
 
 namespace {
 
-// The test set's logits, forward in inference mode over chunks of 500 rows, as a NumPy .npy
-// file (version 1.0: magic, header dict padded to 64 bytes, then (N, classes) float32 '<f4').
+// The logits of `set`'s rows, forward in inference mode over chunks of 500 rows: (N, classes).
 // `augment` (may be null): the run's --augment, whose normalization the rows get.
-std::string logits_npy(const nn::Model& model, const float* weights, const float* running_stats,
-                       const data::Dataset& test, const data::Augmenter* augment) {
+std::vector<float> forward_logits(const nn::Model& model, const float* weights,
+                                  const float* running_stats, const data::Dataset& set,
+                                  const data::Augmenter* augment) {
   constexpr std::size_t kChunk = 500;
   const auto classes = static_cast<std::size_t>(model.num_classes());
+  std::vector<float> out;
+  out.reserve(set.count * classes);
+  nn::Net net(model);
+  std::vector<float> x(kChunk * static_cast<std::size_t>(model.input_features()));  // (n, C, H, W)
+  std::vector<std::int32_t> y(kChunk);
+  std::vector<std::uint32_t> ids(kChunk);
+  for (std::size_t first = 0; first < set.count; first += kChunk) {
+    const std::size_t n = std::min(kChunk, set.count - first);
+    for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::uint32_t>(first + i);
+    if (augment)
+      augment->assemble(set, std::span(ids).first(n), 0, /*train=*/false, x.data(), y.data());
+    else
+      data::assemble_batch(set, std::span(ids).first(n), x.data(), y.data());
+    const float* logits = net.forward(weights, x.data(), static_cast<std::int64_t>(n),
+                                      model.stats_layout().total() != 0 ? running_stats : nullptr);
+    out.insert(out.end(), logits, logits + n * classes);
+  }
+  return out;
+}
+
+// Logits as a NumPy .npy file (version 1.0: magic, header dict padded to 64 bytes, then
+// (N, classes) float32 '<f4').
+std::string logits_npy(const std::vector<float>& logits, std::size_t rows, std::size_t classes) {
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" +
-                       std::to_string(test.count) + ", " + std::to_string(classes) + "), }";
+                       std::to_string(rows) + ", " + std::to_string(classes) + "), }";
   header.append(63 - (10 + header.size()) % 64, ' ');
   header += '\n';
   std::string file = std::string("\x93NUMPY\x01\x00", 8);
   file += static_cast<char>(header.size() & 0xff);
   file += static_cast<char>(header.size() >> 8);
   file += header;
-  nn::Net net(model);
-  std::vector<float> x(kChunk * static_cast<std::size_t>(model.input_features()));  // (n, C, H, W)
-  std::vector<std::int32_t> y(kChunk);
-  std::vector<std::uint32_t> ids(kChunk);
-  for (std::size_t first = 0; first < test.count; first += kChunk) {
-    const std::size_t n = std::min(kChunk, test.count - first);
-    for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::uint32_t>(first + i);
-    if (augment)
-      augment->assemble(test, std::span(ids).first(n), 0, /*train=*/false, x.data(), y.data());
-    else
-      data::assemble_batch(test, std::span(ids).first(n), x.data(), y.data());
-    const float* logits = net.forward(weights, x.data(), static_cast<std::int64_t>(n),
-                                      model.stats_layout().total() != 0 ? running_stats : nullptr);
-    file.append(reinterpret_cast<const char*>(logits),
-                n * classes * sizeof(float));  // (n, classes)
-  }
+  file.append(reinterpret_cast<const char*>(logits.data()), logits.size() * sizeof(float));
   return file;
 }
 
-}  // namespace
-
-int eval_command(const EvalOptions& o, std::ostream& out) {
-  check_output_path("--summary", o.summary_path);
-  check_output_path("--logits", o.logits_path);
-  check_outputs_apart({{"--summary", o.summary_path}, {"--logits", o.logits_path}},
-                      {{"--checkpoint", o.checkpoint}}, o.data_dir);
-  checkpoint::Checkpoint ck = checkpoint::load_checkpoint(o.checkpoint);
+// A trainer holding checkpoint `ck`'s weights for evaluation on `data` (which it keeps a
+// reference to), and the config it was built with. Checks that the data suits the model: text
+// for a language model, images or tables for a classifier.
+struct Restored {
+  train::TrainConfig config;
+  std::unique_ptr<train::Trainer> trainer;
+};
+Restored restore_for_eval(checkpoint::Checkpoint ck, const std::string& name,
+                          const data::Splits& data, std::size_t workers) {
   const auto block = static_cast<std::size_t>(nn::spec_window(ck.model));
-  if (block != 0 && !o.logits_path.empty())
-    throw InputError("--logits: expected a classifier's checkpoint, found a language model's ('" +
-                     ck.model + "': its logits are per position; `cohort sample` draws from them)");
-  if (block == 0 && data::is_text_folder(o.data_dir))
-    throw InputError("--data: expected images or tables for " + o.checkpoint + "'s model '" +
-                     ck.model + "', found text in " + o.data_dir +
-                     " (input.txt or token arrays, a language model's data)");
-  data::Splits data = data::load_data_folder(o.data_dir, 10, block);
   if (block != 0 && !data.train.text())
     throw InputError(
-        "--data: expected text (input.txt, or train_tokens.npy and val_tokens.npy) for " +
-        o.checkpoint + "'s language model '" + ck.model + "', found " + o.data_dir + " with " +
-        data.train.describe_shape());
-  train::TrainConfig config;
+        "--data: expected text (input.txt, or train_tokens.npy and val_tokens.npy) "
+        "for " +
+        name + "'s language model '" + ck.model + "', found " + data.train.describe_shape());
+  if (block == 0 && data.train.text())
+    throw InputError("--data: expected images or tables for " + name + "'s model '" + ck.model +
+                     "', found text (a language model's data)");
+  Restored r;
+  train::TrainConfig& config = r.config;
   config.model = ck.model;
   config.seed = ck.seed;
   config.batch = ck.batch;
   config.micro_batch = ck.micro_batch;
   config.drop_last = ck.drop_last;
-  config.workers = o.workers;
-  config.augment = recorded_augment(ck, o.checkpoint);  // the test rows get its normalization
+  config.workers = workers;
+  config.augment = recorded_augment(ck, name);  // the test rows get its normalization
   // The optimizer only shapes the state the checkpoint must match; evaluation never steps.
-  config.optimizer.kind = optim::parse_kind(ck.optimizer, o.checkpoint + ": optimizer");
+  config.optimizer.kind = optim::parse_kind(ck.optimizer, name + ": optimizer");
   if (config.optimizer.kind == optim::Kind::kSgd)
     config.optimizer.momentum = ck.state.empty() ? 0.0f : config.optimizer.momentum;
   // Evaluation reads the weights, not the training split, whose size may differ from the run's
@@ -117,17 +125,84 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   ck.batch = config.batch =
       std::min<std::uint64_t>(ck.batch, std::max<std::size_t>(1, data.train.count));
   ck.micro_batch = config.micro_batch = std::min<std::uint64_t>(ck.micro_batch, ck.batch);
-  train::Trainer trainer(config, data);
-  trainer.restore(ck, o.checkpoint);
-  auto [loss, accuracy] = trainer.evaluate_test();
-  const std::string digest =
-      train::weights_digest(trainer.weights(), ck.weights.size(), trainer.running_stats(),
-                            trainer.model().stats_layout().total());
+  r.trainer = std::make_unique<train::Trainer>(config, data);
+  r.trainer->restore(ck, name);
+  return r;
+}
+
+Evaluation evaluate_restored(train::Trainer& trainer, std::size_t params) {
+  Evaluation e;
+  std::tie(e.loss, e.accuracy) = trainer.evaluate_test();
+  e.digest = train::weights_digest(trainer.weights(), params, trainer.running_stats(),
+                                   trainer.model().stats_layout().total());
+  e.language_model = trainer.model().kind().window() > 0;
+  return e;
+}
+
+}  // namespace
+
+Evaluation evaluate(const checkpoint::Checkpoint& ck, const std::string& name,
+                    const data::Splits& data, std::size_t workers) {
+  Restored r = restore_for_eval(ck, name, data, workers);
+  return evaluate_restored(*r.trainer, ck.weights.size());
+}
+
+std::vector<float> logits(const checkpoint::Checkpoint& ck, const std::string& name,
+                          const data::Dataset& rows) {
+  if (nn::spec_window(ck.model) != 0)
+    throw InputError(name + ": expected a classifier's checkpoint, found a language model's ('" +
+                     ck.model + "': its logits are per position; sample() draws from them)");
+  if (!recorded_augment(ck, name).empty())
+    throw InputError(name + ": its run normalized rows by its training split (--augment '" +
+                     recorded_augment(ck, name) +
+                     "'), which logits() does not have: evaluate() on the data folder instead");
+  const nn::SampleShape input{static_cast<std::int64_t>(ck.input[0]),
+                              static_cast<std::int64_t>(ck.input[1]),
+                              static_cast<std::int64_t>(ck.input[2])};
+  const nn::SampleShape found = train::input_shape(rows);
+  if (found.C != input.C || found.H != input.H || found.W != input.W)
+    throw InputError("x: expected samples of shape " + input.str() + " (" + name +
+                     "'s model's input), found " + found.str());
+  // Both splits are the rows; their labels are unused, the class count is the model's.
+  data::Splits both{rows, rows, {}};
+  const nn::Model model = nn::Model::parse(ck.model, input, static_cast<std::int64_t>(ck.vocab));
+  for (data::Dataset* d : {&both.train, &both.test}) {
+    d->num_classes = static_cast<std::size_t>(model.num_classes());
+    std::fill(d->labels.begin(), d->labels.end(), 0u);
+  }
+  Restored r = restore_for_eval(ck, name, both, 0);
+  return forward_logits(r.trainer->model(), r.trainer->weights(), r.trainer->running_stats(),
+                        both.test, nullptr);
+}
+
+int eval_command(const EvalOptions& o, std::ostream& out) {
+  check_output_path("--summary", o.summary_path);
+  check_output_path("--logits", o.logits_path);
+  check_outputs_apart({{"--summary", o.summary_path}, {"--logits", o.logits_path}},
+                      {{"--checkpoint", o.checkpoint}}, o.data_dir);
+  const checkpoint::Checkpoint ck = checkpoint::load_checkpoint(o.checkpoint);
+  const auto block = static_cast<std::size_t>(nn::spec_window(ck.model));
+  if (block != 0 && !o.logits_path.empty())
+    throw InputError("--logits: expected a classifier's checkpoint, found a language model's ('" +
+                     ck.model + "': its logits are per position; `cohort sample` draws from them)");
+  if (block == 0 && data::is_text_folder(o.data_dir))
+    throw InputError("--data: expected images or tables for " + o.checkpoint + "'s model '" +
+                     ck.model + "', found text in " + o.data_dir +
+                     " (input.txt or token arrays, a language model's data)");
+  const data::Splits data = data::load_data_folder(o.data_dir, 10, block);
+  if (block != 0 && !data.train.text())
+    throw InputError(
+        "--data: expected text (input.txt, or train_tokens.npy and val_tokens.npy) for " +
+        o.checkpoint + "'s language model '" + ck.model + "', found " + o.data_dir + " with " +
+        data.train.describe_shape());
+  Restored r = restore_for_eval(ck, o.checkpoint, data, o.workers);
+  const auto [loss, accuracy, digest, language_model] =
+      evaluate_restored(*r.trainer, ck.weights.size());
   // A language model's split is its validation text; its loss is per token, shown in bits too.
   if (!o.quiet) {
     out << "cohort eval: " << o.checkpoint << " (" << ck.model << ", step " << ck.step << ") on "
         << o.data_dir << std::fixed << std::setprecision(4);
-    if (block != 0)
+    if (language_model)
       out << ": val loss " << loss << " (" << std::setprecision(3) << loss / std::numbers::ln2
           << " bits/token), next-token accuracy " << std::setprecision(4) << accuracy;
     else
@@ -139,7 +214,7 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
     json summary{
         {"checkpoint", o.checkpoint}, {"model", ck.model},         {"step", ck.step},
         {"test_loss", loss},          {"test_accuracy", accuracy}, {"weights_digest", digest}};
-    if (block != 0) {
+    if (language_model) {
       summary["val_loss"] = loss;
       summary["val_bpc"] = loss / std::numbers::ln2;
     }
@@ -147,11 +222,14 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
   }
   if (!o.logits_path.empty()) {
     std::optional<data::Augmenter> augment;
-    if (!config.augment.empty())
-      augment.emplace(data::parse_augment(config.augment), data.train, config.seed);
-    write_file_atomically(o.logits_path,
-                          logits_npy(trainer.model(), trainer.weights(), trainer.running_stats(),
-                                     data.test, augment ? &*augment : nullptr));
+    if (!r.config.augment.empty())
+      augment.emplace(data::parse_augment(r.config.augment), data.train, r.config.seed);
+    const train::Trainer& t = *r.trainer;
+    write_file_atomically(
+        o.logits_path,
+        logits_npy(forward_logits(t.model(), t.weights(), t.running_stats(), data.test,
+                                  augment ? &*augment : nullptr),
+                   data.test.count, static_cast<std::size_t>(t.model().num_classes())));
   }
   return kExitOk;
 }

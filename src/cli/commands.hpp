@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cohort/cli/cli.hpp"
+#include "cohort/cli/session.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/dist/comm.hpp"
 #include "options.hpp"
@@ -24,8 +25,10 @@ namespace cohort::cli {
 // JobInputError on every rank if any rank failed or the ranks differ in what they would train);
 // only rank 0 prints and writes files; after the agreement any failure ends the whole job
 // (Comm::abort) with the rank in its message.
+// `hooks` and `outcome`: a program's call (session.hpp's train); one process only.
 int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& out,
-                  std::ostream& err, dist::Comm& comm);
+                  std::ostream& err, dist::Comm& comm, const TrainHooks& hooks = {},
+                  TrainOutcome* outcome = nullptr);
 
 // Several ranks: this rank's `cohort train` failed before train_command (its command line or
 // config file): it joins the agreement the other ranks' train_command waits in, so that none

@@ -51,10 +51,6 @@ struct TrainOptions {
   train::TrainConfig train_config() const;
 };
 
-// `cohort --version`: cohort's version (project(VERSION) in CMakeLists.txt) and the oneDNN and
-// oneTBB libraries it runs on, one a line.
-std::string version_text();
-
 // One row of the table.
 struct TrainFlag {
   config::Key key;  // flag, TOML key ("" for a command-line-only flag), type, range, choices

@@ -119,11 +119,13 @@ void Progress::report_step(const train::StepEvent& e) {
     last_step_ = e.step - 1;
   }
   if (e.skipped) {
-    write_metrics({{"kind", "skip"},
-                   {"step", e.step},
-                   {"epoch", e.epoch},
-                   {"reason", e.skip_reason},
-                   {"skipped_total", e.skipped_total}});
+    const json line{{"kind", "skip"},
+                    {"step", e.step},
+                    {"epoch", e.epoch},
+                    {"reason", e.skip_reason},
+                    {"skipped_total", e.skipped_total}};
+    write_metrics(line);
+    tell(line);
     if (!quiet_)
       out_ << (tty_ ? "\r" : "") << "step " << e.step << " skipped: " << e.skip_reason << " ("
            << e.skipped_total << " skipped so far)" << (tty_ ? kClearToEnd : "") << "\n";
@@ -133,16 +135,9 @@ void Progress::report_step(const train::StepEvent& e) {
   // printed one's since the previous printed line (on a TTY those come at their own pace).
   metrics_window_.add(e.loss);
   print_window_.add(e.loss);
-  if (metrics_ && log_every_ && e.step % log_every_ == 0) {
-    json line{{"kind", "step"},
-              {"step", e.step},
-              {"epoch", e.epoch},
-              {"loss", metrics_window_.take()},
-              {"lr", e.lr}};
-    if (std::isfinite(e.grad_norm)) line["grad_norm"] = e.grad_norm;
-    line["elapsed_s"] = elapsed_before_ + e.elapsed;
-    write_metrics(line);
-  }
+  if (metrics_ && log_every_ && e.step % log_every_ == 0)
+    write_metrics(step_line(e, metrics_window_.take()));
+  if (on_line_) tell(step_line(e, e.loss));
   const bool line_due =
       tty_ ? (e.elapsed - last_print_ > 0.2 || e.step_in_epoch == e.steps_per_epoch)
            : (log_every_ && e.step % log_every_ == 0);
@@ -177,6 +172,17 @@ void Progress::report_step(const train::StepEvent& e) {
   last_step_ = e.step;
 }
 
+json Progress::step_line(const train::StepEvent& e, double loss) const {
+  json line{{"kind", "step"}, {"step", e.step}, {"epoch", e.epoch}, {"loss", loss}, {"lr", e.lr}};
+  if (std::isfinite(e.grad_norm)) line["grad_norm"] = e.grad_norm;
+  line["elapsed_s"] = elapsed_before_ + e.elapsed;
+  return line;
+}
+
+void Progress::tell(const json& line) {
+  if (on_line_ && !on_line_(line)) listener_stopped_ = true;
+}
+
 void Progress::on_epoch(const train::EpochResult& r) {
   json line{{"kind", "epoch"},
             {"epoch", r.epoch + 1},
@@ -190,6 +196,7 @@ void Progress::on_epoch(const train::EpochResult& r) {
     language_model_figures(line, r.samples_per_second, r.test_loss, tokens_per_sample_);
   line.update(epoch_tags_);
   write_metrics(line);
+  tell(line);
   run_pending_step();
   if (quiet_) return;
   if (tty_) out_ << "\r";
@@ -224,6 +231,7 @@ void Progress::on_eval(const train::EvalResult& r) {
     line["val_bpc"] = r.test_loss / std::numbers::ln2;
   }
   write_metrics(line);
+  tell(line);
   run_pending_step();
   if (quiet_) return;
   if (tty_) out_ << "\r";

@@ -83,7 +83,17 @@ class Progress final : public train::Observer {
   // --eval-every: a step that ends with an evaluation runs every_step after its line.
   void evaluate_every(std::size_t steps) { eval_every_ = steps; }
 
-  bool stop_requested() override { return StopSignals::requested(); }
+  // A listener of every line (TrainHooks::on_line): each step's as the metrics file would have
+  // it with --log-every 1, each epoch's and evaluation's; false from it stops the run (after the
+  // step; after an epoch's line, before the next epoch). `stop`: polled after every step.
+  void listen(std::function<bool(const json&)> on_line, std::function<bool()> stop) {
+    on_line_ = std::move(on_line);
+    stop_ = std::move(stop);
+  }
+
+  bool stop_requested() override {
+    return StopSignals::requested() || listener_stopped_ || (stop_ && stop_());
+  }
   void on_step(const train::StepEvent& e) override;
   void on_epoch(const train::EpochResult& r) override;
   void on_eval(const train::EvalResult& r) override;
@@ -92,6 +102,12 @@ class Progress final : public train::Observer {
   void report_step(const train::StepEvent& e);
   void run_pending_step();  // the every_step held back for an epoch's or evaluation's line
   void write_metrics(const json& line);
+  json step_line(const train::StepEvent& e, double loss) const;  // a "step" line's fields
+  void tell(const json& line);                                   // to the listener, if any
+
+  std::function<bool(const json&)> on_line_;
+  std::function<bool()> stop_;
+  bool listener_stopped_ = false;
 
   std::ostream& out_;
   bool quiet_, tty_;

@@ -208,13 +208,16 @@ Checked agreed_inputs(const TrainOptions& o, const Loaders& loaders, dist::Comm&
   return in;
 }
 
-int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_out,
-                  dist::Comm& comm) {
+int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_out, dist::Comm& comm,
+                  const TrainHooks& hooks, TrainOutcome* outcome) {
   const bool writer = comm.rank() == 0;  // prints and writes files
   std::ostream null_out(nullptr);
   std::ostream& out = writer ? all_out : null_out;
   const CheckpointOptions& ck = o.checkpoint;
-  StopSignals signals;  // from here the first SIGINT or SIGTERM stops the run after a step
+  // From here the first SIGINT or SIGTERM stops the run after a step (unless a program that
+  // embeds cohort handles them: hooks.stop).
+  std::optional<StopSignals> signals;
+  if (hooks.take_signals) signals.emplace();
   if (writer) create_output_folders({ck.save, o.summary_path, o.metrics_path, o.trace_path});
   // Validates again, then builds the replicas.
   train::Trainer trainer(in.config, *in.data, &comm);
@@ -302,6 +305,7 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
   if (const std::int64_t window = trainer.model().kind().window(); window > 0)
     progress.count_tokens(static_cast<std::size_t>(window));
   progress.tag_epochs({{"precision", std::string(name_of(nn::kPrecisionNames, c.precision))}});
+  progress.listen(hooks.on_line, hooks.stop);
   train::Summary s;
   try {
     s = trainer.run(progress);
@@ -318,13 +322,23 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
     if (!o.trace_path.empty()) write_trace(o.trace_path, trainer, effective_json);
   });
   if (!ck.save.empty()) save();  // the final weights (also after Ctrl-C: a whole step's), once
+  if (outcome) {
+    outcome->summary = summary_json(s, effective_json, saves);
+    outcome->stopped = s.stopped;
+  }
   if (s.stopped) {
     // Every rank stopped at the same step, some for a signal of their own: all exit alike, 143
-    // if any had SIGTERM (a scheduler ending the job), else 130.
-    const bool term = comm.sum(StopSignals::received() == SIGTERM ? 1 : 0) > 0;
-    out << "\nstopped by " << (term ? "SIGTERM" : "SIGINT") << " after step " << s.steps
-        << (ck.save.empty() ? "" : "; checkpoint " + ck.save) << "\n";
-    return term ? kExitTerminated : kExitInterrupted;
+    // if any had SIGTERM (a scheduler ending the job), else 130; 0 if only a hook asked (the
+    // program that embeds cohort reads outcome->stopped).
+    const int signal = StopSignals::received();
+    const bool term = comm.sum(signal == SIGTERM ? 1 : 0) > 0;
+    const bool signalled = term || comm.sum(signal != 0 ? 1 : 0) > 0;
+    out << "\nstopped "
+        << (!signalled ? ""
+            : term     ? "by SIGTERM "
+                       : "by SIGINT ")
+        << "after step " << s.steps << (ck.save.empty() ? "" : "; checkpoint " + ck.save) << "\n";
+    return !signalled ? kExitOk : term ? kExitTerminated : kExitInterrupted;
   }
   if (!o.quiet) {
     print_summary(out, s);
@@ -342,16 +356,17 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
 }  // namespace
 
 int train_command(const TrainOptions& o, const Loaders& loaders, std::ostream& out,
-                  std::ostream& err, dist::Comm& comm) {
+                  std::ostream& err, dist::Comm& comm, const TrainHooks& hooks,
+                  TrainOutcome* outcome) {
   const Checked in = comm.size() == 1 ? check_inputs(o, loaders) : agreed_inputs(o, loaders, comm);
   if (comm.rank() == 0)
     for (const std::string& line : in.resume_skipped)
       err << "cohort: warning: --resume auto: passed over " << line << "\n";
   if (o.dry_run) return dry_run(o, in, out);
-  if (comm.size() == 1) return train_checked(o, in, out, comm);
+  if (comm.size() == 1) return train_checked(o, in, out, comm, hooks, outcome);
   // From here every rank is in the job's collectives: a failure on one rank must end them all.
   try {
-    return train_checked(o, in, out, comm);
+    return train_checked(o, in, out, comm, hooks, outcome);
   } catch (const std::exception& e) {
     const bool input = dynamic_cast<const InputError*>(&e) != nullptr;
     const bool output = dynamic_cast<const OutputError*>(&e) != nullptr;

@@ -178,7 +178,7 @@ T load_le(const std::uint8_t* p) {
 
 // Label i of a y payload as a signed 128-bit-free value: returns false for values that do not
 // fit int64 (a uint64 above 2^63), which are out of range anyway.
-bool label_at(const NpyHeader& h, const std::uint8_t* p, std::int64_t& out) {
+bool label_at(const ArrayView& h, const std::uint8_t* p, std::int64_t& out) {
   if (h.kind == 'u') {
     std::uint64_t v = 0;
     switch (h.item_size) {
@@ -214,6 +214,21 @@ bool label_at(const NpyHeader& h, const std::uint8_t* p, std::int64_t& out) {
       break;
   }
   return true;
+}
+
+// X's dtype and shape: uint8 or float32, (N, features), (N, H, W) or (N, C, H, W), no empty
+// dimension. Checked before y is read, so a file pair's X is refused first.
+void check_features(const ArrayView& x) {
+  if (!((x.kind == 'u' && x.item_size == 1) || (x.kind == 'f' && x.item_size == 4)))
+    fail(x.source, x.dtype_field, "uint8 ('|u1') or float32 ('<f4') features",
+         std::string(1, x.kind) + std::to_string(x.item_size) + " (unsupported dtype for X)");
+  if (x.shape.size() < 2 || x.shape.size() > 4)
+    fail(x.source, x.shape_field, "(N, features), (N, H, W) or (N, C, H, W)",
+         shape_string(x.shape));
+  for (std::size_t i = 0; i < x.shape.size(); ++i)
+    if (x.shape[i] == 0)
+      fail(x.source, x.shape_field + " dimension " + std::to_string(i), "a size >= 1",
+           "0 in " + shape_string(x.shape));
 }
 
 }  // namespace
@@ -301,27 +316,34 @@ NpyHeader parse_npy_header(std::span<const std::uint8_t> bytes, const std::strin
   return h;
 }
 
+ArrayView npy_array(std::span<const std::uint8_t> bytes, const std::string& source,
+                    const NpyLimits& limits) {
+  const NpyHeader h = parse_npy_header(bytes, source, limits);
+  return {.kind = h.kind,
+          .item_size = h.item_size,
+          .shape = h.shape,
+          .payload = bytes.subspan(h.payload_offset, static_cast<std::size_t>(h.payload_bytes)),
+          .source = source};
+}
+
 Dataset read_npy_split(std::span<const std::uint8_t> x_bytes, const std::string& x_source,
                        std::span<const std::uint8_t> y_bytes, const std::string& y_source,
                        std::string name, const NpyLimits& limits) {
-  const NpyHeader x = parse_npy_header(x_bytes, x_source, limits);
-  if (!((x.kind == 'u' && x.item_size == 1) || (x.kind == 'f' && x.item_size == 4)))
-    fail(x_source, "header 'descr'", "uint8 ('|u1') or float32 ('<f4') features",
-         std::string(1, x.kind) + std::to_string(x.item_size) + " (unsupported dtype for X)");
-  if (x.shape.size() < 2 || x.shape.size() > 4)
-    fail(x_source, "header 'shape'", "(N, features), (N, H, W) or (N, C, H, W)",
-         shape_string(x.shape));
-  for (std::size_t i = 0; i < x.shape.size(); ++i)
-    if (x.shape[i] == 0)
-      fail(x_source, "header 'shape' dimension " + std::to_string(i), "a size >= 1",
-           "0 in " + shape_string(x.shape));
-  const NpyHeader y = parse_npy_header(y_bytes, y_source, limits);
+  const ArrayView x = npy_array(x_bytes, x_source, limits);
+  check_features(x);
+  return split_of_arrays(x, npy_array(y_bytes, y_source, limits), std::move(name));
+}
+
+Dataset split_of_arrays(const ArrayView& x, const ArrayView& y, std::string name) {
+  check_features(x);
+  const std::string& x_source = x.source;
+  const std::string& y_source = y.source;
   if (y.kind == 'f')
-    fail(y_source, "header 'descr'", "integer labels ('<i8', '|u1', ...)",
+    fail(y_source, y.dtype_field, "integer labels ('<i8', '|u1', ...)",
          "float" + std::to_string(8 * y.item_size) + " (unsupported dtype for y)");
-  if (y.shape.size() != 1) fail(y_source, "header 'shape'", "(N,) labels", shape_string(y.shape));
+  if (y.shape.size() != 1) fail(y_source, y.shape_field, "(N,) labels", shape_string(y.shape));
   if (y.shape[0] != x.shape[0])
-    fail(y_source, "header 'shape'",
+    fail(y_source, y.shape_field,
          "(" + std::to_string(x.shape[0]) + ",) (the sample count of " + x_source + ")",
          shape_string(y.shape));
 
@@ -332,8 +354,8 @@ Dataset read_npy_split(std::span<const std::uint8_t> x_bytes, const std::string&
   set.channels = x.shape.size() == 4 ? static_cast<std::size_t>(x.shape[1]) : 1;
   set.rows = set.tabular ? 1 : static_cast<std::size_t>(x.shape[x.shape.size() - 2]);
   set.cols = static_cast<std::size_t>(x.shape.back());
-  const std::size_t values = static_cast<std::size_t>(x.payload_bytes / x.item_size);
-  const std::uint8_t* px = x_bytes.data() + x.payload_offset;
+  const std::size_t values = x.payload.size() / x.item_size;
+  const std::uint8_t* px = x.payload.data();
   if (x.kind == 'u') {
     set.images.assign(px, px + values);
   } else {
@@ -348,7 +370,7 @@ Dataset read_npy_split(std::span<const std::uint8_t> x_bytes, const std::string&
     }
   }
   set.labels.resize(set.count);
-  const std::uint8_t* py = y_bytes.data() + y.payload_offset;
+  const std::uint8_t* py = y.payload.data();
   std::size_t max_label = 0;
   for (std::size_t i = 0; i < set.count; ++i) {
     std::int64_t v = 0;
@@ -362,6 +384,15 @@ Dataset read_npy_split(std::span<const std::uint8_t> x_bytes, const std::string&
   }
   set.num_classes = max_label + 1;
   return set;
+}
+
+Splits splits_of_arrays(const ArrayView& x_train, const ArrayView& y_train, const ArrayView& x_test,
+                        const ArrayView& y_test) {
+  Splits s;
+  s.train = split_of_arrays(x_train, y_train, "train");
+  s.test = split_of_arrays(x_test, y_test, "test");
+  check_splits(s, x_test.source);
+  return s;
 }
 
 Splits load_npy_folder(const std::filesystem::path& dir, const NpyLimits& limits) {

@@ -37,27 +37,6 @@ void check_window(const std::vector<std::uint32_t>& tokens, const std::string& s
            std::to_string(tokens.size()) + " tokens");
 }
 
-// The 1-d array of unsigned integers in an .npy file's bytes.
-std::vector<std::uint32_t> read_tokens(std::span<const std::uint8_t> bytes,
-                                       const std::string& name) {
-  const NpyHeader h = parse_npy_header(bytes, name);
-  if (h.kind != 'u' || (h.item_size != 1 && h.item_size != 2 && h.item_size != 4))
-    refuse(name + ": descr", "unsigned integers of 1, 2 or 4 bytes (<u1, <u2, <u4)",
-           std::string(1, h.kind) + std::to_string(h.item_size));
-  if (h.shape.size() != 1)
-    refuse(name + ": shape", "one dimension (tokens,)",
-           std::to_string(h.shape.size()) + " dimensions");
-  std::vector<std::uint32_t> out(static_cast<std::size_t>(h.shape[0]));
-  const std::uint8_t* p = bytes.data() + h.payload_offset;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    std::uint32_t v = 0;
-    for (std::size_t b = 0; b < h.item_size; ++b)
-      v |= std::uint32_t{p[i * h.item_size + b]} << (8 * b);
-    out[i] = v;
-  }
-  return out;
-}
-
 }  // namespace
 
 std::vector<std::uint32_t> decode_utf8(std::span<const std::uint8_t> bytes,
@@ -168,16 +147,33 @@ TextData read_text(std::span<const std::uint8_t> input, const std::string& input
   return d;
 }
 
-TextData read_token_arrays(std::span<const std::uint8_t> train, const std::string& train_name,
-                           std::span<const std::uint8_t> val, const std::string& val_name,
-                           std::size_t block) {
+std::vector<std::uint32_t> tokens_of_array(const ArrayView& a) {
+  if (a.kind != 'u' || (a.item_size != 1 && a.item_size != 2 && a.item_size != 4))
+    refuse(a.source + ": " + a.dtype_field, "unsigned integers of 1, 2 or 4 bytes (<u1, <u2, <u4)",
+           std::string(1, a.kind) + std::to_string(a.item_size));
+  if (a.shape.size() != 1)
+    refuse(a.source + ": " + a.shape_field, "one dimension (tokens,)",
+           std::to_string(a.shape.size()) + " dimensions");
+  std::vector<std::uint32_t> out(static_cast<std::size_t>(a.shape[0]));
+  const std::uint8_t* p = a.payload.data();
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::uint32_t v = 0;
+    for (std::size_t b = 0; b < a.item_size; ++b)
+      v |= std::uint32_t{p[i * a.item_size + b]} << (8 * b);
+    out[i] = v;
+  }
+  return out;
+}
+
+TextData token_arrays(const ArrayView& train, const ArrayView& val, std::size_t block) {
   TextData d;
-  d.train = read_tokens(train, train_name);
-  d.val = read_tokens(val, val_name);
-  d.train_source = train_name;
-  d.val_source = val_name;
+  d.train = tokens_of_array(train);
+  d.val = tokens_of_array(val);
+  d.train_source = train.source;
+  d.val_source = val.source;
   std::uint32_t largest = 0;
-  for (const auto& [split, name] : {std::pair{&d.train, &train_name}, std::pair{&d.val, &val_name}})
+  for (const auto& [split, name] :
+       {std::pair{&d.train, &train.source}, std::pair{&d.val, &val.source}})
     for (std::size_t i = 0; i < split->size(); ++i) {
       if ((*split)[i] >= kMaxVocab)
         refuse(*name + ": token " + std::to_string(i), "a token below " + std::to_string(kMaxVocab),
@@ -188,6 +184,19 @@ TextData read_token_arrays(std::span<const std::uint8_t> train, const std::strin
   check_window(d.train, d.train_source, block);
   check_window(d.val, d.val_source, block);
   return d;
+}
+
+TextData read_token_arrays(std::span<const std::uint8_t> train, const std::string& train_name,
+                           std::span<const std::uint8_t> val, const std::string& val_name,
+                           std::size_t block) {
+  // The files' own fields: "<file>: descr", "<file>: shape".
+  auto view = [](std::span<const std::uint8_t> bytes, const std::string& name) {
+    ArrayView a = npy_array(bytes, name);
+    a.dtype_field = "descr";
+    a.shape_field = "shape";
+    return a;
+  };
+  return token_arrays(view(train, train_name), view(val, val_name), block);
 }
 
 bool is_text_folder(const std::filesystem::path& dir) {

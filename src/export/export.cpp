@@ -65,6 +65,24 @@ void check_output(const fs::path& out) {
 
 }  // namespace
 
+nn::Model checkpoint_model(const checkpoint::Checkpoint& ck, const std::string& name) {
+  const nn::SampleShape input{static_cast<std::int64_t>(ck.input[0]),
+                              static_cast<std::int64_t>(ck.input[1]),
+                              static_cast<std::int64_t>(ck.input[2])};
+  nn::Model model = nn::Model::parse(ck.model, input, static_cast<std::int64_t>(ck.vocab));
+  if (ck.weights.size() != model.layout().total())
+    throw InputError(
+        name + ": the model '" + ck.model + "' on samples " + input.str() + " has " +
+        std::to_string(model.layout().total()) + " parameter floats, the checkpoint holds " +
+        std::to_string(ck.weights.size()) + " (was it trained on samples of another shape?)");
+  if (ck.running_stats.size() != model.stats_layout().total())
+    throw InputError(name + ": the model '" + ck.model + "' on samples " + input.str() + " has " +
+                     std::to_string(model.stats_layout().total()) +
+                     " running-statistics floats (its bn layers), the checkpoint holds " +
+                     std::to_string(ck.running_stats.size()));
+  return model;
+}
+
 void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path& out) {
   check_output(out);
   if (config::same_file(out.string(), checkpoint.string()))
@@ -72,20 +90,7 @@ void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path
                      "', which is --checkpoint's file ('" + checkpoint.string() +
                      "') (writing it would replace that)");
   const checkpoint::Checkpoint ck = checkpoint::load_checkpoint(checkpoint);
-  const nn::SampleShape input{static_cast<std::int64_t>(ck.input[0]),
-                              static_cast<std::int64_t>(ck.input[1]),
-                              static_cast<std::int64_t>(ck.input[2])};
-  const nn::Model model = nn::Model::parse(ck.model, input, static_cast<std::int64_t>(ck.vocab));
-  if (ck.weights.size() != model.layout().total())
-    throw InputError(
-        checkpoint.string() + ": the model '" + ck.model + "' on samples " + input.str() + " has " +
-        std::to_string(model.layout().total()) + " parameter floats, the checkpoint holds " +
-        std::to_string(ck.weights.size()) + " (was it trained on samples of another shape?)");
-  if (ck.running_stats.size() != model.stats_layout().total())
-    throw InputError(checkpoint.string() + ": the model '" + ck.model + "' on samples " +
-                     input.str() + " has " + std::to_string(model.stats_layout().total()) +
-                     " running-statistics floats (its bn layers), the checkpoint holds " +
-                     std::to_string(ck.running_stats.size()));
+  const nn::Model model = checkpoint_model(ck, checkpoint.string());
   const Weights w{.params = ck.weights.data(),
                   .stats = ck.running_stats.empty() ? nullptr : ck.running_stats.data(),
                   .batches_tracked = batches_tracked(ck)};

@@ -218,6 +218,10 @@ Summary Trainer::Impl::run(Observer& observer) {
     observer.on_epoch({epoch, step_number, s.train_loss, s.test_loss, s.test_accuracy,
                        static_cast<double>(epoch_samples) / epoch_seconds, time.total().step});
     s.samples_per_second += static_cast<double>(epoch_samples);  // total, divided below
+    // A stop asked for during the epoch's last step or its evaluation (an observer's on_epoch)
+    // ends the run here rather than after the next epoch's first step.
+    if (!stopped && step_number < total_steps && exchange->stop_agreed(observer.stop_requested()))
+      stopped = true;
   }
   if (step_number == steps_done_at_start) {  // nothing left to train (e.g. a finished resume)
     std::tie(s.test_loss, s.test_accuracy) = evaluate_set(data.test);

@@ -60,6 +60,10 @@ Loaders disk_loaders();
 int check_train(const std::vector<std::string>& args, std::ostream& out, std::ostream& err,
                 const Loaders& loaders = disk_loaders());
 
+// `cohort --version`: cohort's version (project(VERSION) in CMakeLists.txt) and the oneDNN and
+// oneTBB libraries it runs on, one a line.
+std::string version_text();
+
 // The job config's schema: the rows of `cohort train`'s option table that have a TOML key.
 const config::Schema& train_schema();
 

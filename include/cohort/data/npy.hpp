@@ -38,6 +38,30 @@ struct NpyHeader {
 NpyHeader parse_npy_header(std::span<const std::uint8_t> bytes, const std::string& source,
                            const NpyLimits& limits = {});
 
+// An array in memory as a .npy file holds one: its dtype (kind and item size), its shape (C order)
+// and its little-endian payload. What the reader makes of a file's header and bytes, and what the
+// Python module makes of a NumPy array (its buffer, used in place). `source` names the file or
+// argument in messages, `dtype_field` and `shape_field` its dtype and shape.
+struct ArrayView {
+  char kind = 0;  // 'u', 'i' or 'f'
+  std::size_t item_size = 0;
+  std::vector<std::uint64_t> shape;
+  std::span<const std::uint8_t> payload;  // exactly the shape's elements times item_size bytes
+  std::string source;
+  std::string dtype_field = "header 'descr'", shape_field = "header 'shape'";
+};
+
+// The array a .npy file's bytes hold, its header checked (parse_npy_header); views `bytes`.
+ArrayView npy_array(std::span<const std::uint8_t> bytes, const std::string& source,
+                    const NpyLimits& limits = {});
+
+// One split from features `x` and labels `y`, checked as read_npy_split describes.
+Dataset split_of_arrays(const ArrayView& x, const ArrayView& y, std::string name);
+
+// The train and test splits of four arrays, checked as load_npy_folder's files are.
+Splits splits_of_arrays(const ArrayView& x_train, const ArrayView& y_train, const ArrayView& x_test,
+                        const ArrayView& y_test);
+
 // One split from the bytes of an X file and a y file (already in memory, which is what the
 // fuzzer drives): X is (N, features), (N, H, W) or (N, C, H, W), uint8 or float32, every float
 // finite, N >= 1 and every other dimension >= 1; y is (N,) of any integer type, every label in

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cohort/data/dataset.hpp"
+#include "cohort/data/npy.hpp"
 
 namespace cohort::data {
 
@@ -45,6 +46,13 @@ std::string encode_utf8(std::uint32_t code_point);
 TextData read_text(std::span<const std::uint8_t> input, const std::string& input_name,
                    const std::span<const std::uint8_t>* val, const std::string& val_name,
                    std::size_t block);
+
+// The tokens of a one-dimensional array of unsigned integers of 1, 2 or 4 bytes.
+std::vector<std::uint32_t> tokens_of_array(const ArrayView& a);
+
+// Token arrays for a language model of `block`: every token below kMaxVocab, the vocabulary the
+// largest + 1, a window in each split.
+TextData token_arrays(const ArrayView& train, const ArrayView& val, std::size_t block);
 
 // Token arrays from the bytes of train_tokens.npy and val_tokens.npy.
 TextData read_token_arrays(std::span<const std::uint8_t> train, const std::string& train_name,

@@ -102,6 +102,10 @@ std::vector<std::uint8_t> encode_safetensors(const nn::Model& model, const Weigh
 // after nanoGPT's modules ("transformer.h.0.attn.c_attn", "transformer.h.0.ln_1.var").
 std::string encode_onnx(const nn::Model& model, const Weights& w, const Metadata& m);
 
+// The model of checkpoint `ck` (its spec parsed for samples of its input shape), its weights and
+// running statistics checked against it. InputError naming `name` (the file) where they differ.
+nn::Model checkpoint_model(const checkpoint::Checkpoint& ck, const std::string& name);
+
 // Reads and validates a checkpoint, checks its weights and running statistics against its model
 // spec (parsed for samples of the checkpoint's input shape), encodes it and writes `out` through
 // a temporary file in the same folder and a rename. InputError naming the file or flag: a bad
