@@ -163,6 +163,25 @@ struct PendingError {
   }
 };
 
+// On a thread Python did not start, for its lifetime: the thread's Python state, made once, so
+// that each callback's GIL acquisition only takes the lock (without it, every acquisition would
+// create and destroy a thread state: most of a dispatch's time). Neither holds the GIL after
+// construction.
+class PythonThread {
+ public:
+  PythonThread() : keep_(std::in_place), released_(std::in_place) {}
+  ~PythonThread() {
+    released_.reset();  // takes the GIL back, then `keep_` drops it and the state
+    keep_.reset();
+  }
+  PythonThread(const PythonThread&) = delete;
+  PythonThread& operator=(const PythonThread&) = delete;
+
+ private:
+  std::optional<py::gil_scoped_acquire> keep_;
+  std::optional<py::gil_scoped_release> released_;
+};
+
 // Calls `callback` with `line` (the GIL held); false from it (not None, not other values) stops
 // the run. A raised exception is kept in `error` and stops the run too.
 bool dispatch(const py::function& callback, const json& line, PendingError& error) {
@@ -238,6 +257,8 @@ py::dict train(const std::vector<std::string>& args, const py::object& data,
   run_beside_python(
       [&] {
         try {
+          std::optional<PythonThread> python;  // the callbacks' thread state
+          if (on_line) python.emplace();
           outcome = cli::train(args, loaders, hooks, std::cout, std::cerr);
         } catch (...) {
           failure = std::current_exception();
@@ -347,6 +368,7 @@ double dispatch_seconds(const py::function& callback, std::size_t n) {
   {
     const py::gil_scoped_release nogil;
     std::thread t([&] {
+      const PythonThread python;
       const auto t0 = std::chrono::steady_clock::now();
       for (std::size_t i = 0; i < n; ++i) dispatch(callback, line, error);
       seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
