@@ -169,7 +169,20 @@ def test_arrays_are_checked_as_their_files_are():
         cohort.train(data=(x, y, xt), quiet=True, **MLP)
     with pytest.raises(ValueError, match=r"config: unknown key 'run.no_such_key'"):
         cohort.train({"run": {"no_such_key": 1}}, data=(x, y, xt, yt), quiet=True)
-    assert issubclass(cohort.OutputError, OSError)
+
+
+def test_a_save_that_fails_after_the_checks_raises_output_error(tmp_path):
+    """The CLI's exit 74: the save folder, checked before the run, is gone when the run saves."""
+    folder = tmp_path / "ck"
+    folder.mkdir()
+
+    def on_step(line):
+        if line["step"] == 2:
+            folder.rmdir()
+
+    with pytest.raises(cohort.OutputError, match=r"run.ckpt: cannot create") as e:
+        cohort.train(data=images(), quiet=True, save=folder / "run.ckpt", on_step=on_step, **MLP)
+    assert isinstance(e.value, OSError)
 
 
 def test_a_callback_returning_false_stops_the_run_and_it_saves(tmp_path):
