@@ -9,7 +9,7 @@ include(CMakePackageConfigHelpers)
 # Dependency order, users first: a module lists only modules to its right.
 set(cohort_modules core tensor reduce optim data checkpoint report config dist)
 if(COHORT_ENGINE)
-  list(PREPEND cohort_modules cli export train nn)
+  list(PREPEND cohort_modules cli tokenizer export train nn)
   # (train uses dist: dist stays after it)
 endif()
 set(cohort_module_targets)
@@ -48,4 +48,5 @@ install(FILES ${PROJECT_BINARY_DIR}/cohortConfig.cmake
               ${PROJECT_BINARY_DIR}/cohortConfigVersion.cmake
               ${PROJECT_SOURCE_DIR}/cmake/Findxxhash.cmake
               ${PROJECT_SOURCE_DIR}/cmake/FindOpenBLASOpenMP.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/FindPCRE2.cmake
         DESTINATION ${cohort_cmake_dir})

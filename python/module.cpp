@@ -428,9 +428,10 @@ PYBIND11_MODULE(_cohort, m) {
       .def(
           "sample",
           [](const Loaded& l, const std::string& prompt, std::size_t tokens, double temperature,
-             std::size_t top_k, std::uint64_t seed) {
+             std::size_t top_k, std::uint64_t seed, const std::string& tokenizer) {
             const cli::SampleRequest r{.checkpoint = l.path,
                                        .prompt = prompt,
+                                       .tokenizer = tokenizer,
                                        .tokens = tokens,
                                        .temperature = temperature,
                                        .top_k = top_k,
@@ -439,5 +440,5 @@ PYBIND11_MODULE(_cohort, m) {
             return cli::sample(r);
           },
           py::arg("prompt"), py::arg("tokens"), py::arg("temperature"), py::arg("top_k"),
-          py::arg("seed"));
+          py::arg("seed"), py::arg("tokenizer"));
 }

@@ -32,6 +32,7 @@ packages=(
   zlib1g-dev            # .gz IDX files
   libpng-dev libturbojpeg0-dev   # image folders: PNG and JPEG files
   libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libxxhash-dev
+  libpcre2-dev          # GPT-2's pre-tokenizer (cohort sample --tokenizer)
   libonnx-dev libprotobuf-dev protobuf-compiler   # cohort export --format onnx (protobuf classes)
   openmpi-bin libopenmpi-dev   # multi-rank runs: mpirun -np R cohort train (src/dist)
   dataset-fashion-mnist # the real Fashion-MNIST under /usr/share/datasets/fashion-mnist

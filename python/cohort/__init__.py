@@ -155,10 +155,12 @@ class Model:
         (uint8 pixels, scaled by 1/255, or float32 features), as `cohort eval --logits` computes them."""
         return self._ck.logits(x)
 
-    def sample(self, prompt="", tokens=500, temperature=1.0, top_k=0, seed=1):
+    def sample(self, prompt="", tokens=500, temperature=1.0, top_k=0, seed=1, tokenizer=None):
         """A language model's text, as `cohort sample` prints it: the prompt, then `tokens` tokens
-        drawn one at a time (token ids separated by spaces for a model of token arrays)."""
-        return self._ck.sample(prompt, tokens, temperature, top_k, seed)
+        drawn one at a time (for a model of token arrays: token ids separated by spaces, or text
+        through `tokenizer`, a folder with GPT-2's vocab.json and merges.txt)."""
+        folder = "" if tokenizer is None else os.fspath(tokenizer)
+        return self._ck.sample(prompt, tokens, temperature, top_k, seed, folder)
 
     def __repr__(self):
         return f"Model({self.spec!r}, step={self.step})"

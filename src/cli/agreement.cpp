@@ -262,7 +262,12 @@ std::uint64_t digest_of(const data::Dataset& set) {
   d.add(set.images);
   d.add(set.float_features);
   d.add(set.labels);
-  d.add(set.tokens);  // text: its windows' tokens and stride
+  d.add(std::uint64_t{set.tokens.size()});  // text: its windows' tokens and stride
+  set.tokens.for_each_chunk(
+      [&d](std::span<const std::uint32_t> chunk) {
+        d.add(chunk.data(), chunk.size() * sizeof(std::uint32_t));
+      },
+      /*release=*/true);
   d.add(std::uint64_t{set.window_stride});
   return d.value();
 }

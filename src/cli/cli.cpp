@@ -215,14 +215,15 @@ std::string sample(const SampleRequest& request) {
     char text[32];
     return std::string(text, std::to_chars(text, text + sizeof text, x).ptr);
   };
-  const std::vector<std::string> args{"cohort",        "sample",
-                                      "--checkpoint",  request.checkpoint,
-                                      "--prompt",      request.prompt,
-                                      "--tokens",      std::to_string(request.tokens),
-                                      "--temperature", shortest(request.temperature),
-                                      "--top-k",       std::to_string(request.top_k),
-                                      "--seed",        std::to_string(request.seed),
-                                      "--quiet"};
+  std::vector<std::string> args{"cohort",        "sample",
+                                "--checkpoint",  request.checkpoint,
+                                "--prompt",      request.prompt,
+                                "--tokens",      std::to_string(request.tokens),
+                                "--temperature", shortest(request.temperature),
+                                "--top-k",       std::to_string(request.top_k),
+                                "--seed",        std::to_string(request.seed),
+                                "--quiet"};
+  if (!request.tokenizer.empty()) args.insert(args.end(), {"--tokenizer", request.tokenizer});
   CLI::App app{"cohort sample", "cohort"};
   app.require_subcommand(1);
   SampleOptions options;

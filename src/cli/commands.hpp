@@ -68,6 +68,7 @@ int export_command(const ExportOptions& o, std::ostream& out);
 
 struct SampleOptions {
   std::string checkpoint, prompt;
+  std::string tokenizer;  // GPT-2's vocab.json and merges.txt; "" none
   std::size_t tokens = 500;
   double temperature = 1.0;
   std::size_t top_k = 0;  // 0: every token

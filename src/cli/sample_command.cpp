@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iomanip>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "cohort/core/rng.hpp"
 #include "cohort/data/text.hpp"
 #include "cohort/nn/gpt/gpt.hpp"
+#include "cohort/tokenizer/bpe.hpp"
 #include "commands.hpp"
 #include "options.hpp"
 
@@ -63,6 +65,29 @@ std::vector<std::int32_t> encode_prompt(const std::string& prompt,
   return tokens;
 }
 
+// The prompt's tokens through a BPE tokenizer; empty: GPT-2's "<|endoftext|>" where the
+// vocabulary has it (as GPT-2's samples start), else a newline. Every token must be one of the
+// checkpoint's.
+std::vector<std::int32_t> encode_prompt(const std::string& prompt, const tokenizer::Bpe& bpe,
+                                        const checkpoint::Checkpoint& c) {
+  const std::int64_t end_of_text = bpe.id_of("<|endoftext|>");
+  std::vector<std::uint32_t> ids;
+  if (prompt.empty() && end_of_text >= 0)
+    ids.push_back(static_cast<std::uint32_t>(end_of_text));
+  else
+    ids = bpe.encode(prompt.empty() ? "\n" : prompt);
+  std::vector<std::int32_t> tokens;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= c.vocab)
+      throw InputError("--prompt: token " + std::to_string(i + 1) + " of its encoding (id " +
+                       std::to_string(ids[i]) + ", '" + bpe.bytes_of(ids[i]) +
+                       "'): expected an id below the checkpoint's vocabulary of " +
+                       std::to_string(c.vocab) + ", found one past it");
+    tokens.push_back(static_cast<std::int32_t>(ids[i]));
+  }
+  return tokens;
+}
+
 // One token from `logits` (vocab floats): the largest at temperature 0, else a draw from
 // softmax(logits / temperature) over the top_k largest (all when 0).
 std::int32_t draw(const float* logits, std::size_t vocab, double temperature, std::size_t top_k,
@@ -93,6 +118,10 @@ CLI::App* add_sample_command(CLI::App& app, SampleOptions& o) {
       app.add_subcommand("sample", "generate text from a language model's checkpoint (gpt:)");
   cmd->add_option("--checkpoint", o.checkpoint, "the checkpoint")->required();
   cmd->add_option("--prompt", o.prompt, "the text to continue (default: a newline)");
+  cmd->add_option("--tokenizer", o.tokenizer,
+                  "a folder with GPT-2's vocab.json and merges.txt: the prompt is encoded and the "
+                  "tokens decoded by its byte-level BPE (a model of token arrays)")
+      ->check(CLI::ExistingDirectory);
   cmd->add_option("--tokens", o.tokens, "tokens to generate")
       ->transform(unsigned_decimal())
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24))
@@ -133,9 +162,24 @@ int sample_command(const SampleOptions& o, std::ostream& out, std::ostream& err)
     throw InputError(o.checkpoint + ": parameters: expected " +
                      std::to_string(model.layout().total()) + " floats for '" + c.model +
                      "', found " + std::to_string(c.weights.size()));
-  const std::vector<std::int32_t> prompt = encode_prompt(o.prompt, c);
+  std::optional<tokenizer::Bpe> bpe;
+  if (!o.tokenizer.empty()) {
+    if (!c.characters.empty())
+      throw InputError("--tokenizer: expected a checkpoint trained on token arrays, found " +
+                       o.checkpoint + ", whose vocabulary is input.txt's " +
+                       std::to_string(c.characters.size()) + " characters");
+    bpe = tokenizer::Bpe::load(o.tokenizer);
+    if (bpe->size() < c.vocab)
+      throw InputError("--tokenizer " + o.tokenizer + ": expected a vocabulary of at least " +
+                       std::to_string(c.vocab) + " tokens (the checkpoint's), found " +
+                       std::to_string(bpe->size()));
+  }
+  const std::vector<std::int32_t> prompt =
+      bpe ? encode_prompt(o.prompt, *bpe, c) : encode_prompt(o.prompt, c);
   auto show = [&](std::int32_t t) {
-    if (c.characters.empty())
+    if (bpe)
+      out << bpe->bytes_of(static_cast<std::uint32_t>(t));
+    else if (c.characters.empty())
       out << t << ' ';
     else
       out << data::encode_utf8(c.characters[static_cast<std::size_t>(t)]);

@@ -163,8 +163,9 @@ bool is_data_file(const std::filesystem::path& dir, const std::filesystem::path&
   if (e) return false;
   const fs::path file = fs::weakly_canonical(fs::absolute(path, e), e);
   if (e) return false;
-  if (file.parent_path() == folder &&
-      std::find(names.begin(), names.end(), file.filename().string()) != names.end())
+  const std::string name = file.filename().string();
+  if (file.parent_path() == folder && (std::find(names.begin(), names.end(), name) != names.end() ||
+                                       is_shard(name, "train") || is_shard(name, "val")))
     return true;
   // Anything under an image folder's train/ or test/, wherever a link takes them.
   for (const char* images : {"train", "test"}) {
@@ -273,8 +274,7 @@ void assemble(const Dataset& set, std::span<const std::uint32_t> ids, T* x, std:
     if constexpr (std::is_same_v<T, float>) {
       for (std::size_t r = 0; r < ids.size(); ++r) {
         COHORT_CHECK(ids[r] < set.count, "window id out of range");
-        const std::uint32_t* w = set.tokens.data() + std::size_t{ids[r]} * set.window_stride;
-        for (std::size_t j = 0; j < f; ++j) x[r * f + j] = static_cast<float>(w[j]);
+        set.tokens.copy_to(std::size_t{ids[r]} * set.window_stride, f, x + r * f);
         y[r] = 0;
       }
       return;

@@ -28,13 +28,49 @@ std::string hex_byte(std::uint8_t b) {
   return std::string("0x") + kDigits[b >> 4] + kDigits[b & 15];
 }
 
-void check_window(const std::vector<std::uint32_t>& tokens, const std::string& source,
-                  std::size_t block) {
+void check_window(const Tokens& tokens, const std::string& source, std::size_t block) {
   if (tokens.size() < block + 1)
     refuse(source,
            "at least one window of " + std::to_string(block + 1) + " tokens (the model's block " +
                std::to_string(block) + " + 1)",
            std::to_string(tokens.size()) + " tokens");
+}
+
+// Checks every token of `tokens` (from `source`) against kMaxVocab, in one pass that releases
+// mapped pages as it goes, and raises `largest` to the largest.
+void scan_vocab(const Tokens& tokens, const std::string& source, std::uint32_t& largest) {
+  std::size_t at = 0;
+  tokens.for_each_chunk(
+      [&](std::span<const std::uint32_t> chunk) {
+        for (std::size_t i = 0; i < chunk.size(); ++i) {
+          if (chunk[i] >= kMaxVocab)
+            refuse(source + ": token " + std::to_string(at + i),
+                   "a token below " + std::to_string(kMaxVocab), std::to_string(chunk[i]));
+          largest = std::max(largest, chunk[i]);
+        }
+        at += chunk.size();
+      },
+      /*release=*/true);
+}
+
+// A token array's dtype and shape: unsigned integers of 1, 2 or 4 bytes, one dimension.
+void check_token_array(const ArrayView& a) {
+  if (a.kind != 'u' || (a.item_size != 1 && a.item_size != 2 && a.item_size != 4))
+    refuse(a.source + ": " + a.dtype_field, "unsigned integers of 1, 2 or 4 bytes (<u1, <u2, <u4)",
+           std::string(1, a.kind) + std::to_string(a.item_size));
+  if (a.shape.size() != 1)
+    refuse(a.source + ": " + a.shape_field, "one dimension (tokens,)",
+           std::to_string(a.shape.size()) + " dimensions");
+}
+
+// The vocabulary of token ids: the largest of both splits + 1 (each checked), and a window in each.
+void finish_token_data(TextData& d, std::size_t block) {
+  std::uint32_t largest = 0;
+  scan_vocab(d.train, d.train_source, largest);
+  scan_vocab(d.val, d.val_source, largest);
+  d.vocab_size = std::size_t{largest} + 1;
+  check_window(d.train, d.train_source, block);
+  check_window(d.val, d.val_source, block);
 }
 
 }  // namespace
@@ -121,17 +157,18 @@ TextData read_text(std::span<const std::uint8_t> input, const std::string& input
   for (std::size_t i = 0; i < text.size(); ++i) tokens[i] = id(text[i]);
   if (val == nullptr) {
     const std::size_t cut = text.size() * 9 / 10;  // nanoGPT: int(n * 0.9)
-    d.train.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(cut));
-    d.val.assign(tokens.begin() + static_cast<std::ptrdiff_t>(cut), tokens.end());
+    const auto middle = tokens.begin() + static_cast<std::ptrdiff_t>(cut);
+    d.train = Tokens(std::vector<std::uint32_t>(tokens.begin(), middle));
+    d.val = Tokens(std::vector<std::uint32_t>(middle, tokens.end()));
     d.train_source = input_name + " (characters 0.." + std::to_string(cut) + ", the first 90%)";
     d.val_source = input_name + " (characters " + std::to_string(cut) + ".." +
                    std::to_string(text.size()) + ", the last 10%)";
   } else {
-    d.train = std::move(tokens);
+    d.train = Tokens(std::move(tokens));
     d.train_source = input_name;
     d.val_source = val_name;
     const std::vector<std::uint32_t> vtext = decode_utf8(*val, val_name);
-    d.val.resize(vtext.size());
+    std::vector<std::uint32_t> val_tokens(vtext.size());
     for (std::size_t i = 0; i < vtext.size(); ++i) {
       const std::uint32_t t = id(vtext[i]);
       if (t == d.vocab_size || d.characters[t] != vtext[i])
@@ -139,8 +176,9 @@ TextData read_text(std::span<const std::uint8_t> input, const std::string& input
                "a character of " + input_name + "'s vocabulary (" + std::to_string(d.vocab_size) +
                    " characters)",
                code_point_name(vtext[i]));
-      d.val[i] = t;
+      val_tokens[i] = t;
     }
+    d.val = Tokens(std::move(val_tokens));
   }
   check_window(d.train, d.train_source, block);
   check_window(d.val, d.val_source, block);
@@ -148,12 +186,7 @@ TextData read_text(std::span<const std::uint8_t> input, const std::string& input
 }
 
 std::vector<std::uint32_t> tokens_of_array(const ArrayView& a) {
-  if (a.kind != 'u' || (a.item_size != 1 && a.item_size != 2 && a.item_size != 4))
-    refuse(a.source + ": " + a.dtype_field, "unsigned integers of 1, 2 or 4 bytes (<u1, <u2, <u4)",
-           std::string(1, a.kind) + std::to_string(a.item_size));
-  if (a.shape.size() != 1)
-    refuse(a.source + ": " + a.shape_field, "one dimension (tokens,)",
-           std::to_string(a.shape.size()) + " dimensions");
+  check_token_array(a);
   std::vector<std::uint32_t> out(static_cast<std::size_t>(a.shape[0]));
   const std::uint8_t* p = a.payload.data();
   for (std::size_t i = 0; i < out.size(); ++i) {
@@ -167,23 +200,37 @@ std::vector<std::uint32_t> tokens_of_array(const ArrayView& a) {
 
 TextData token_arrays(const ArrayView& train, const ArrayView& val, std::size_t block) {
   TextData d;
-  d.train = tokens_of_array(train);
-  d.val = tokens_of_array(val);
+  d.train = Tokens(tokens_of_array(train));
+  d.val = Tokens(tokens_of_array(val));
   d.train_source = train.source;
   d.val_source = val.source;
-  std::uint32_t largest = 0;
-  for (const auto& [split, name] :
-       {std::pair{&d.train, &train.source}, std::pair{&d.val, &val.source}})
-    for (std::size_t i = 0; i < split->size(); ++i) {
-      if ((*split)[i] >= kMaxVocab)
-        refuse(*name + ": token " + std::to_string(i), "a token below " + std::to_string(kMaxVocab),
-               std::to_string((*split)[i]));
-      largest = std::max(largest, (*split)[i]);
-    }
-  d.vocab_size = std::size_t{largest} + 1;
-  check_window(d.train, d.train_source, block);
-  check_window(d.val, d.val_source, block);
+  finish_token_data(d, block);
   return d;
+}
+
+std::size_t shard_tokens(std::span<const std::uint8_t> bytes, const std::string& name) {
+  constexpr std::int32_t kMagic = 20240520;
+  if (bytes.size() < kShardHeaderBytes)
+    refuse(name + ": header", std::to_string(kShardHeaderBytes) + " bytes (256 int32)",
+           std::to_string(bytes.size()) + " bytes (file truncated)");
+  auto field = [&](std::size_t i) {
+    std::uint32_t v = 0;
+    for (std::size_t b = 0; b < 4; ++b) v |= std::uint32_t{bytes[4 * i + b]} << (8 * b);
+    return static_cast<std::int32_t>(v);
+  };
+  if (field(0) != kMagic)
+    refuse(name + ": header magic", std::to_string(kMagic) + " (an llm.c token shard)",
+           std::to_string(field(0)));
+  if (field(1) != 1) refuse(name + ": header version", "1", std::to_string(field(1)));
+  const std::int32_t count = field(2);
+  if (count < 0) refuse(name + ": header token count", "a count >= 0", std::to_string(count));
+  const std::uint64_t want = kShardHeaderBytes + 2 * std::uint64_t(std::uint32_t(count));
+  if (bytes.size() != want)
+    refuse(name + ": tokens",
+           std::to_string(count) + " uint16 tokens (" + std::to_string(want - kShardHeaderBytes) +
+               " bytes after the header)",
+           std::to_string(bytes.size() - kShardHeaderBytes) + " bytes");
+  return static_cast<std::size_t>(count);
 }
 
 TextData read_token_arrays(std::span<const std::uint8_t> train, const std::string& train_name,
@@ -199,21 +246,73 @@ TextData read_token_arrays(std::span<const std::uint8_t> train, const std::strin
   return token_arrays(view(train, train_name), view(val, val_name), block);
 }
 
+bool is_shard(const std::string& name, const std::string& split) {
+  return name.size() > 4 && name.ends_with(".bin") &&
+         name.find("_" + split + "_") != std::string::npos;
+}
+
+namespace {
+
+// The llm.c shards of `split` in `dir`, in name order.
+std::vector<std::filesystem::path> shards(const std::filesystem::path& dir,
+                                          const std::string& split) {
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
+    if (is_shard(entry.path().filename().string(), split)) out.push_back(entry.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A token array file, mapped: its header checked, its tokens left on disk.
+Tokens mapped_array(const std::filesystem::path& path) {
+  const auto m = Tokens::map_file(path);
+  ArrayView a = npy_array(Tokens::bytes(*m), path.string());
+  a.dtype_field = "descr";
+  a.shape_field = "shape";
+  check_token_array(a);
+  Tokens t;
+  t.append(m, a.payload.data(), static_cast<std::size_t>(a.shape[0]),
+           static_cast<unsigned>(a.item_size));
+  return t;
+}
+
+// A split's shards, mapped one after another; each checked for a window and its tokens
+// against the vocabulary (naming the shard), `largest` raised to theirs.
+Tokens mapped_shards(const std::vector<std::filesystem::path>& files, std::size_t block,
+                     std::uint32_t& largest) {
+  Tokens all;
+  for (const auto& path : files) {
+    const auto m = Tokens::map_file(path);
+    const std::span<const std::uint8_t> bytes = Tokens::bytes(*m);
+    Tokens t;
+    t.append(m, bytes.data() + kShardHeaderBytes, shard_tokens(bytes, path.string()), 2);
+    check_window(t, path.string(), block);
+    scan_vocab(t, path.string(), largest);
+    all.append(t);
+  }
+  return all;
+}
+
+}  // namespace
+
 bool is_text_folder(const std::filesystem::path& dir) {
   std::error_code ec;
   for (const char* f : {"input.txt", "train_tokens.npy", "val_tokens.npy"})
     if (std::filesystem::exists(dir / f, ec)) return true;
-  return false;
+  return !shards(dir, "train").empty() || !shards(dir, "val").empty();
 }
 
 TextData load_text_folder(const std::filesystem::path& dir, std::size_t block) {
   std::error_code ec;
   const auto has = [&](const char* f) { return std::filesystem::exists(dir / f, ec); };
-  const bool text = has("input.txt"), arrays = has("train_tokens.npy") || has("val_tokens.npy");
-  if (text && arrays)
-    refuse(dir.string() + ": text folder", "input.txt or the token arrays, not both",
-           "input.txt and " +
-               std::string(has("train_tokens.npy") ? "train_tokens.npy" : "val_tokens.npy"));
+  const auto train_shards = shards(dir, "train"), val_shards = shards(dir, "val");
+  const bool text = has("input.txt"), arrays = has("train_tokens.npy") || has("val_tokens.npy"),
+             bins = !train_shards.empty() || !val_shards.empty();
+  if (int(text) + int(arrays) + int(bins) > 1)
+    refuse(dir.string() + ": text folder", "one of input.txt, the token arrays or llm.c's shards",
+           std::string(text ? "input.txt " : "") + (arrays ? "token arrays " : "") +
+               (bins ? "shards (*_train_*.bin, *_val_*.bin)" : ""));
   constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 32;
   if (text) {
     const auto input = read_file_bytes(dir / "input.txt", kMaxBytes);
@@ -222,14 +321,34 @@ TextData load_text_folder(const std::filesystem::path& dir, std::size_t block) {
     const std::span<const std::uint8_t> v(val);
     return read_text(input, (dir / "input.txt").string(), &v, (dir / "val.txt").string(), block);
   }
-  const auto train = read_file_bytes(dir / "train_tokens.npy", kMaxBytes);
-  const auto val = read_file_bytes(dir / "val_tokens.npy", kMaxBytes);
-  return read_token_arrays(train, (dir / "train_tokens.npy").string(), val,
-                           (dir / "val_tokens.npy").string(), block);
+  TextData d;
+  if (arrays) {
+    d.train_source = (dir / "train_tokens.npy").string();
+    d.val_source = (dir / "val_tokens.npy").string();
+    d.train = mapped_array(d.train_source);
+    d.val = mapped_array(d.val_source);
+    finish_token_data(d, block);
+    return d;
+  }
+  for (const auto& [files, split] : {std::pair{&train_shards, "train"}, {&val_shards, "val"}})
+    if (files->empty())
+      refuse(dir.string() + ": llm.c shards", std::string("files *_") + split + "_*.bin as well",
+             "none");
+  auto named = [&](const std::vector<std::filesystem::path>& files, const char* split) {
+    return (dir / (std::string("*_") + split + "_*.bin")).string() + " (" +
+           std::to_string(files.size()) + (files.size() == 1 ? " file)" : " files)");
+  };
+  d.train_source = named(train_shards, "train");
+  d.val_source = named(val_shards, "val");
+  std::uint32_t largest = 0;
+  d.train = mapped_shards(train_shards, block, largest);
+  d.val = mapped_shards(val_shards, block, largest);
+  d.vocab_size = std::size_t{largest} + 1;
+  return d;
 }
 
 Splits text_splits(TextData text, std::size_t block) {
-  auto split = [&](std::vector<std::uint32_t> tokens, const char* name, std::size_t stride) {
+  auto split = [&](Tokens tokens, const char* name, std::size_t stride) {
     COHORT_CHECK(tokens.size() > block, "a text split holds a window");
     Dataset d;
     d.name = name;

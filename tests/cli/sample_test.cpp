@@ -4,7 +4,7 @@
 // at temperature 0, exit 2 for a prompt character outside the vocabulary, a temperature that is
 // not a number or a checkpoint that is not a language model's, exit 74 when the text cannot be
 // written; `cohort eval` of it: its validation loss in bits, and exit 2
-// on data that is not text.
+// on data that is not text; --tokenizer on a model of token arrays.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,7 +19,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../tokenizer/made_tokenizer.hpp"
 #include "cohort/checkpoint/checkpoint.hpp"
+#include "cohort/tokenizer/bpe.hpp"
 #include "testing.hpp"
 
 namespace cohort::cli {
@@ -204,6 +206,67 @@ TEST_F(Sample, EvalGivesTheValidationLossInBitsOnTextOnly) {
   EXPECT_NE(r.err.find("--data: expected text"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("'gpt:1-2-16-8', found"), std::string::npos) << r.err;
   EXPECT_EQ(r.out, "");
+}
+
+// A .npy file of uint16 tokens (numpy.save's layout, version 1.0).
+void write_tokens(const fs::path& path, const std::vector<std::uint16_t>& tokens) {
+  std::string header = "{'descr': '<u2', 'fortran_order': False, 'shape': (" +
+                       std::to_string(tokens.size()) + ",), }";
+  header.append(63 - (10 + header.size()) % 64, ' ');
+  header += '\n';
+  std::ofstream f(path, std::ios::binary);
+  f << std::string("\x93NUMPY\x01\x00", 8) << static_cast<char>(header.size() & 0xff)
+    << static_cast<char>(header.size() >> 8) << header;
+  f.write(reinterpret_cast<const char*>(tokens.data()),
+          static_cast<std::streamsize>(tokens.size() * sizeof(std::uint16_t)));
+}
+
+// --tokenizer: a model of token arrays (ids of the tokenizer made in tests/tokenizer) samples the
+// text of the same draws as its token ids without it.
+TEST_F(Sample, ATokenizerEncodesThePromptAndDecodesTheDraws) {
+  const fs::path tok = dir_ / "tokenizer", data = dir_ / "tokens";
+  made_tokenizer::write_made_tokenizer(tok);
+  const tokenizer::Bpe bpe = tokenizer::Bpe::load(tok);
+  fs::create_directories(data);
+  std::vector<std::uint16_t> train(3000), val(300);
+  constexpr unsigned kSeed = 5;
+  for (std::size_t i = 0; i < train.size(); ++i) train[i] = static_cast<std::uint16_t>(i * 7 % 263);
+  for (std::size_t i = 0; i < val.size(); ++i) val[i] = static_cast<std::uint16_t>(i * kSeed % 263);
+  write_tokens(data / "train_tokens.npy", train);
+  write_tokens(data / "val_tokens.npy", val);
+  const std::string ck = (dir_ / "tok.ckpt").string();
+  Result r = cohort({"train", "--data", data.string(), "--model", "gpt:1-2-16-8", "--batch", "8",
+                     "--steps", "10", "--quiet", "--save", ck});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string prompt = "hello the";
+  ASSERT_EQ(bpe.encode(prompt), (std::vector<std::uint32_t>{256, 257, 'o', 259}));
+  const std::vector<std::string> common{"sample", "--checkpoint", ck,  "--tokens",
+                                        "30",     "--seed",       "3", "--quiet"};
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = common;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return cohort(args);
+  };
+  const Result text = run({"--tokenizer", tok.string(), "--prompt", prompt});
+  const Result ids = run({"--prompt", "256 257 111 259"});
+  ASSERT_EQ(text.code, 0) << text.err;
+  ASSERT_EQ(ids.code, 0) << ids.err;
+  std::vector<std::uint32_t> drawn;
+  std::istringstream in(ids.out);
+  for (std::uint32_t id; in >> id;) drawn.push_back(id);
+  ASSERT_EQ(drawn.size(), 4u + 30u) << ids.out;
+  EXPECT_EQ(text.out, bpe.decode(drawn) + "\n");
+  EXPECT_EQ(text.out.rfind(prompt, 0), 0u) << text.out;
+  // A character model's checkpoint has its own vocabulary.
+  r = cohort({"sample", "--checkpoint", ckpt_, "--tokenizer", tok.string()});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find("--tokenizer: expected a checkpoint trained on token arrays"),
+            std::string::npos)
+      << r.err;
+  // A folder without the files.
+  r = cohort({"sample", "--checkpoint", ck, "--tokenizer", data.string()});
+  EXPECT_EQ(r.code, kExitBadInput);
+  EXPECT_NE(r.err.find("vocab.json"), std::string::npos) << r.err;
 }
 
 }  // namespace sample_test

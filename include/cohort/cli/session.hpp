@@ -66,6 +66,7 @@ std::vector<float> logits(const checkpoint::Checkpoint& ck, const std::string& n
 // The text `cohort sample --checkpoint PATH --prompt PROMPT ...` prints.
 struct SampleRequest {
   std::string checkpoint, prompt;
+  std::string tokenizer;  // --tokenizer: GPT-2's vocab.json and merges.txt; "" none
   std::size_t tokens = 500;
   double temperature = 1.0;
   std::size_t top_k = 0;  // 0: every token

@@ -2,7 +2,8 @@
 // .npy, CSV) with integer labels, loaded from a folder and validated (counts agree, every label
 // below the class count, every feature finite) before training starts; the Sampler that orders
 // each epoch; and batch assembly (pixels / 255 -> float; float features as given).
-// Not a streaming loader: Fashion-MNIST is 55 MB and lives in memory.
+// Images and tables live in memory (Fashion-MNIST is 55 MB); a text split's tokens may be pages
+// of files mapped read-only (tokens.hpp).
 #pragma once
 
 #include <cstddef>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/data/tokens.hpp"
 #include "cohort/tensor/bf16.hpp"
 
 namespace cohort::data {
@@ -30,7 +32,7 @@ struct Dataset {
   // offsets id * window_stride (1 for training: every offset; block for evaluation: the split
   // in non-overlapping windows). channels = rows = 1, tabular; num_classes is the vocabulary;
   // no labels (a window's targets are its own tokens, one position on).
-  std::vector<std::uint32_t> tokens;
+  Tokens tokens;
   std::size_t window_stride = 0;  // 0: not text
   bool text() const { return window_stride != 0; }
   std::size_t features() const { return channels * rows * cols; }
@@ -71,7 +73,8 @@ Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_cl
                         std::size_t text_block = 0);
 
 // Whether `path` (existing or not; links followed) is data load_data_folder(dir) reads or could
-// read: a file of any format's names directly in `dir` (input.txt, train_x.npy, train.csv, ...)
+// read: a file of any format's names directly in `dir` (input.txt, train_x.npy, train.csv, an
+// llm.c shard's *_train_*.bin, ...)
 // or anything under its train/ and test/ folders. The commands refuse such a path as an output.
 bool is_data_file(const std::filesystem::path& dir, const std::filesystem::path& path);
 

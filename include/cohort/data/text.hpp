@@ -17,6 +17,7 @@
 
 #include "cohort/data/dataset.hpp"
 #include "cohort/data/npy.hpp"
+#include "cohort/data/tokens.hpp"
 
 namespace cohort::data {
 
@@ -28,8 +29,8 @@ struct TextData {
   // empty for token arrays, whose vocabulary is 0 .. vocab_size - 1.
   std::vector<std::uint32_t> characters;
   std::size_t vocab_size = 0;
-  std::vector<std::uint32_t> train, val;  // token ids, each < vocab_size
-  std::string train_source, val_source;   // the files (and range) the splits came from
+  Tokens train, val;                     // token ids, each < vocab_size
+  std::string train_source, val_source;  // the files (and range) the splits came from
 };
 
 // The code points of `bytes` (strict UTF-8: no overlong forms, surrogates or values past
@@ -54,19 +55,31 @@ std::vector<std::uint32_t> tokens_of_array(const ArrayView& a);
 // largest + 1, a window in each split.
 TextData token_arrays(const ArrayView& train, const ArrayView& val, std::size_t block);
 
+// The tokens an llm.c shard's bytes hold: checks its header (256 little-endian int32: magic
+// 20240520, version 1, the token count) and that the uint16 tokens after it are exactly the rest.
+// Throws InputError naming `name` and the field.
+std::size_t shard_tokens(std::span<const std::uint8_t> bytes, const std::string& name);
+inline constexpr std::size_t kShardHeaderBytes = 1024;
+
 // Token arrays from the bytes of train_tokens.npy and val_tokens.npy.
 TextData read_token_arrays(std::span<const std::uint8_t> train, const std::string& train_name,
                            std::span<const std::uint8_t> val, const std::string& val_name,
                            std::size_t block);
 
-// The files a text folder may hold.
+// The files a text folder may hold, besides llm.c's shards (is_shard).
 inline constexpr const char* kTextFiles[] = {"input.txt", "val.txt", "train_tokens.npy",
                                              "val_tokens.npy"};
 
-// Whether `dir` holds text data (input.txt, or train_tokens.npy / val_tokens.npy).
+// Whether `name` is an llm.c token shard's: "*_train_*.bin" (`split` "train") or "*_val_*.bin".
+bool is_shard(const std::string& name, const std::string& split);
+
+// Whether `dir` holds text data (input.txt, the token arrays or llm.c's shards).
 bool is_text_folder(const std::filesystem::path& dir);
 
-// input.txt (+ val.txt), or the two token arrays, in `dir`; files of both kinds are refused.
+// input.txt (+ val.txt), the two token arrays, or llm.c's shards (each split's in name order, one
+// sequence) in `dir`; files of two kinds are refused. Token arrays and shards are mapped, never
+// read whole: their tokens are checked against the vocabulary in one pass that leaves none of
+// them resident, and a shard must hold a window of `block` + 1 tokens.
 TextData load_text_folder(const std::filesystem::path& dir, std::size_t block);
 
 // The splits a language model of `block` trains and validates on (Dataset::text): training
