@@ -34,6 +34,7 @@
 #include "cohort/data/text.hpp"
 #include "cohort/export/export.hpp"
 #include "cohort/nn/model.hpp"
+#include "cohort/tokenizer/bpe.hpp"
 #include "cohort/version.hpp"
 
 namespace py = pybind11;
@@ -383,6 +384,18 @@ double dispatch_seconds(const py::function& callback, std::size_t n) {
 
 }  // namespace cohort::python
 
+namespace cohort::python {
+namespace {
+
+// Text as bytes: a str is its UTF-8, bytes are themselves.
+std::string bytes_of(const py::object& text) {
+  if (py::isinstance<py::bytes>(text)) return text.cast<std::string>();
+  return py::str(text).cast<std::string>();
+}
+
+}  // namespace
+}  // namespace cohort::python
+
 PYBIND11_MODULE(_cohort, m) {
   using namespace cohort;
   using namespace cohort::python;
@@ -413,6 +426,42 @@ PYBIND11_MODULE(_cohort, m) {
   m.def("version_text", &cli::version_text, "what `cohort --version` prints");
   m.def("dispatch_seconds", &dispatch_seconds, py::arg("callback"), py::arg("n"),
         "mean seconds of one on_step dispatch (a benchmark)");
+  py::class_<tokenizer::Bpe>(m, "Tokenizer")
+      .def(py::init([](const std::string& dir) { return tokenizer::Bpe::load(dir); }),
+           py::arg("dir"))
+      .def(
+          "encode",
+          [](const tokenizer::Bpe& b, const py::object& text) {
+            const std::vector<std::uint32_t> ids = b.encode(bytes_of(text));
+            py::array_t<std::uint32_t> out(static_cast<py::ssize_t>(ids.size()));
+            std::copy(ids.begin(), ids.end(), out.mutable_data());
+            return out;
+          },
+          py::arg("text"))
+      .def(
+          "decode",
+          [](const tokenizer::Bpe& b, const std::vector<std::int64_t>& ids) {
+            std::string out;
+            for (const std::int64_t id : ids) {
+              if (id < 0 || static_cast<std::size_t>(id) >= b.size())
+                throw InputError("ids: expected token ids below " + std::to_string(b.size()) +
+                                 ", found " + std::to_string(id));
+              out += b.bytes_of(static_cast<std::uint32_t>(id));
+            }
+            return py::bytes(out);
+          },
+          py::arg("ids"))
+      .def("__len__", &tokenizer::Bpe::size);
+  m.def(
+      "pieces",
+      [](const py::object& text) {
+        const std::string bytes = bytes_of(text);
+        py::list out;
+        for (const std::string_view p : tokenizer::pieces(bytes))
+          out.append(py::bytes(p.data(), p.size()));
+        return out;
+      },
+      py::arg("text"), "GPT-2's pre-tokenizer: the pieces of `text` (str as UTF-8), as bytes");
   py::class_<Loaded>(m, "Checkpoint")
       .def(py::init([](const std::string& path) {
              return Loaded{path, checkpoint::load_checkpoint(path)};
@@ -436,8 +485,12 @@ PYBIND11_MODULE(_cohort, m) {
                                        .temperature = temperature,
                                        .top_k = top_k,
                                        .seed = seed};
-            const py::gil_scoped_release nogil;
-            return cli::sample(r);
+            std::string text;
+            {
+              const py::gil_scoped_release nogil;
+              text = cli::sample(r);
+            }
+            return py::bytes(text);  // a token's bytes need not be whole UTF-8 characters
           },
           py::arg("prompt"), py::arg("tokens"), py::arg("temperature"), py::arg("top_k"),
           py::arg("seed"), py::arg("tokenizer"));

@@ -16,7 +16,8 @@ from . import _cohort
 from ._cohort import InputError, OutputError
 
 __version__ = _cohort.__version__
-__all__ = ["train", "load", "Model", "Summary", "InputError", "OutputError", "version"]
+__all__ = ["train", "load", "Model", "Summary", "Tokenizer", "pieces", "InputError", "OutputError",
+           "version"]
 
 
 def version():
@@ -158,12 +159,37 @@ class Model:
     def sample(self, prompt="", tokens=500, temperature=1.0, top_k=0, seed=1, tokenizer=None):
         """A language model's text, as `cohort sample` prints it: the prompt, then `tokens` tokens
         drawn one at a time (for a model of token arrays: token ids separated by spaces, or text
-        through `tokenizer`, a folder with GPT-2's vocab.json and merges.txt)."""
+        through `tokenizer`, a folder with GPT-2's vocab.json and merges.txt). A str: bytes that
+        are not UTF-8 (tokens that end inside a character) become U+FFFD."""
         folder = "" if tokenizer is None else os.fspath(tokenizer)
-        return self._ck.sample(prompt, tokens, temperature, top_k, seed, folder)
+        text = self._ck.sample(prompt, tokens, temperature, top_k, seed, folder)
+        return text.decode("utf-8", errors="replace")
 
     def __repr__(self):
         return f"Model({self.spec!r}, step={self.step})"
+
+
+class Tokenizer:
+    """GPT-2's byte-level BPE from a folder with its vocab.json and merges.txt (what
+    `cohort sample --tokenizer` reads): encode(text) -> uint32 token ids (text a str, as UTF-8,
+    or bytes: any bytes encode), decode(ids) -> bytes, len() the vocabulary's size."""
+
+    def __init__(self, folder):
+        self._bpe = _cohort.Tokenizer(os.fspath(folder))
+
+    def encode(self, text):
+        return self._bpe.encode(text)
+
+    def decode(self, ids):
+        return self._bpe.decode([int(i) for i in ids])
+
+    def __len__(self):
+        return len(self._bpe)
+
+
+def pieces(text):
+    """GPT-2's pre-tokenizer: the pieces of `text` (a str, as UTF-8, or bytes), as bytes, in order."""
+    return _cohort.pieces(text)
 
 
 def load(checkpoint):

@@ -59,14 +59,34 @@ std::string shown(std::string_view s) {
 
 std::uint32_t byte_character(std::uint8_t b) { return byte_map().character[b]; }
 
+namespace {
+
+// GPT-2's pattern, compiled once (a compiled pattern may be matched from any number of threads,
+// each with match data of its own).
+const pcre2_code* pattern() {
+  static const struct Compiled {
+    pcre2_code* code;
+    Compiled() {
+      int error = 0;
+      PCRE2_SIZE offset = 0;
+      code =
+          pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
+                        PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset, nullptr);
+      COHORT_CHECK(code != nullptr, "GPT-2's pre-tokenizer pattern compiles");
+    }
+    ~Compiled() { pcre2_code_free(code); }
+  } compiled;
+  return compiled.code;
+}
+
+}  // namespace
+
 struct Bpe::State {
   std::vector<std::string> tokens;  // id -> the token's text (vocab.json's characters, UTF-8)
   std::vector<std::string> bytes;   // id -> the bytes it stands for
   std::unordered_map<std::string, std::uint32_t> ids;
   std::unordered_map<std::string, std::uint32_t> ranks;  // "first second" -> rank
   std::array<std::string, 256> byte_token;               // a byte's one-character token
-  pcre2_code* pattern = nullptr;
-  ~State() { pcre2_code_free(pattern); }
 };
 
 Bpe::Bpe(std::unique_ptr<State> state) : s_(std::move(state)) {}
@@ -161,36 +181,46 @@ Bpe Bpe::from_text(std::string_view vocab_json, const std::string& vocab_name,
     line_of[std::string(line)] = line_no;
     ++rank;
   }
-  int error = 0;
-  PCRE2_SIZE offset = 0;
-  s->pattern =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
-                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset, nullptr);
-  COHORT_CHECK(s->pattern != nullptr, "GPT-2's pre-tokenizer pattern compiles");
   return Bpe(std::move(s));
 }
 
-std::vector<std::string_view> Bpe::pieces(std::string_view text) const {
+std::vector<std::string_view> pieces(std::string_view text) {
+  // Each match sees a window of the text from where it starts: PCRE2 checks a subject's UTF-8 on
+  // every call, so the whole text each time would make the cut quadratic. The pattern looks at
+  // most one character past a match (\s+(?!\S)), so a match that ends 4 bytes (a character)
+  // before the window's end is the whole text's; else the window doubles and the match is tried
+  // again.
+  constexpr std::size_t kWindow = 256, kCharacter = 4;
   std::vector<std::string_view> out;
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(s_->pattern, nullptr);
+  const pcre2_code* re = pattern();
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(re, nullptr);
   COHORT_CHECK(md != nullptr, "PCRE2 match data");
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  std::size_t pos = 0;
+  std::size_t pos = 0, window = kWindow;
   while (pos < text.size()) {
-    const int rc = pcre2_match(s_->pattern, subject, text.size(), pos, 0, md, nullptr);
-    if (rc == PCRE2_ERROR_NOMATCH) {  // the rest is not UTF-8
+    const std::size_t limit = std::min(text.size(), pos + window);
+    const bool whole = limit == text.size();
+    // The window starts at pos: a match never looks behind its start.
+    const int rc = pcre2_match(re, subject + pos, limit - pos, 0, 0, md, nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH && whole) {  // the rest is not UTF-8
       out.push_back(text.substr(pos));
       break;
     }
-    if (rc < 0) {
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
       pcre2_match_data_free(md);
       COHORT_CHECK(false, "PCRE2 match error " + std::to_string(rc));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    if (ov[0] > pos) out.push_back(text.substr(pos, ov[0] - pos));  // bytes that are not UTF-8
-    COHORT_CHECK(ov[1] > ov[0], "every alternative of the pattern matches at least a character");
-    out.push_back(text.substr(ov[0], ov[1] - ov[0]));
-    pos = ov[1];
+    if (rc == PCRE2_ERROR_NOMATCH || (!whole && pos + ov[1] + kCharacter > limit)) {
+      window *= 2;
+      continue;
+    }
+    const std::size_t begin = pos + ov[0], end = pos + ov[1];
+    if (begin > pos) out.push_back(text.substr(pos, begin - pos));  // bytes that are not UTF-8
+    COHORT_CHECK(end > begin, "every alternative of the pattern matches at least a character");
+    out.push_back(text.substr(begin, end - begin));
+    pos = end;
+    window = kWindow;
   }
   pcre2_match_data_free(md);
   return out;
@@ -199,7 +229,7 @@ std::vector<std::string_view> Bpe::pieces(std::string_view text) const {
 std::vector<std::uint32_t> Bpe::encode(std::string_view text) const {
   std::vector<std::uint32_t> ids;
   std::vector<std::string> word, merged;
-  for (const std::string_view piece : pieces(text)) {
+  for (const std::string_view piece : tokenizer::pieces(text)) {
     word.clear();
     for (const char c : piece) word.push_back(s_->byte_token[static_cast<std::uint8_t>(c)]);
     while (word.size() > 1) {

@@ -323,3 +323,48 @@ def test_a_missing_checkpoint_raises_the_clis_message(tmp_path):
     with pytest.raises(ValueError) as e:
         cohort.load(missing)
     assert str(e.value) in expected.stderr
+
+
+def run_script(name, *args):
+    scripts = os.path.join(os.path.dirname(__file__), "..", "..", "scripts")
+    p = subprocess.run([sys.executable, os.path.join(scripts, name), *map(str, args)],
+                       capture_output=True, text=True, timeout=300, env=os.environ)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+def test_train_bpe_learns_the_most_frequent_pairs_and_the_tokenizer_reads_them(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("ab ab ab ab cd")
+    # Pieces "ab", " ab" x3, " cd": (a, b) is seen 4 times, then (Ġ, ab) 3 times; the rest once.
+    run_script("train_bpe.py", text, tmp_path / "bpe", "--merges", 10)
+    assert (tmp_path / "bpe" / "merges.txt").read_text().splitlines() == ["#version: 0.2", "a b",
+                                                                          "Ġ ab"]
+    vocab = json.loads((tmp_path / "bpe" / "vocab.json").read_text())
+    assert (vocab["ab"], vocab["Ġab"], vocab["<|endoftext|>"]) == (256, 257, 258)
+    tok = cohort.Tokenizer(tmp_path / "bpe")
+    assert len(tok) == 259
+    assert list(tok.encode("ab abc")) == [256, 257, ord("c")]
+    data = bytes(range(256)) + "é ab".encode()
+    assert tok.decode(tok.encode(data)) == data
+    assert b"".join(cohort.pieces("don't 12")) == b"don't 12"
+    assert cohort.pieces("don't 12") == [b"don", b"'t", b" 12"]
+    with pytest.raises(ValueError, match="expected token ids below 259"):
+        tok.decode([259])
+
+
+def test_encoded_text_trains_and_samples_through_the_tokenizer(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat. " * 200)
+    run_script("train_bpe.py", text, tmp_path / "bpe", "--merges", 30)
+    run_script("encode_tokens.py", tmp_path / "bpe", text, tmp_path / "tokens")
+    train_tokens = np.load(tmp_path / "tokens" / "train_tokens.npy")
+    assert train_tokens.dtype == np.uint16
+    ck = tmp_path / "gpt.ckpt"
+    cohort.train(data=tmp_path / "tokens", quiet=True, save=ck, **GPT)
+    model = cohort.load(ck)
+    got = model.sample("the cat", tokens=10, seed=2, tokenizer=tmp_path / "bpe")
+    cli = subprocess.run([COHORT, "sample", "--checkpoint", ck, "--prompt", "the cat", "--tokens",
+                          "10", "--seed", "2", "--tokenizer", tmp_path / "bpe", "--quiet"],
+                         capture_output=True, check=True, timeout=60).stdout
+    assert got == cli.decode("utf-8", errors="replace") and got.startswith("the cat")

@@ -22,9 +22,9 @@ Bpe made() {
                         "merges.txt");
 }
 
-std::vector<std::string> pieces(const Bpe& bpe, const std::string& text) {
+std::vector<std::string> pieces(const std::string& text) {
   std::vector<std::string> out;
-  for (const auto p : bpe.pieces(text)) out.emplace_back(p);
+  for (const auto p : cohort::tokenizer::pieces(text)) out.emplace_back(p);
   return out;
 }
 
@@ -42,23 +42,28 @@ TEST(Bpe, TheByteMapIsGpt2s) {
 }
 
 TEST(Bpe, PiecesFollowGpt2sPattern) {
-  const Bpe bpe = made();
   using V = std::vector<std::string>;
-  EXPECT_EQ(pieces(bpe, "don't stop"), (V{"don", "'t", " stop"}));
-  EXPECT_EQ(pieces(bpe, "I'll go!!"), (V{"I", "'ll", " go", "!!"}));
-  EXPECT_EQ(pieces(bpe, "we've they're"), (V{"we", "'ve", " they", "'re"}));
-  EXPECT_EQ(pieces(bpe, "abc123def"), (V{"abc", "123", "def"}));
-  EXPECT_EQ(pieces(bpe, "3.14"), (V{"3", ".", "14"}));
+  EXPECT_EQ(pieces("don't stop"), (V{"don", "'t", " stop"}));
+  EXPECT_EQ(pieces("I'll go!!"), (V{"I", "'ll", " go", "!!"}));
+  EXPECT_EQ(pieces("we've they're"), (V{"we", "'ve", " they", "'re"}));
+  EXPECT_EQ(pieces("abc123def"), (V{"abc", "123", "def"}));
+  EXPECT_EQ(pieces("3.14"), (V{"3", ".", "14"}));
   // A run of spaces keeps its last space for the word after it; at the end it stays whole.
-  EXPECT_EQ(pieces(bpe, "a   b"), (V{"a", "  ", " b"}));
-  EXPECT_EQ(pieces(bpe, "x  \n"), (V{"x", "  \n"}));
+  EXPECT_EQ(pieces("a   b"), (V{"a", "  ", " b"}));
+  EXPECT_EQ(pieces("x  \n"), (V{"x", "  \n"}));
   // Only a space joins the word after it: a newline before a word is a piece of its own.
-  EXPECT_EQ(pieces(bpe, "x\n\ny"), (V{"x", "\n", "\n", "y"}));
+  EXPECT_EQ(pieces("x\n\ny"), (V{"x", "\n", "\n", "y"}));
   // Letters beyond ASCII are letters (\p{L}); digits beyond ASCII numbers (\p{N}).
-  EXPECT_EQ(pieces(bpe, "héllo wörld"), (V{"héllo", " wörld"}));
-  EXPECT_EQ(pieces(bpe, "Ζεύς ٣٤"), (V{"Ζεύς", " ٣٤"}));
+  EXPECT_EQ(pieces("héllo wörld"), (V{"héllo", " wörld"}));
+  EXPECT_EQ(pieces("Ζεύς ٣٤"), (V{"Ζεύς", " ٣٤"}));
+  // Pieces longer than the matcher's first window, and a character across its end.
+  const std::string letters(1000, 'a'), spaces(600, ' '), before(255, 'a');
+  EXPECT_EQ(pieces(letters + " b"), (V{letters, " b"}));
+  EXPECT_EQ(pieces(spaces + "x"), (V{spaces.substr(1), " x"}));
+  EXPECT_EQ(pieces(before + "\xc3\xa9b c"), (V{before + "\xc3\xa9b", " c"}));
+  EXPECT_EQ(pieces(before + "  \xc3\xa9"), (V{before, " ", " \xc3\xa9"}));
   // Bytes that are not UTF-8 are a piece of their own.
-  EXPECT_EQ(pieces(bpe, "ab\xff\xfe cd"), (V{"ab", "\xff\xfe", " cd"}));
+  EXPECT_EQ(pieces("ab\xff\xfe cd"), (V{"ab", "\xff\xfe", " cd"}));
 }
 
 TEST(Bpe, EncodesByRankWorkedOutByHand) {
@@ -93,7 +98,7 @@ TEST(Bpe, AnyBytesRoundTrip) {
       c = i % 2 ? static_cast<char>(rng() % 256) : alphabet[rng() % alphabet.size()];
     EXPECT_EQ(bpe.decode(bpe.encode(text)), text) << "string " << i;
     std::string joined;
-    for (const auto p : bpe.pieces(text)) joined += p;
+    for (const auto p : cohort::tokenizer::pieces(text)) joined += p;
     EXPECT_EQ(joined, text) << "string " << i;
   }
 }

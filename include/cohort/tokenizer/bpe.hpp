@@ -46,14 +46,15 @@ class Bpe {
   std::size_t size() const;
   // The id of the token whose text (in vocab.json's characters) is `token`, or -1.
   std::int64_t id_of(std::string_view token) const;
-  // The pre-tokenizer's pieces of `text`, in order; together they are `text`.
-  std::vector<std::string_view> pieces(std::string_view text) const;
 
  private:
   struct State;
   explicit Bpe(std::unique_ptr<State> state);
   std::unique_ptr<State> s_;
 };
+
+// GPT-2's pre-tokenizer: the pieces of `text`, in order; together they are `text`.
+std::vector<std::string_view> pieces(std::string_view text);
 
 // GPT-2's bytes_to_unicode: the character (code point) standing for byte `b`.
 std::uint32_t byte_character(std::uint8_t b);
