@@ -2,9 +2,11 @@
 // next step while the last leaf is computed. The run must be bit for bit the 1-worker run (which
 // never stages ahead: its one replica computes the last leaf itself) across epoch boundaries,
 // partial last batches, augmentation (keyed by epoch) and bf16 rows, and staging ahead must
-// happen at all: the last leaf of every step is made slow, so the other replica always waits.
+// happen at all: both replicas start every step and its last leaf is made slow, so the replica
+// without it always waits.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -57,9 +59,18 @@ TEST_P(StagingAhead, GivesTheOneWorkerRunsBits) {
 
   TrainConfig c = case_config(k, 2);
   const std::size_t leaves = (k.batch + k.micro_batch - 1) / k.micro_batch;
-  // The last leaf of a full batch is slow: the replica without it runs out of leaves first.
-  c.leaf_hook = [leaves](std::uint64_t, std::size_t leaf) {
-    if (leaf == leaves - 1) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  // Both replicas work on every step: leaf 0 waits (at most a second) until another replica has
+  // started leaf 1, so a loaded machine that schedules one replica late still runs two. The last
+  // leaf of a full batch is slow: the replica without it runs out of leaves first and stages.
+  std::atomic<std::uint64_t> second_started{0};
+  c.leaf_hook = [leaves, &second_started](std::uint64_t step, std::size_t leaf) {
+    if (leaf == 1) second_started.store(step);
+    if (leaf == 0) {
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      while (second_started.load() != step && std::chrono::steady_clock::now() < give_up)
+        std::this_thread::yield();
+    }
+    if (leaf == leaves - 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   };
   Recorder two_rec;
   Trainer two(c, fixture());
