@@ -30,7 +30,11 @@ namespace fs = std::filesystem;
 CLI::App* add_eval_command(CLI::App& app, EvalOptions& o) {
   CLI::App* cmd =
       app.add_subcommand("eval", "evaluate a checkpoint on the test (validation) split");
-  cmd->add_option("--checkpoint", o.checkpoint, "the checkpoint to evaluate")->required();
+  cmd->add_option("--checkpoint", o.checkpoint, "the checkpoint to evaluate");
+  cmd->add_option("--init-from", o.init_from,
+                  "instead of a checkpoint, the weights of a safetensors file (as train "
+                  "--init-from reads them) for the model --model names");
+  cmd->add_option("--model", o.model, "with --init-from: the model spec, as train --model");
   cmd->add_option("--data", o.data_dir,
                   "the data folder, as for train --data (text for a language model's checkpoint)")
       ->capture_default_str();
@@ -175,7 +179,66 @@ std::vector<float> logits(const checkpoint::Checkpoint& ck, const std::string& n
                         both.test, nullptr);
 }
 
+namespace {
+
+// `cohort eval --init-from FILE --model SPEC`: the weights of a safetensors file on the data's
+// test split, without a checkpoint.
+int eval_weights(const EvalOptions& o, std::ostream& out) {
+  if (o.model.empty())
+    throw InputError(
+        "--init-from: expected --model SPEC as well (a file of weights names no "
+        "model), found none");
+  if (!o.logits_path.empty())
+    throw InputError("--logits: expected --checkpoint (a classifier's), found --init-from");
+  check_output_path("--summary", o.summary_path);
+  check_outputs_apart({{"--summary", o.summary_path}}, {{"--init-from", o.init_from}}, o.data_dir);
+  const auto block = static_cast<std::size_t>(nn::spec_window(o.model));
+  const data::Splits data = data::load_data_folder(o.data_dir, 10, block);
+  train::TrainConfig config;
+  config.model = o.model;
+  config.workers = o.workers;
+  config.batch = std::min<std::size_t>(config.batch, std::max<std::size_t>(1, data.train.count));
+  const nn::Model model = nn::Model::parse(o.model, train::input_shape(data.train),
+                                           static_cast<std::int64_t>(data.train.num_classes));
+  train::validate(config, model, data);
+  const exporting::InitialWeights w = exporting::read_weights(o.init_from, model);
+  train::Trainer trainer(config, data);
+  trainer.start_from(w.params.data(), w.stats.empty() ? nullptr : w.stats.data());
+  const Evaluation e = evaluate_restored(trainer, model.layout().total());
+  if (!o.quiet)
+    out << "cohort eval: " << o.init_from << " (" << o.model << ") on " << o.data_dir << std::fixed
+        << std::setprecision(4) << (e.language_model ? ": val loss " : ": test loss ") << e.loss
+        << (e.language_model ? ", next-token accuracy " : ", test accuracy ") << e.accuracy
+        << ", weights digest " << e.digest << "\n";
+  create_output_folders({o.summary_path});
+  if (!o.summary_path.empty()) {
+    json summary{{"init_from", o.init_from},
+                 {"model", o.model},
+                 {"step", 0},
+                 {"test_loss", e.loss},
+                 {"test_accuracy", e.accuracy},
+                 {"weights_digest", e.digest}};
+    if (e.language_model) {
+      summary["val_loss"] = e.loss;
+      summary["val_bpc"] = e.loss / std::numbers::ln2;
+    }
+    write_file_atomically(o.summary_path, summary.dump(2) + "\n");
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
 int eval_command(const EvalOptions& o, std::ostream& out) {
+  if (!o.init_from.empty() && !o.checkpoint.empty())
+    throw InputError("--init-from: expected either --checkpoint or --init-from, found both");
+  if (!o.init_from.empty()) return eval_weights(o, out);
+  if (o.checkpoint.empty())
+    throw InputError(
+        "--checkpoint: expected a checkpoint to evaluate (or --init-from FILE with "
+        "--model SPEC), found none");
+  if (!o.model.empty())
+    throw InputError("--model: expected it with --init-from only (a checkpoint names its model)");
   check_output_path("--summary", o.summary_path);
   check_output_path("--logits", o.logits_path);
   check_outputs_apart({{"--summary", o.summary_path}, {"--logits", o.logits_path}},

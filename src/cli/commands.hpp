@@ -37,6 +37,7 @@ std::vector<std::string> refuse_train(const std::string& problem, dist::Comm& co
 
 struct EvalOptions {
   std::string checkpoint;
+  std::string init_from, model;  // weights of a safetensors file, for the model --model names
   std::string data_dir = data::kDefaultDataDir;
   std::string summary_path;
   std::string logits_path;

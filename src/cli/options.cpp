@@ -181,6 +181,11 @@ std::vector<TrainFlag> make_table() {
           "image zero-padded by P), flip (horizontal, p 0.5), normalize (per channel, with the "
           "training set's mean and std; also at evaluation), erase:P (random erasing with "
           "probability P); empty: none"),
+      string_flag<&O::config, &TC::init_from>(
+          "--init-from", "model.init_from", Type::kFileIn,
+          "start from the weights of this safetensors file (what cohort export writes; a "
+          "language model's also in Hugging Face's GPT-2 layout) instead of --seed's "
+          "initialisation; a run resumed from a checkpoint keeps the checkpoint's"),
       number_flag<&O::config, &TC::workers>("--workers", "run.workers", {0, 1024},
                                             "worker replicas (0: one per core)"),
       number_flag<&O::config, &TC::batch>(

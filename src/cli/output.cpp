@@ -105,6 +105,8 @@ std::string config_toml(const json& config) {
       add("data", "dir", value);
     } else if (key == "augment") {
       add("data", "augment", value);
+    } else if (key == "init_from") {
+      add("model", "init_from", value);
     } else if (key == "drop_last" && value.is_boolean()) {
       add("run", "keep_last", !value.get<bool>());
     } else if (key == "blocked_layouts" && value.is_boolean()) {
@@ -229,6 +231,7 @@ json config_json(const train::TrainConfig& c, const std::string& data_dir) {
   // one written before it existed, has none); `cohort eval` reads it back to normalize.
   if (const std::string augment = data::to_string(data::parse_augment(c.augment)); !augment.empty())
     config["augment"] = augment;
+  if (!c.init_from.empty()) config["init_from"] = c.init_from;  // recorded only when set
   return config;
 }
 

@@ -16,6 +16,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/data/augment.hpp"
 #include "cohort/dist/watchdog.hpp"
+#include "cohort/export/export.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/version.hpp"
 #include "commands.hpp"
@@ -33,7 +34,9 @@ struct Checked {
   std::shared_ptr<const data::Splits> data;
   std::size_t parameters = 0;
   std::optional<checkpoint::Checkpoint> resume;
-  std::string resume_path;                  // the file `resume` came from
+  std::string resume_path;  // the file `resume` came from
+  // --init-from's weights, read and checked against the model (unused when a checkpoint resumes).
+  std::optional<exporting::InitialWeights> initial;
   std::vector<std::string> resume_skipped;  // --resume auto: files passed over, and why
   double load_seconds = 0;                  // reading the data
 };
@@ -94,6 +97,8 @@ void check_config(Checked& in) {
                        " (resume with the checkpoint's value, or start a new run)");
   }
   in.parameters = model.layout().numel();
+  if (!in.config.init_from.empty())
+    in.initial = exporting::read_weights(in.config.init_from, model);
 }
 
 Checked check_inputs(const TrainOptions& o, const Loaders& loaders) {
@@ -222,7 +227,11 @@ int train_checked(const TrainOptions& o, const Checked& in, std::ostream& all_ou
   // Validates again, then builds the replicas.
   train::Trainer trainer(in.config, *in.data, &comm);
   const auto& c = trainer.config();
-  if (in.resume) trainer.restore(*in.resume, in.resume_path);
+  if (in.resume)
+    trainer.restore(*in.resume, in.resume_path);
+  else if (in.initial)
+    trainer.start_from(in.initial->params.data(),
+                       in.initial->stats.empty() ? nullptr : in.initial->stats.data());
   const json effective_json = config_json(c, o.data_dir);
   const std::string effective = effective_json.dump();
   // Several ranks: a peer that hangs leaves this rank waiting where no error reaches it.

@@ -320,6 +320,15 @@ void Trainer::restore(const checkpoint::Checkpoint& c, const std::string& name) 
   m.skipped_in_a_row = 0;
 }
 
+void Trainer::start_from(const float* params, const float* stats) {
+  Impl& m = *impl_;
+  COHORT_CHECK(m.steps_done == 0, "start_from before the first step");
+  m.model.from_canonical(params, m.weights.data());
+  if (stats != nullptr)
+    std::copy(stats, stats + m.model.stats_layout().total(), m.bn_stats.running());
+  m.copy_to_bf16();
+}
+
 std::uint64_t Trainer::steps_done() const { return impl_->steps_done; }
 
 std::vector<TraceSpan> Trainer::trace() const { return impl_->tracer.spans(); }

@@ -115,6 +115,20 @@ nn::Model checkpoint_model(const checkpoint::Checkpoint& ck, const std::string& 
 void export_checkpoint(const std::filesystem::path& checkpoint, Format format,
                        const std::filesystem::path& out);
 
+// Weights for `model` from a safetensors file (`cohort train --init-from`, `cohort eval
+// --init-from`): every tensor of the model's state_dict by its name and shape (F32, BF16 or F16;
+// num_batches_tracked and other I64 counters skipped), in its canonical order (`params`,
+// `stats`: the bn layers' running statistics). What `cohort export` writes reads back, and for a
+// language model nanoGPT's names or Hugging Face's GPT-2 layout: names with or without
+// "transformer.", Conv1D weights stored (in, out) and transposed here (told by the file's names),
+// the attn.bias and attn.masked_bias buffers ignored, lm_head.weight absent or equal to the token
+// embedding. Throws InputError naming the file and the tensor: a tensor missing, one the model
+// does not have, another shape, a value that is not finite, a damaged header.
+struct InitialWeights {
+  std::vector<float> params, stats;
+};
+InitialWeights read_weights(const std::filesystem::path& path, const nn::Model& model);
+
 // The version recorded in exported files: the CMake project's (project(VERSION)).
 const char* cohort_version();
 

@@ -95,6 +95,9 @@ struct TrainConfig {
   // there); Observer::on_eval gets each result.
   std::size_t eval_every = 0;
   std::string augment;  // --augment: crop:P,flip,erase:P,normalize (data/augment.hpp); "" none
+  // --init-from: a safetensors file whose weights the run starts from (the CLI reads it,
+  // exporting::read_weights, and calls Trainer::start_from); "" the seed's initialisation.
+  std::string init_from;
   // Skip each epoch's last, partial batch, as torch_peer.py does: every step then has the same
   // shape (one set of primitives, one leaf decomposition) and throughput and accuracy compare
   // with the peer under one protocol. The skipped samples differ per epoch (reshuffled).
@@ -289,6 +292,11 @@ class Trainer {
   // Mean loss and accuracy of the current weights on the test set.
   std::pair<double, double> evaluate_test();
   const TrainConfig& config() const;  // with workers and micro_batch resolved
+  // Starts from these weights instead of the seed's initialisation (--init-from): `params` in
+  // the model's canonical order (model().layout().total() floats), `stats` its bn layers'
+  // running statistics (stats_layout().total() floats; null without bn). Before run, at step 0;
+  // the run's recipe (optimizer, schedule, the seed's data order and dropout) applies from step 1.
+  void start_from(const float* params, const float* stats);
   const nn::Model& model() const;
   const float* weights() const;  // the master weights, model().layout().total() floats
   // The bn layers' running statistics, model().stats_layout().total() floats (none without bn).

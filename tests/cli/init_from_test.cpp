@@ -1,0 +1,233 @@
+// --init-from: weights from a safetensors file. What `cohort export` writes reads back to the
+// checkpoint's weights (`cohort eval --init-from` gives `cohort eval --checkpoint`'s digest), for
+// a layer list with bn (its running statistics) and a language model, the latter also in Hugging
+// Face's GPT-2 layout (names without "transformer.", Conv1D weights (in, out), attn.bias buffers,
+// no lm_head); a run from such weights gives one digest for 1 and 2 workers and through a
+// resume; each damaged file is exit 2 naming the tensor.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "testing.hpp"
+
+namespace cohort::cli {
+namespace init_from_test {
+
+namespace fs = std::filesystem;
+using nlohmann::ordered_json;
+using testing::cohort;
+using testing::Result;
+
+// A safetensors file as its header and its tensors' bytes, in header order.
+struct File {
+  ordered_json header;
+  std::vector<std::pair<std::string, std::string>> tensors;  // name, bytes
+};
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+File parse(const fs::path& p) {
+  const std::string bytes = read(p);
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  File f;
+  f.header = ordered_json::parse(bytes.substr(8, n));
+  for (const auto& [name, t] : f.header.items()) {
+    if (name == "__metadata__") continue;
+    const auto begin = t["data_offsets"][0].get<std::size_t>(),
+               end = t["data_offsets"][1].get<std::size_t>();
+    f.tensors.emplace_back(name, bytes.substr(8 + n + begin, end - begin));
+  }
+  return f;
+}
+
+void write(const fs::path& p, const File& f) {
+  ordered_json header = ordered_json::object();
+  std::string data;
+  for (const auto& [name, bytes] : f.tensors) {
+    ordered_json t = f.header.contains(name) ? f.header[name] : ordered_json::object();
+    t["data_offsets"] = {data.size(), data.size() + bytes.size()};
+    header[name] = t;
+    data += bytes;
+  }
+  const std::string text = header.dump();
+  std::string out(8, '\0');
+  const std::uint64_t n = text.size();
+  std::memcpy(out.data(), &n, 8);
+  std::ofstream(p, std::ios::binary) << out << text << data;
+}
+
+// A (rows, cols) float32 matrix's bytes transposed to (cols, rows).
+std::string transposed(const std::string& bytes, std::size_t rows, std::size_t cols) {
+  std::string out(bytes.size(), '\0');
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c)
+      std::memcpy(out.data() + 4 * (c * rows + r), bytes.data() + 4 * (r * cols + c), 4);
+  return out;
+}
+
+// nanoGPT's names (what cohort export writes) as Hugging Face's GPT-2 stores them.
+File hugging_face(const File& nano) {
+  File hf;
+  for (const auto& [name, bytes] : nano.tensors) {
+    if (name == "lm_head.weight") continue;  // tied: not stored
+    std::string renamed = name.substr(std::string("transformer.").size());
+    ordered_json t = nano.header[name];
+    std::string b = bytes;
+    const bool conv1d = name.ends_with("c_attn.weight") || name.ends_with("c_proj.weight") ||
+                        name.ends_with("c_fc.weight");
+    if (conv1d) {
+      const auto rows = t["shape"][0].get<std::size_t>(), cols = t["shape"][1].get<std::size_t>();
+      b = transposed(bytes, rows, cols);
+      t["shape"] = {cols, rows};
+    }
+    hf.header[renamed] = t;
+    hf.tensors.emplace_back(renamed, b);
+    if (name.ends_with("ln_1.weight")) {  // the causal mask buffer HF stores beside each block
+      const std::string block = renamed.substr(0, renamed.find(".ln_1"));
+      hf.header[block + ".attn.bias"] = {{"dtype", "F32"}, {"shape", {1}}};
+      hf.tensors.emplace_back(block + ".attn.bias", std::string(4, '\0'));
+    }
+  }
+  return hf;
+}
+
+class InitFrom : public testing::TempDirTest {
+ protected:
+  // Trains `args` for a few steps, saves, exports: the checkpoint and its safetensors file.
+  void trained(const std::vector<std::string>& args) {
+    ck_ = (dir_ / "run.ckpt").string();
+    st_ = (dir_ / "run.safetensors").string();
+    std::vector<std::string> a{"train", "--steps", "3", "--quiet", "--save", ck_};
+    a.insert(a.end(), args.begin(), args.end());
+    Result r = cohort(a);
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = cohort({"export", "--checkpoint", ck_, "--format", "safetensors", "-o", st_, "--quiet"});
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  std::string digest(std::vector<std::string> eval) {
+    const std::string summary = (dir_ / "eval.json").string();
+    eval.insert(eval.begin(), "eval");
+    eval.insert(eval.end(), {"--summary", summary, "--quiet"});
+    const Result r = cohort(eval);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.code == 0 ? nlohmann::json::parse(read(summary))["weights_digest"].get<std::string>()
+                       : "";
+  }
+  std::string ck_, st_;
+};
+
+TEST_F(InitFrom, ALayerListWithBnReadsBackItsExport) {
+  const std::string model = "conv(4,3)-bn-relu-maxpool(2)-flatten-linear(10)";
+  trained({"--data", COHORT_FIXTURE_DIR, "--model", model, "--batch", "32"});
+  const std::string want = digest({"--checkpoint", ck_, "--data", COHORT_FIXTURE_DIR});
+  EXPECT_EQ(digest({"--init-from", st_, "--model", model, "--data", COHORT_FIXTURE_DIR}), want);
+}
+
+class InitFromGpt : public InitFrom {
+ protected:
+  void SetUp() override {
+    InitFrom::SetUp();
+    text_ = (dir_ / "text").string();
+    fs::create_directories(text_);
+    std::ifstream in(std::string(COHORT_FIXTURE_DIR) + "/../tinyshakespeare/input.txt");
+    std::string t(3000, '\0');
+    in.read(t.data(), static_cast<std::streamsize>(t.size()));
+    std::ofstream(fs::path(text_) / "input.txt") << t;
+    trained({"--data", text_, "--model", kModel, "--batch", "4"});
+  }
+  static constexpr const char* kModel = "gpt:2-2-16-8";
+  std::string text_;
+};
+
+TEST_F(InitFromGpt, NanoGptsNamesAndHuggingFacesLayoutGiveTheCheckpointsWeights) {
+  const std::string want = digest({"--checkpoint", ck_, "--data", text_});
+  EXPECT_EQ(digest({"--init-from", st_, "--model", kModel, "--data", text_}), want);
+  const fs::path hf = dir_ / "hf.safetensors";
+  write(hf, hugging_face(parse(st_)));
+  EXPECT_EQ(digest({"--init-from", hf.string(), "--model", kModel, "--data", text_}), want);
+}
+
+TEST_F(InitFromGpt, ARunFromTheWeightsIsOneForAnyWorkersAndThroughAResume) {
+  auto run = [&](std::vector<std::string> extra) {
+    const std::string summary = (dir_ / "s.json").string();
+    std::vector<std::string> a{"train",   "--data",  text_,         "--model", kModel,
+                               "--batch", "4",       "--init-from", st_,       "--steps",
+                               "4",       "--quiet", "--summary",   summary};
+    a.insert(a.end(), extra.begin(), extra.end());
+    const Result r = cohort(a);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.code == 0 ? nlohmann::json::parse(read(summary))["weights_digest"].get<std::string>()
+                       : "";
+  };
+  const std::string one = run({"--workers", "1"});
+  EXPECT_EQ(run({"--workers", "2"}), one);
+  const std::string half = (dir_ / "half.ckpt").string();
+  run({"--steps", "2", "--save", half});
+  EXPECT_EQ(run({"--resume", half}), one);
+  // Not the seed's initialisation: without --init-from the weights differ.
+  const std::string summary = (dir_ / "plain.json").string();
+  ASSERT_EQ(cohort({"train", "--data", text_, "--model", kModel, "--batch", "4", "--steps", "4",
+                    "--quiet", "--summary", summary})
+                .code,
+            0);
+  EXPECT_NE(nlohmann::json::parse(read(summary))["weights_digest"].get<std::string>(), one);
+}
+
+TEST_F(InitFromGpt, ADamagedFileIsRefusedNamingTheTensor) {
+  const File good = parse(st_);
+  auto refusal = [&](const File& f, const std::string& model = kModel) {
+    const fs::path p = dir_ / "bad.safetensors";
+    write(p, f);
+    const Result r = cohort({"train", "--data", text_, "--model", model, "--batch", "4",
+                             "--init-from", p.string(), "--dry-run"});
+    EXPECT_EQ(r.code, 2) << r.err;
+    return r.err;
+  };
+  File missing = good;
+  missing.tensors.erase(missing.tensors.begin() + 2);  // transformer.h.0.ln_1.weight
+  EXPECT_NE(refusal(missing).find("tensor 'transformer.h.0.ln_1.weight': expected shape [16]"),
+            std::string::npos)
+      << refusal(missing);
+  File extra = good;
+  extra.header["transformer.h.0.attn.c_attn.bias"] = {{"dtype", "F32"}, {"shape", {48}}};
+  extra.tensors.emplace_back("transformer.h.0.attn.c_attn.bias", std::string(48 * 4, '\0'));
+  EXPECT_NE(refusal(extra).find("tensor 'transformer.h.0.attn.c_attn.bias': expected only "
+                                "tensors of --model 'gpt:2-2-16-8'"),
+            std::string::npos)
+      << refusal(extra);
+  const std::string wider = refusal(good, "gpt:2-2-32-8");  // the vocabulary: 52 characters
+  EXPECT_NE(wider.find("tensor 'transformer.wte.weight': expected shape [52, 32] for --model "
+                       "'gpt:2-2-32-8', found [52, 16]"),
+            std::string::npos)
+      << wider;
+  File untied = good;
+  untied.tensors.back().second[0] ^= 1;  // lm_head.weight, last
+  EXPECT_NE(refusal(untied).find("tensor 'lm_head.weight': expected the values of "
+                                 "transformer.wte.weight"),
+            std::string::npos)
+      << refusal(untied);
+  File nan = good;
+  const float not_a_number = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(nan.tensors[0].second.data() + 4, &not_a_number, 4);
+  EXPECT_NE(refusal(nan).find("tensor 'transformer.wte.weight': element 1: expected a finite"),
+            std::string::npos)
+      << refusal(nan);
+  // eval: --init-from needs the model it is for.
+  const Result r = cohort({"eval", "--init-from", st_, "--data", text_});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--init-from: expected --model SPEC as well"), std::string::npos) << r.err;
+}
+
+}  // namespace init_from_test
+}  // namespace cohort::cli
