@@ -120,6 +120,7 @@ int run_args(std::vector<std::string> args, std::ostream& all_out, std::ostream&
     CLI::App* sample_cmd = mode == Mode::kRun ? add_sample_command(app, sample) : nullptr;
     if (const std::optional<int> code = parse(app, args, out)) return *code;
     if (train_cmd->parsed()) {
+      train.model_given = train_cmd->count("--model") > 0;
       check_train_flags(*train_cmd, train, /*outputs=*/comm.rank() == 0);
       if (comm.rank() == 0) check_train_outputs(train);
       if (mode == Mode::kCheckTrain) train.dry_run = true;
@@ -201,6 +202,7 @@ TrainOutcome train(const std::vector<std::string>& args, const Loaders& loaders,
   CLI::App* cmd = add_train_command(app, options);
   TrainOutcome outcome;
   if (parse(app, all, out)) return outcome;  // --help
+  options.model_given = cmd->count("--model") > 0;
   check_train_flags(*cmd, options);
   if (!hooks.data_name.empty()) options.data_dir = hooks.data_name;
   check_train_outputs(options);

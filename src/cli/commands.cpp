@@ -184,7 +184,9 @@ namespace {
 // `cohort eval --init-from FILE --model SPEC`: the weights of a safetensors file on the data's
 // test split, without a checkpoint.
 int eval_weights(const EvalOptions& o, std::ostream& out) {
-  if (o.model.empty())
+  std::int64_t folder_vocab = 0;
+  const std::string spec = folder_model(o.init_from, o.model, folder_vocab);
+  if (spec.empty())
     throw InputError(
         "--init-from: expected --model SPEC as well (a file of weights names no "
         "model), found none");
@@ -192,13 +194,14 @@ int eval_weights(const EvalOptions& o, std::ostream& out) {
     throw InputError("--logits: expected --checkpoint (a classifier's), found --init-from");
   check_output_path("--summary", o.summary_path);
   check_outputs_apart({{"--summary", o.summary_path}}, {{"--init-from", o.init_from}}, o.data_dir);
-  const auto block = static_cast<std::size_t>(nn::spec_window(o.model));
+  const auto block = static_cast<std::size_t>(nn::spec_window(spec));
   const data::Splits data = data::load_data_folder(o.data_dir, 10, block);
+  check_folder_vocab(o.init_from, folder_vocab, data.train);
   train::TrainConfig config;
-  config.model = o.model;
+  config.model = spec;
   config.workers = o.workers;
   config.batch = std::min<std::size_t>(config.batch, std::max<std::size_t>(1, data.train.count));
-  const nn::Model model = nn::Model::parse(o.model, train::input_shape(data.train),
+  const nn::Model model = nn::Model::parse(spec, train::input_shape(data.train),
                                            static_cast<std::int64_t>(data.train.num_classes));
   train::validate(config, model, data);
   const exporting::InitialWeights w = exporting::read_weights(o.init_from, model);
@@ -206,14 +209,14 @@ int eval_weights(const EvalOptions& o, std::ostream& out) {
   trainer.start_from(w.params.data(), w.stats.empty() ? nullptr : w.stats.data());
   const Evaluation e = evaluate_restored(trainer, model.layout().total());
   if (!o.quiet)
-    out << "cohort eval: " << o.init_from << " (" << o.model << ") on " << o.data_dir << std::fixed
+    out << "cohort eval: " << o.init_from << " (" << spec << ") on " << o.data_dir << std::fixed
         << std::setprecision(4) << (e.language_model ? ": val loss " : ": test loss ") << e.loss
         << (e.language_model ? ", next-token accuracy " : ", test accuracy ") << e.accuracy
         << ", weights digest " << e.digest << "\n";
   create_output_folders({o.summary_path});
   if (!o.summary_path.empty()) {
     json summary{{"init_from", o.init_from},
-                 {"model", o.model},
+                 {"model", spec},
                  {"step", 0},
                  {"test_loss", e.loss},
                  {"test_accuracy", e.accuracy},
@@ -337,14 +340,21 @@ CLI::App* add_export_command(CLI::App& app, ExportOptions& o) {
       "export", "write a checkpoint's weights for PyTorch (safetensors) or ONNX runtimes");
   cmd->add_option("--checkpoint", o.checkpoint, "the checkpoint to export")->required();
   cmd->add_option("--format", o.format, names_text(exporting::kFormatNames))->required();
-  cmd->add_option("-o,--output", o.output, "the file to write")->required();
+  cmd->add_option("-o,--output", o.output, "the file to write (--layout hf: the folder)")
+      ->required();
+  cmd->add_option("--layout", o.layout,
+                  "a language model's safetensors: nanogpt (its names, one file) or hf (Hugging "
+                  "Face's GPT-2 folder: model.safetensors and config.json)")
+      ->check(CLI::IsMember({"nanogpt", "hf"}))
+      ->capture_default_str();
   cmd->add_flag("--quiet", o.quiet, "print nothing");
   return cmd;
 }
 
 int export_command(const ExportOptions& o, std::ostream& out) {
   const exporting::Format format = exporting::parse_format(o.format);
-  exporting::export_checkpoint(o.checkpoint, format, o.output);
+  exporting::export_checkpoint(o.checkpoint, format, o.output,
+                               parse_name(exporting::kLayoutNames, o.layout, "--layout"));
   if (!o.quiet)
     out << "cohort export: " << o.checkpoint << " -> " << o.output << " ("
         << exporting::to_string(format) << ")\n";

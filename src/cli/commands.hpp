@@ -61,6 +61,7 @@ int plot_command(const PlotOptions& o, std::ostream& out);
 
 struct ExportOptions {
   std::string checkpoint, format, output;
+  std::string layout = "nanogpt";
   bool quiet = false;
 };
 CLI::App* add_export_command(CLI::App& app, ExportOptions& o);

@@ -182,9 +182,10 @@ std::vector<TrainFlag> make_table() {
           "training set's mean and std; also at evaluation), erase:P (random erasing with "
           "probability P); empty: none"),
       string_flag<&O::config, &TC::init_from>(
-          "--init-from", "model.init_from", Type::kFileIn,
+          "--init-from", "model.init_from", Type::kString,
           "start from the weights of this safetensors file (what cohort export writes; a "
-          "language model's also in Hugging Face's GPT-2 layout) instead of --seed's "
+          "language model's also in Hugging Face's GPT-2 layout, or its folder: "
+          "model.safetensors and config.json, which gives --model) instead of --seed's "
           "initialisation; a run resumed from a checkpoint keeps the checkpoint's"),
       number_flag<&O::config, &TC::workers>("--workers", "run.workers", {0, 1024},
                                             "worker replicas (0: one per core)"),

@@ -41,6 +41,7 @@ struct TrainOptions {
   bool keep_last = false;      // config.drop_last is its negation
   bool plain_layouts = false;  // config.blocked_layouts is its negation
   bool dry_run = false;
+  bool model_given = false;  // --model on the command line or in the config (not the default)
   // --kernels: the kernel set (nn::kernel_set) of the run whose effective config this command
   // repeats; "" none. It changes nothing that runs: where this machine's set differs, the
   // header says the weights may differ in their last bits.

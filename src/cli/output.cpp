@@ -19,6 +19,7 @@
 #include "cohort/core/names.hpp"
 #include "cohort/data/augment.hpp"
 #include "cohort/data/dataset.hpp"
+#include "cohort/export/export.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/version.hpp"
 
@@ -233,6 +234,31 @@ json config_json(const train::TrainConfig& c, const std::string& data_dir) {
     config["augment"] = augment;
   if (!c.init_from.empty()) config["init_from"] = c.init_from;  // recorded only when set
   return config;
+}
+
+std::string folder_model(const std::string& init_from, const std::string& given,
+                         std::int64_t& vocab) {
+  vocab = 0;
+  std::error_code ec;
+  if (init_from.empty() || !std::filesystem::is_directory(init_from, ec)) return given;
+  const exporting::FolderModel m = exporting::read_folder_model(init_from);
+  vocab = m.vocab;
+  if (given.empty()) return m.spec;
+  // The given spec less a dropout (gpt:L-H-C-T-P): what config.json can say.
+  const std::string shape =
+      std::count(given.begin(), given.end(), '-') == 4 ? given.substr(0, given.rfind('-')) : given;
+  if (shape != m.spec)
+    throw InputError("--model: expected '" + m.spec + "' (" + init_from +
+                     "/config.json's model), found '" + given + "'");
+  return given;
+}
+
+void check_folder_vocab(const std::string& init_from, std::int64_t vocab,
+                        const data::Dataset& train) {
+  if (vocab != 0 && static_cast<std::size_t>(vocab) != train.num_classes)
+    throw InputError("--init-from " + init_from + ": config.json's vocab_size is " +
+                     std::to_string(vocab) + ", the data's vocabulary (--data) " +
+                     std::to_string(train.num_classes) + " tokens");
 }
 
 std::string recorded_augment(const checkpoint::Checkpoint& ck, const std::string& name) {

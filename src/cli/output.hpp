@@ -46,6 +46,16 @@ std::string float_text(float f);
 // checkpoint.
 json config_json(const train::TrainConfig& c, const std::string& data_dir);
 
+// --init-from DIR (a Hugging Face folder): the model its config.json describes, against the
+// --model given (`given`, "" if none; its dropout aside: config.json has none). Returns the spec
+// to train or evaluate: `given`, or the folder's. InputError naming both where they differ.
+// A file (not a folder): `given`, unchecked. `vocab` receives the folder's vocabulary (0 for a
+// file), which the data's must equal (check_folder_vocab).
+std::string folder_model(const std::string& init_from, const std::string& given,
+                         std::int64_t& vocab);
+void check_folder_vocab(const std::string& init_from, std::int64_t vocab,
+                        const data::Dataset& train);
+
 // The --augment recorded in checkpoint `ck`'s effective config, canonical; "" if none is recorded
 // (no augmentation, or a checkpoint written before --augment existed or by a library user).
 // Throws InputError naming `name` if the recorded value is not a valid spec.

@@ -37,6 +37,7 @@ struct Checked {
   std::string resume_path;  // the file `resume` came from
   // --init-from's weights, read and checked against the model (unused when a checkpoint resumes).
   std::optional<exporting::InitialWeights> initial;
+  std::int64_t folder_vocab = 0;            // --init-from DIR: config.json's vocab_size
   std::vector<std::string> resume_skipped;  // --resume auto: files passed over, and why
   double load_seconds = 0;                  // reading the data
 };
@@ -49,6 +50,10 @@ struct Checked {
 Checked check_own(const TrainOptions& o, const Loaders& loaders) {
   Checked in;
   in.config = o.train_config();
+  // --init-from DIR: its config.json gives the model (or checks the one given).
+  in.config.model =
+      folder_model(in.config.init_from, o.model_given ? in.config.model : "", in.folder_vocab);
+  if (in.config.model.empty()) in.config.model = o.train_config().model;
   const CheckpointOptions& ck = o.checkpoint;
   if (ck.save_every != 0 && ck.save.empty())
     throw InputError("--save-every: expected --save FILE as well, found none");
@@ -97,8 +102,10 @@ void check_config(Checked& in) {
                        " (resume with the checkpoint's value, or start a new run)");
   }
   in.parameters = model.layout().numel();
-  if (!in.config.init_from.empty())
+  if (!in.config.init_from.empty()) {
+    check_folder_vocab(in.config.init_from, in.folder_vocab, in.data->train);
     in.initial = exporting::read_weights(in.config.init_from, model);
+  }
 }
 
 Checked check_inputs(const TrainOptions& o, const Loaders& loaders) {

@@ -8,10 +8,14 @@
 #include <string_view>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "cohort/config/job_config.hpp"
 #include "cohort/core/atomic_file.hpp"
 #include "cohort/core/error.hpp"
+#include "cohort/data/dataset.hpp"
 #include "cohort/data/text.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
 #include "cohort/version.hpp"
 
 namespace cohort::exporting {
@@ -83,7 +87,119 @@ nn::Model checkpoint_model(const checkpoint::Checkpoint& ck, const std::string& 
   return model;
 }
 
-void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path& out) {
+bool hugging_face_conv1d(const std::string& name) {
+  for (const char* m :
+       {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"})
+    if (name.ends_with(m)) return true;
+  return false;
+}
+
+namespace {
+
+// A language model's weights in Hugging Face's GPT-2 layout, as a safetensors file.
+std::string encode_hugging_face(const nn::Model& model, const float* params, const Metadata& m) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  std::string data;
+  for (const nn::StateTensor& t : model.state_dict()) {
+    if (t.name == "lm_head.weight") continue;  // tied to the token embedding: not stored
+    const std::string name = t.name.substr(t.name.rfind("transformer.", 0) == 0 ? 12 : 0);
+    std::vector<std::int64_t> shape = t.shape;
+    const float* v = params + t.offset;
+    const std::size_t begin = data.size();
+    if (hugging_face_conv1d(t.name) && shape.size() == 2) {
+      const auto rows = static_cast<std::size_t>(shape[0]),
+                 cols = static_cast<std::size_t>(shape[1]);
+      for (std::size_t c = 0; c < cols; ++c)
+        for (std::size_t r = 0; r < rows; ++r)
+          data.append(reinterpret_cast<const char*>(v + r * cols + c), sizeof(float));
+      std::swap(shape[0], shape[1]);
+    } else {
+      data.append(reinterpret_cast<const char*>(v), t.numel() * sizeof(float));
+    }
+    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
+  }
+  header["__metadata__"] = metadata_strings(m);
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  return file + text + data;
+}
+
+}  // namespace
+
+FolderModel read_folder_model(const fs::path& dir) {
+  const fs::path path = dir / "config.json";
+  const std::string name = path.string();
+  const std::vector<std::uint8_t> bytes = data::read_file_bytes(path, std::uint64_t{1} << 24);
+  const nlohmann::json c = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
+  if (c.is_discarded() || !c.is_object())
+    throw InputError(name + ": expected a JSON object (Hugging Face's GPT-2 config), found " +
+                     (c.is_discarded() ? std::string("invalid JSON") : c.type_name()));
+  auto number = [&](const char* key) {
+    if (!c.contains(key) || !c[key].is_number_unsigned() || c[key].get<std::int64_t>() < 1)
+      throw InputError(name + ": " + key + ": expected a positive integer, found " +
+                       (c.contains(key) ? c[key].dump() : std::string("none")));
+    return c[key].get<std::int64_t>();
+  };
+  FolderModel m;
+  m.spec = "gpt:" + std::to_string(number("n_layer")) + "-" + std::to_string(number("n_head")) +
+           "-" + std::to_string(number("n_embd")) + "-" + std::to_string(number("n_positions"));
+  m.vocab = number("vocab_size");
+  const std::string gelu = c.value("activation_function", std::string("gelu_new"));
+  if (gelu != "gelu")
+    throw InputError(name +
+                     ": activation_function: expected \"gelu\" (cohort's GELU is the exact "
+                     "one), found \"" +
+                     gelu + "\" (GPT-2's tanh form, which cohort does not build)");
+  if (!c.contains("bias") || c["bias"] != false)
+    throw InputError(
+        name + ": bias: expected false (cohort's GPT has no biases), found " +
+        (c.contains("bias") ? c["bias"].dump() : std::string("none (GPT-2's biases)")));
+  return m;
+}
+
+fs::path weights_file(const fs::path& init_from) {
+  std::error_code ec;
+  return fs::is_directory(init_from, ec) ? init_from / "model.safetensors" : init_from;
+}
+
+void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path& out,
+                       Layout layout) {
+  if (layout == Layout::kHuggingFace) {
+    if (format != Format::kSafetensors)
+      throw InputError("--layout hf: expected --format safetensors, found --format " +
+                       std::string(to_string(format)));
+    if (out.empty()) throw InputError("-o/--output: expected a folder name, found ''");
+    const checkpoint::Checkpoint ck = checkpoint::load_checkpoint(checkpoint);
+    const nn::Model model = checkpoint_model(ck, checkpoint.string());
+    if (model.kind().window() == 0)
+      throw InputError("--layout hf: expected a language model's checkpoint, found '" + ck.model +
+                       "' (a classifier: its layout is the PyTorch peer's)");
+    const nn::GptShape& s = nn::gpt_model(model).shape();
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec)
+      throw InputError("-o/--output: cannot create the folder " + out.string() + " (" +
+                       ec.message() + ")");
+    const Metadata meta{.model = ck.model,
+                        .step = ck.step,
+                        .input = model.input(),
+                        .vocab = static_cast<std::int64_t>(ck.vocab)};
+    write_file_atomically(out / "model.safetensors",
+                          encode_hugging_face(model, ck.weights.data(), meta));
+    const nlohmann::ordered_json config{{"model_type", "gpt2"},
+                                        {"n_layer", s.layers},
+                                        {"n_head", s.heads},
+                                        {"n_embd", s.embd},
+                                        {"n_positions", s.block},
+                                        {"vocab_size", s.vocab},
+                                        {"bias", false},
+                                        {"activation_function", "gelu"},
+                                        {"layer_norm_epsilon", nn::GptModel::kLayerNormEpsilon}};
+    write_file_atomically(out / "config.json", config.dump(1) + "\n");
+    return;
+  }
   check_output(out);
   if (config::same_file(out.string(), checkpoint.string()))
     throw InputError("-o/--output: expected a file of its own, found '" + out.string() +

@@ -117,20 +117,12 @@ std::map<std::string, Stored> parse(const std::vector<std::uint8_t>& file,
   return out;
 }
 
-// Hugging Face's GPT-2 stores its attention and MLP weights as Conv1D, (in, out).
-bool conv1d(const std::string& name) {
-  for (const char* m :
-       {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"})
-    if (name.ends_with(m)) return true;
-  return false;
-}
-
 }  // namespace
 
 InitialWeights read_weights(const std::filesystem::path& path, const nn::Model& model) {
-  const std::string name = path.string();
+  const std::string name = weights_file(path).string();
   const std::vector<std::uint8_t> file =
-      data::read_file_bytes(path, std::uint64_t{1} << 36);  // 64 GiB: GPT-2's largest is 6
+      data::read_file_bytes(name, std::uint64_t{1} << 36);  // 64 GiB: GPT-2's largest is 6
   std::map<std::string, Stored> stored = parse(file, name);
   const bool language = model.kind().window() > 0;
   // A language model: Hugging Face's names lack "transformer." (its buffers attn.bias and
@@ -166,7 +158,7 @@ InitialWeights read_weights(const std::filesystem::path& path, const nn::Model& 
     const Stored& s = it->second;
     used[t.name] = true;
     std::vector<std::int64_t> want = t.shape;
-    const bool transposed = hugging_face && conv1d(t.name) && want.size() == 2;
+    const bool transposed = hugging_face && hugging_face_conv1d(t.name) && want.size() == 2;
     if (transposed) std::swap(want[0], want[1]);
     if (s.shape != want)
       refuse(where,

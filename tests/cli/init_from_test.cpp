@@ -2,8 +2,9 @@
 // checkpoint's weights (`cohort eval --init-from` gives `cohort eval --checkpoint`'s digest), for
 // a layer list with bn (its running statistics) and a language model, the latter also in Hugging
 // Face's GPT-2 layout (names without "transformer.", Conv1D weights (in, out), attn.bias buffers,
-// no lm_head); a run from such weights gives one digest for 1 and 2 workers and through a
-// resume; each damaged file is exit 2 naming the tensor.
+// no lm_head), and as its folder (export --layout hf: config.json gives the model); a run from such
+// weights gives one digest for 1 and 2 workers and through a resume; each damaged file is exit 2
+// naming the tensor.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -156,6 +157,55 @@ TEST_F(InitFromGpt, NanoGptsNamesAndHuggingFacesLayoutGiveTheCheckpointsWeights)
   const fs::path hf = dir_ / "hf.safetensors";
   write(hf, hugging_face(parse(st_)));
   EXPECT_EQ(digest({"--init-from", hf.string(), "--model", kModel, "--data", text_}), want);
+}
+
+// export --layout hf writes Hugging Face's folder; --init-from takes the folder, its config.json
+// giving the model, and refuses what cohort's model cannot be.
+TEST_F(InitFromGpt, AHuggingFaceFolderGivesTheModelAndTheWeights) {
+  const std::string want = digest({"--checkpoint", ck_, "--data", text_});
+  const fs::path folder = dir_ / "hf";
+  Result r = cohort({"export", "--checkpoint", ck_, "--format", "safetensors", "--layout", "hf",
+                     "-o", folder.string(), "--quiet"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto config = nlohmann::json::parse(read(folder / "config.json"));
+  EXPECT_EQ(config["n_layer"], 2);
+  EXPECT_EQ(config["n_head"], 2);
+  EXPECT_EQ(config["n_embd"], 16);
+  EXPECT_EQ(config["n_positions"], 8);
+  EXPECT_EQ(config["activation_function"], "gelu");
+  EXPECT_EQ(config["bias"], false);
+  // Hugging Face's names and Conv1D shapes.
+  const File hf = parse(folder / "model.safetensors");
+  EXPECT_EQ(hf.header["h.0.attn.c_attn.weight"]["shape"], nlohmann::json({16, 48}));
+  EXPECT_FALSE(hf.header.contains("lm_head.weight"));
+  EXPECT_EQ(digest({"--init-from", folder.string(), "--data", text_}), want);  // no --model
+  r = cohort(
+      {"train", "--data", text_, "--init-from", folder.string(), "--batch", "4", "--dry-run"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("gpt:2-2-16-8"), std::string::npos) << r.out;
+  r = cohort({"train", "--data", text_, "--init-from", folder.string(), "--model", "gpt:2-2-16-4",
+              "--dry-run"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--model: expected 'gpt:2-2-16-8' (" + folder.string() +
+                       "/config.json's model), found 'gpt:2-2-16-4'"),
+            std::string::npos)
+      << r.err;
+  // GPT-2's own config: the tanh GELU, biases.
+  std::ofstream(folder / "config.json")
+      << R"({"n_layer": 2, "n_head": 2, "n_embd": 16, "n_positions": 8, "vocab_size": 52,
+             "activation_function": "gelu_new"})";
+  r = cohort({"eval", "--init-from", folder.string(), "--data", text_});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("config.json: activation_function: expected \"gelu\""), std::string::npos)
+      << r.err;
+  std::ofstream(folder / "config.json")
+      << R"({"n_layer": 2, "n_head": 2, "n_embd": 16, "n_positions": 8, "vocab_size": 60,
+             "activation_function": "gelu", "bias": false})";
+  r = cohort({"eval", "--init-from", folder.string(), "--data", text_});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("config.json's vocab_size is 60, the data's vocabulary (--data) 52"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST_F(InitFromGpt, ARunFromTheWeightsIsOneForAnyWorkersAndThroughAResume) {

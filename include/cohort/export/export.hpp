@@ -28,6 +28,31 @@ inline constexpr Named<Format> kFormatNames[] = {{Format::kSafetensors, "safeten
 Format parse_format(const std::string& name);
 const char* to_string(Format f);
 
+// A language model's safetensors layout: nanoGPT's names (transformer.*, (out, in) weights,
+// lm_head.weight beside the tied token embedding) or Hugging Face's GPT-2 folder
+// (model.safetensors without "transformer.", Conv1D weights (in, out), no lm_head, and its
+// config.json).
+enum class Layout { kNanoGpt, kHuggingFace };
+inline constexpr Named<Layout> kLayoutNames[] = {{Layout::kNanoGpt, "nanogpt"},
+                                                 {Layout::kHuggingFace, "hf"}};
+
+// A Hugging Face folder's config.json (n_layer, n_head, n_embd, n_positions, vocab_size,
+// activation_function, and "bias" as the shared peer writes it) as cohort's model: its spec
+// "gpt:L-H-C-T" and vocabulary. InputError naming the file and field for a value cohort's model
+// cannot be: GPT-2's tanh GELU ("gelu_new") or biases (no "bias": false), a missing field.
+struct FolderModel {
+  std::string spec;
+  std::int64_t vocab = 0;
+};
+FolderModel read_folder_model(const std::filesystem::path& dir);
+
+// Whether nanoGPT's tensor `name` is one Hugging Face's GPT-2 stores as Conv1D, (in, out): the
+// attention's and the MLP's weights.
+bool hugging_face_conv1d(const std::string& name);
+
+// The weights file of an --init-from path: the path itself, or a folder's model.safetensors.
+std::filesystem::path weights_file(const std::filesystem::path& init_from);
+
 // The tensors' names (nn/state_dict.hpp, from the model's kind).
 using nn::Module;
 using nn::Naming;
@@ -112,8 +137,10 @@ nn::Model checkpoint_model(const checkpoint::Checkpoint& ck, const std::string& 
 // checkpoint, weights or statistics that do not match the spec, an output folder that does not
 // exist or cannot be written, an `out` that is the checkpoint's file (through links too) or a
 // FIFO or device the rename would replace.
+// Layout::kHuggingFace (a language model, safetensors): `out` is a folder, created if need be,
+// receiving model.safetensors and config.json.
 void export_checkpoint(const std::filesystem::path& checkpoint, Format format,
-                       const std::filesystem::path& out);
+                       const std::filesystem::path& out, Layout layout = Layout::kNanoGpt);
 
 // Weights for `model` from a safetensors file (`cohort train --init-from`, `cohort eval
 // --init-from`): every tensor of the model's state_dict by its name and shape (F32, BF16 or F16;
