@@ -127,6 +127,20 @@ TEST(Shards, DamagedOnesAreRefusedNamingTheFileAndField) {
       << refusal(f.path(), 2);
 }
 
+// Whether a sanitizer (GCC's macros, clang's __has_feature) runs beside the test.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
 // A field of /proc/self/status in kB.
 std::int64_t status_kb(const std::string& field) {
   std::ifstream in("/proc/self/status");
@@ -153,11 +167,9 @@ TEST(TokenArrays, AreMappedAndTheirCheckLeavesNoneOfThemResident) {
   EXPECT_EQ(s.train.tokens.size(), kTokens);
   EXPECT_EQ(s.train.tokens[kTokens - 1], (kTokens - 1) * 31 % 50257);
   // The corpus is 96 MB; what the load added to the process's own memory, and to what is
-  // resident at all, is a small part of it. Not under AddressSanitizer, whose allocator and
-  // shadow memory are the process's own memory too.
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer: the process's memory is not the program's alone";
-#endif
+  // resident at all, is a small part of it. Not under a sanitizer, whose allocator and shadow
+  // memory are the process's own memory too.
+  if (kSanitized) GTEST_SKIP() << "a sanitizer's memory is the process's too";
   EXPECT_LT(status_kb("RssAnon") - anon, 8 * 1024) << "kB of anonymous memory added";
   EXPECT_LT(status_kb("VmRSS") - rss, 24 * 1024) << "kB resident added";
 }
