@@ -150,6 +150,8 @@ std::int64_t status_kb(const std::string& field) {
 }
 
 TEST(TokenArrays, AreMappedAndTheirCheckLeavesNoneOfThemResident) {
+  // Not under a sanitizer, whose allocator and shadow memory are the process's own memory too.
+  if (kSanitized) GTEST_SKIP() << "a sanitizer's memory is the process's too";
   const Folder f;
   constexpr std::size_t kTokens = std::size_t{48} << 20;  // 96 MB of uint16
   {
@@ -167,9 +169,7 @@ TEST(TokenArrays, AreMappedAndTheirCheckLeavesNoneOfThemResident) {
   EXPECT_EQ(s.train.tokens.size(), kTokens);
   EXPECT_EQ(s.train.tokens[kTokens - 1], (kTokens - 1) * 31 % 50257);
   // The corpus is 96 MB; what the load added to the process's own memory, and to what is
-  // resident at all, is a small part of it. Not under a sanitizer, whose allocator and shadow
-  // memory are the process's own memory too.
-  if (kSanitized) GTEST_SKIP() << "a sanitizer's memory is the process's too";
+  // resident at all, is a small part of it.
   EXPECT_LT(status_kb("RssAnon") - anon, 8 * 1024) << "kB of anonymous memory added";
   EXPECT_LT(status_kb("VmRSS") - rss, 24 * 1024) << "kB resident added";
 }
