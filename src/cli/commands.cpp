@@ -143,6 +143,37 @@ Evaluation evaluate_restored(train::Trainer& trainer, std::size_t params) {
   return e;
 }
 
+// `cohort eval`'s line and --summary file for weights from `source` (`key`: "checkpoint" or
+// "init_from") of `model` after `step` steps. A language model's split is its validation text;
+// its loss is per token, shown in bits too.
+void report_evaluation(const EvalOptions& o, const char* key, const std::string& source,
+                       const std::string& model, std::uint64_t step, const Evaluation& e,
+                       std::ostream& out) {
+  if (!o.quiet) {
+    out << "cohort eval: " << source << " (" << model << ", step " << step << ") on " << o.data_dir
+        << std::fixed << std::setprecision(4);
+    if (e.language_model)
+      out << ": val loss " << e.loss << " (" << std::setprecision(3) << e.loss / std::numbers::ln2
+          << " bits/token), next-token accuracy " << std::setprecision(4) << e.accuracy;
+    else
+      out << ": test loss " << e.loss << ", test accuracy " << e.accuracy;
+    out << ", weights digest " << e.digest << "\n";
+  }
+  create_output_folders({o.summary_path, o.logits_path});
+  if (o.summary_path.empty()) return;
+  json summary{{key, source},
+               {"model", model},
+               {"step", step},
+               {"test_loss", e.loss},
+               {"test_accuracy", e.accuracy},
+               {"weights_digest", e.digest}};
+  if (e.language_model) {
+    summary["val_loss"] = e.loss;
+    summary["val_bpc"] = e.loss / std::numbers::ln2;
+  }
+  write_file_atomically(o.summary_path, summary.dump(2) + "\n");
+}
+
 }  // namespace
 
 Evaluation evaluate(const checkpoint::Checkpoint& ck, const std::string& name,
@@ -207,26 +238,8 @@ int eval_weights(const EvalOptions& o, std::ostream& out) {
   const exporting::InitialWeights w = exporting::read_weights(o.init_from, model);
   train::Trainer trainer(config, data);
   trainer.start_from(w.params.data(), w.stats.empty() ? nullptr : w.stats.data());
-  const Evaluation e = evaluate_restored(trainer, model.layout().total());
-  if (!o.quiet)
-    out << "cohort eval: " << o.init_from << " (" << spec << ") on " << o.data_dir << std::fixed
-        << std::setprecision(4) << (e.language_model ? ": val loss " : ": test loss ") << e.loss
-        << (e.language_model ? ", next-token accuracy " : ", test accuracy ") << e.accuracy
-        << ", weights digest " << e.digest << "\n";
-  create_output_folders({o.summary_path});
-  if (!o.summary_path.empty()) {
-    json summary{{"init_from", o.init_from},
-                 {"model", spec},
-                 {"step", 0},
-                 {"test_loss", e.loss},
-                 {"test_accuracy", e.accuracy},
-                 {"weights_digest", e.digest}};
-    if (e.language_model) {
-      summary["val_loss"] = e.loss;
-      summary["val_bpc"] = e.loss / std::numbers::ln2;
-    }
-    write_file_atomically(o.summary_path, summary.dump(2) + "\n");
-  }
+  report_evaluation(o, "init_from", o.init_from, spec, 0,
+                    evaluate_restored(trainer, model.layout().total()), out);
   return kExitOk;
 }
 
@@ -262,30 +275,8 @@ int eval_command(const EvalOptions& o, std::ostream& out) {
         o.checkpoint + "'s language model '" + ck.model + "', found " + o.data_dir + " with " +
         data.train.describe_shape());
   Restored r = restore_for_eval(ck, o.checkpoint, data, o.workers);
-  const auto [loss, accuracy, digest, language_model] =
-      evaluate_restored(*r.trainer, ck.weights.size());
-  // A language model's split is its validation text; its loss is per token, shown in bits too.
-  if (!o.quiet) {
-    out << "cohort eval: " << o.checkpoint << " (" << ck.model << ", step " << ck.step << ") on "
-        << o.data_dir << std::fixed << std::setprecision(4);
-    if (language_model)
-      out << ": val loss " << loss << " (" << std::setprecision(3) << loss / std::numbers::ln2
-          << " bits/token), next-token accuracy " << std::setprecision(4) << accuracy;
-    else
-      out << ": test loss " << loss << ", test accuracy " << accuracy;
-    out << ", weights digest " << digest << "\n";
-  }
-  create_output_folders({o.summary_path, o.logits_path});
-  if (!o.summary_path.empty()) {
-    json summary{
-        {"checkpoint", o.checkpoint}, {"model", ck.model},         {"step", ck.step},
-        {"test_loss", loss},          {"test_accuracy", accuracy}, {"weights_digest", digest}};
-    if (language_model) {
-      summary["val_loss"] = loss;
-      summary["val_bpc"] = loss / std::numbers::ln2;
-    }
-    write_file_atomically(o.summary_path, summary.dump(2) + "\n");
-  }
+  report_evaluation(o, "checkpoint", o.checkpoint, ck.model, ck.step,
+                    evaluate_restored(*r.trainer, ck.weights.size()), out);
   if (!o.logits_path.empty()) {
     std::optional<data::Augmenter> augment;
     if (!r.config.augment.empty())
