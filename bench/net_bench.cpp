@@ -277,10 +277,10 @@ void gpt_layer_norm(benchmark::State& state, std::int64_t rows, std::int64_t C) 
   }
   for (std::size_t j = 0; j < gamma.size(); ++j) gamma[j] = 1.0f + static_cast<float>(j % 7) / 7;
   for (auto _ : state) {
-    cohort::nn::layer_norm_forward(x.data(), gamma.data(), y.data(), mean.data(), rstd.data(), rows,
-                                   C, 1e-5f);
+    cohort::nn::layer_norm_forward(x.data(), gamma.data(), nullptr, y.data(), mean.data(),
+                                   rstd.data(), rows, C, 1e-5f);
     cohort::nn::layer_norm_backward(x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(),
-                                    dx.data(), true, dgamma.data(), rows, C);
+                                    dx.data(), true, dgamma.data(), nullptr, rows, C);
     benchmark::DoNotOptimize(dx.data());
   }
   state.counters["rows/s"] = benchmark::Counter(static_cast<double>(state.iterations() * rows),

@@ -170,11 +170,13 @@ std::vector<TrainFlag> make_table() {
           "files, train.csv and test.csv, train/<class>/ and test/<class>/ image folders (PNG, "
           "JPEG), or text for a language model: input.txt (UTF-8; val.txt optional) or "
           "train_tokens.npy and val_tokens.npy"),
-      string_flag<&O::config, &TC::model>("--model", "model.spec", Type::kString,
-                                          "mlp:784-512-256-10, cnn, resnet20, or a layer list "
-                                          "such as conv(32,5)-relu-maxpool(2)-flatten-linear(10) "
-                                          "(also bn, gap, res(OC[,stride])), or a language "
-                                          "model gpt:LAYERS-HEADS-EMBD-BLOCK[-DROPOUT]"),
+      string_flag<&O::config, &TC::model>(
+          "--model", "model.spec", Type::kString,
+          "mlp:784-512-256-10, cnn, resnet20, or a layer list "
+          "such as conv(32,5)-relu-maxpool(2)-flatten-linear(10) "
+          "(also bn, gap, res(OC[,stride])), or a language "
+          "model gpt:LAYERS-HEADS-EMBD-BLOCK[-DROPOUT][,bias][,gelu=tanh][,pad=N] "
+          "(gpt:124M and gpt:350M: GPT-2's)"),
       string_flag<&O::config, &TC::augment>(
           "--augment", "data.augment", Type::kString,
           "seeded augmentation of training images, comma-separated: crop:P (random crop of the "

@@ -20,6 +20,7 @@
 #include "cohort/data/augment.hpp"
 #include "cohort/data/dataset.hpp"
 #include "cohort/export/export.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/version.hpp"
 
@@ -244,12 +245,16 @@ std::string folder_model(const std::string& init_from, const std::string& given,
   const exporting::FolderModel m = exporting::read_folder_model(init_from);
   vocab = m.vocab;
   if (given.empty()) return m.spec;
-  // The given spec less a dropout (gpt:L-H-C-T-P): what config.json can say.
-  const std::string shape =
-      std::count(given.begin(), given.end(), '-') == 4 ? given.substr(0, given.rfind('-')) : given;
-  if (shape != m.spec)
+  // What config.json can say: the sizes, the biases and the GELU's form (a dropout and the
+  // vocabulary's padding are the run's own).
+  const nn::GptShape want = nn::GptModel::parse(m.spec, m.vocab).shape();
+  nn::GptShape got = nn::GptModel::parse(given, m.vocab).shape();
+  got.dropout = want.dropout;
+  got.vocab_multiple = want.vocab_multiple;
+  if (got != want)
     throw InputError("--model: expected '" + m.spec + "' (" + init_from +
-                     "/config.json's model), found '" + given + "'");
+                     "/config.json's model; a dropout and pad= may be added), found '" + given +
+                     "'");
   return given;
 }
 

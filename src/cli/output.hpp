@@ -47,8 +47,9 @@ std::string float_text(float f);
 json config_json(const train::TrainConfig& c, const std::string& data_dir);
 
 // --init-from DIR (a Hugging Face folder): the model its config.json describes, against the
-// --model given (`given`, "" if none; its dropout aside: config.json has none). Returns the spec
-// to train or evaluate: `given`, or the folder's. InputError naming both where they differ.
+// --model given (`given`, "" if none; its dropout and its pad= aside: config.json says neither).
+// Returns the spec to train or evaluate: `given`, or the folder's. InputError naming both where
+// they differ.
 // A file (not a folder): `given`, unchecked. `vocab` receives the folder's vocabulary (0 for a
 // file), which the data's must equal (check_folder_vocab).
 std::string folder_model(const std::string& init_from, const std::string& given,

@@ -146,16 +146,16 @@ FolderModel read_folder_model(const fs::path& dir) {
   m.spec = "gpt:" + std::to_string(number("n_layer")) + "-" + std::to_string(number("n_head")) +
            "-" + std::to_string(number("n_embd")) + "-" + std::to_string(number("n_positions"));
   m.vocab = number("vocab_size");
+  // GPT-2's own configs have biases and no "bias" key; nanoGPT's architecture says bias: false.
   const std::string gelu = c.value("activation_function", std::string("gelu_new"));
-  if (gelu != "gelu")
-    throw InputError(name +
-                     ": activation_function: expected \"gelu\" (cohort's GELU is the exact "
-                     "one), found \"" +
-                     gelu + "\" (GPT-2's tanh form, which cohort does not build)");
-  if (!c.contains("bias") || c["bias"] != false)
-    throw InputError(
-        name + ": bias: expected false (cohort's GPT has no biases), found " +
-        (c.contains("bias") ? c["bias"].dump() : std::string("none (GPT-2's biases)")));
+  if (gelu != "gelu" && gelu != "gelu_new")
+    throw InputError(name + ": activation_function: expected \"gelu\" (the exact GELU) or " +
+                     "\"gelu_new\" (GPT-2's tanh form), found \"" + gelu + "\"");
+  if (c.contains("bias") && !c["bias"].is_boolean())
+    throw InputError(name + ": bias: expected true or false, found " + c["bias"].dump());
+  if (c.value("bias", true)) m.spec += ",bias";
+  if (gelu == "gelu_new") m.spec += ",gelu=tanh";
+  if (m.vocab % 128 != 0 && m.vocab > 1024) m.spec += ",pad=128";  // GPT-2's 50,257: 50,304
   return m;
 }
 
@@ -194,8 +194,8 @@ void export_checkpoint(const fs::path& checkpoint, Format format, const fs::path
                                         {"n_embd", s.embd},
                                         {"n_positions", s.block},
                                         {"vocab_size", s.vocab},
-                                        {"bias", false},
-                                        {"activation_function", "gelu"},
+                                        {"bias", s.bias},
+                                        {"activation_function", s.tanh_gelu ? "gelu_new" : "gelu"},
                                         {"layer_norm_epsilon", nn::GptModel::kLayerNormEpsilon}};
     write_file_atomically(out / "config.json", config.dump(1) + "\n");
     return;

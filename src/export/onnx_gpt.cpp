@@ -1,9 +1,11 @@
 // The language model's ONNX graph (opset 13): nanoGPT's inference forward pass (no dropout) on
 // token ids of any batch N and length T up to the block. Opset 13 has no LayerNormalization
 // (opset 17) and no Gelu (opset 20), so a LayerNorm is ReduceMean, Sub, Mul, ReduceMean, Add,
-// Sqrt, Div and Mul, and the GELU 0.5 x (1 + erf(x / sqrt 2)), the exact (erf) form cohort
-// trains with. The linear layers are Gemm with transB = 1 on the (N T, C) rows, PyTorch's
-// (out, in) weights as they are; attention reshapes them to (N, heads, T, head size).
+// Sqrt, Div and Mul (and Add of its bias), and the GELU the model's form: 0.5 x (1 + erf(x /
+// sqrt 2)), or GPT-2's 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). The linear layers are
+// Gemm with transB = 1 on the (N T, C) rows, PyTorch's (out, in) weights as they are, and C their
+// bias where the model has biases; attention reshapes them to (N, heads, T, head size). The
+// token embedding is its first `vocab` rows (the padded ones are 0 and not the model's outputs).
 #include <cmath>
 #include <limits>
 #include <string>
@@ -27,7 +29,10 @@ class GptGraph {
     // The parameters under nanoGPT's names; the head reads transformer.wte.weight (tied), so
     // lm_head.weight, the same tensor, is not an initializer of its own.
     for (const ParamLayout::Entry& e : gpt_.layout().entries())
-      add_floats(g_, e.name, e.shape.dims, params + e.offset);
+      add_floats(
+          g_, e.name,
+          e.offset == gpt_.wte() ? std::vector<std::int64_t>{s_.vocab, s_.embd} : e.shape.dims,
+          params + e.offset);
     constants();
 
     // T from the input's shape, and the shapes that depend on it.
@@ -69,9 +74,14 @@ class GptGraph {
       add_int64s(g_, "const.index" + std::to_string(i), {i}, true);
     scalar("const.epsilon", nn::GptModel::kLayerNormEpsilon);
     scalar("const.attn_scale", 1.0f / std::sqrt(static_cast<float>(D)));
-    scalar("const.inv_sqrt2", static_cast<float>(1 / std::sqrt(2.0)));
     scalar("const.half", 0.5f);
     scalar("const.float_one", 1.0f);
+    if (s_.tanh_gelu) {
+      scalar("const.tanh_scale", static_cast<float>(std::sqrt(2.0 / 3.14159265358979323846)));
+      scalar("const.tanh_cube", 0.044715f);
+    } else {
+      scalar("const.inv_sqrt2", static_cast<float>(1 / std::sqrt(2.0)));
+    }
     // The causal mask for the longest window, added to the scores: 0 where a query may see a key
     // (the key at or before it), minus infinity elsewhere.
     std::vector<float> mask(static_cast<std::size_t>(T * T), 0.0f);
@@ -110,23 +120,36 @@ class GptGraph {
 
     const std::string m = p + ".mlp";
     const std::string h = linear(m + ".c_fc", layer_norm(p + ".ln_2", a + ".residual"));
-    node("Mul", {h, "const.inv_sqrt2"}, m + ".gelu.scaled");
-    node("Erf", {m + ".gelu.scaled"}, m + ".gelu.erf");
-    node("Add", {m + ".gelu.erf", "const.float_one"}, m + ".gelu.sum");
+    if (s_.tanh_gelu) {
+      node("Mul", {h, h}, m + ".gelu.square");
+      node("Mul", {m + ".gelu.square", h}, m + ".gelu.cube");
+      node("Mul", {m + ".gelu.cube", "const.tanh_cube"}, m + ".gelu.cubic");
+      node("Add", {h, m + ".gelu.cubic"}, m + ".gelu.inner");
+      node("Mul", {m + ".gelu.inner", "const.tanh_scale"}, m + ".gelu.scaled");
+      node("Tanh", {m + ".gelu.scaled"}, m + ".gelu.tanh");
+      node("Add", {m + ".gelu.tanh", "const.float_one"}, m + ".gelu.sum");
+    } else {
+      node("Mul", {h, "const.inv_sqrt2"}, m + ".gelu.scaled");
+      node("Erf", {m + ".gelu.scaled"}, m + ".gelu.erf");
+      node("Add", {m + ".gelu.erf", "const.float_one"}, m + ".gelu.sum");
+    }
     node("Mul", {h, m + ".gelu.sum"}, m + ".gelu.product");
     node("Mul", {m + ".gelu.product", "const.half"}, m + ".gelu");
     return node("Add", {a + ".residual", linear(m + ".c_proj", m + ".gelu")}, m + ".residual")
         .output(0);
   }
 
-  // x W^T for the module `name` (its weight "<name>.weight", (out, in)), written as `name`.
+  // x W^T (+ b) for the module `name` (its weight "<name>.weight", (out, in), and its bias
+  // "<name>.bias"), written as `name`.
   std::string linear(const std::string& name, const std::string& x) {
-    add_int(node("Gemm", {x, name + ".weight"}, name), "transB", 1);
+    std::vector<std::string> in{x, name + ".weight"};
+    if (s_.bias) in.push_back(name + ".bias");
+    add_int(node("Gemm", in, name), "transB", 1);
     return name;
   }
 
   // PyTorch's LayerNorm over the rows' last axis (biased variance, epsilon inside the root),
-  // times its weight "<name>.weight"; written as `name`.
+  // times its weight "<name>.weight" (plus its bias "<name>.bias"); written as `name`.
   std::string layer_norm(const std::string& name, const std::string& x) {
     add_ints(node("ReduceMean", {x}, name + ".mean"), "axes", {-1});
     node("Sub", {x, name + ".mean"}, name + ".centered");
@@ -135,7 +158,12 @@ class GptGraph {
     node("Add", {name + ".var", "const.epsilon"}, name + ".var_eps");
     node("Sqrt", {name + ".var_eps"}, name + ".std");
     node("Div", {name + ".centered", name + ".std"}, name + ".normalized");
-    node("Mul", {name + ".normalized", name + ".weight"}, name);
+    if (!s_.bias) {
+      node("Mul", {name + ".normalized", name + ".weight"}, name);
+      return name;
+    }
+    node("Mul", {name + ".normalized", name + ".weight"}, name + ".scaled");
+    node("Add", {name + ".scaled", name + ".bias"}, name);
     return name;
   }
 

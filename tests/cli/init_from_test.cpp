@@ -186,17 +186,38 @@ TEST_F(InitFromGpt, AHuggingFaceFolderGivesTheModelAndTheWeights) {
   r = cohort({"train", "--data", text_, "--init-from", folder.string(), "--model", "gpt:2-2-16-4",
               "--dry-run"});
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("--model: expected 'gpt:2-2-16-8' (" + folder.string() +
-                       "/config.json's model), found 'gpt:2-2-16-4'"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find("--model: expected 'gpt:2-2-16-8' (" + folder.string() +
+                 "/config.json's model; a dropout and pad= may be added), found 'gpt:2-2-16-4'"),
+      std::string::npos)
       << r.err;
-  // GPT-2's own config: the tanh GELU, biases.
+  // A dropout and the vocabulary's padding are the run's own.
+  r = cohort({"train", "--data", text_, "--init-from", folder.string(), "--model",
+              "gpt:2-2-16-8-0.1,pad=64", "--batch", "4", "--dry-run"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = cohort({"train", "--data", text_, "--init-from", folder.string(), "--model",
+              "gpt:2-2-16-8,bias", "--dry-run"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("found 'gpt:2-2-16-8,bias'"), std::string::npos) << r.err;
+  // GPT-2's own config (the tanh GELU; biases, as it has no "bias": false) over weights without
+  // biases: the first missing tensor named.
   std::ofstream(folder / "config.json")
       << R"({"n_layer": 2, "n_head": 2, "n_embd": 16, "n_positions": 8, "vocab_size": 52,
              "activation_function": "gelu_new"})";
   r = cohort({"eval", "--init-from", folder.string(), "--data", text_});
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("config.json: activation_function: expected \"gelu\""), std::string::npos)
+  EXPECT_NE(r.err.find("model.safetensors: tensor 'transformer.h.0.ln_1.bias': expected shape "
+                       "[16] (a tensor of --model 'gpt:2-2-16-8,bias,gelu=tanh'), found none"),
+            std::string::npos)
+      << r.err;
+  std::ofstream(folder / "config.json")
+      << R"({"n_layer": 2, "n_head": 2, "n_embd": 16, "n_positions": 8, "vocab_size": 52,
+             "activation_function": "relu"})";
+  r = cohort({"eval", "--init-from", folder.string(), "--data", text_});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("config.json: activation_function: expected \"gelu\" (the exact GELU) or "
+                       "\"gelu_new\" (GPT-2's tanh form), found \"relu\""),
+            std::string::npos)
       << r.err;
   std::ofstream(folder / "config.json")
       << R"({"n_layer": 2, "n_head": 2, "n_embd": 16, "n_positions": 8, "vocab_size": 60,
@@ -206,6 +227,33 @@ TEST_F(InitFromGpt, AHuggingFaceFolderGivesTheModelAndTheWeights) {
   EXPECT_NE(r.err.find("config.json's vocab_size is 60, the data's vocabulary (--data) 52"),
             std::string::npos)
       << r.err;
+}
+
+// GPT-2's architecture (biases, the tanh GELU, 52 tokens padded to 64): both layouts write its
+// biases and its 52 token rows (not the padding), config.json says "gelu_new" and bias true, and
+// each reads back to the checkpoint's weights: the file with --model, the folder with a --model
+// that adds the padding back (config.json does not say it).
+TEST_F(InitFromGpt, Gpt2sArchitectureReadsBackThroughBothLayouts) {
+  const std::string model = "gpt:2-2-16-8,bias,gelu=tanh,pad=64";
+  trained({"--data", text_, "--model", model, "--batch", "4"});
+  const std::string want = digest({"--checkpoint", ck_, "--data", text_});
+  const File nano = parse(st_);
+  EXPECT_EQ(nano.header["transformer.wte.weight"]["shape"], ordered_json({52, 16}));
+  EXPECT_EQ(nano.header["transformer.h.1.mlp.c_fc.bias"]["shape"], ordered_json({64}));
+  EXPECT_EQ(nano.header["transformer.ln_f.bias"]["shape"], ordered_json({16}));
+  EXPECT_EQ(digest({"--init-from", st_, "--model", model, "--data", text_}), want);
+  const fs::path folder = dir_ / "hf2";
+  const Result r = cohort({"export", "--checkpoint", ck_, "--format", "safetensors", "--layout",
+                           "hf", "-o", folder.string(), "--quiet"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto config = nlohmann::json::parse(read(folder / "config.json"));
+  EXPECT_EQ(config["activation_function"], "gelu_new");
+  EXPECT_EQ(config["bias"], true);
+  EXPECT_EQ(config["vocab_size"], 52);
+  const File hf = parse(folder / "model.safetensors");
+  EXPECT_EQ(hf.header["h.0.attn.c_attn.bias"]["shape"], ordered_json({48}));
+  EXPECT_EQ(hf.header["wte.weight"]["shape"], ordered_json({52, 16}));
+  EXPECT_EQ(digest({"--init-from", folder.string(), "--model", model, "--data", text_}), want);
 }
 
 TEST_F(InitFromGpt, ARunFromTheWeightsIsOneForAnyWorkersAndThroughAResume) {

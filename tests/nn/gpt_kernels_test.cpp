@@ -3,8 +3,9 @@
 // window lengths below, at and above the eight-wide partial sums and not a multiple of eight, at
 // the scales 1, 1/8 (a head size of 64) and 1/sqrt(32) (not a power of two); the masked entries
 // exactly 0 and never read; the bf16 forms the f32 results rounded. gelu_forward and
-// gelu_backward: GELU (erf form) and its slope over the range activations take and beyond; their
-// bf16 forms the f32 results rounded, the forward's table lookups at every bf16 value.
+// gelu_backward: GELU (the erf form and GPT-2's tanh form) and its slope over the range
+// activations take and beyond; their bf16 forms the f32 results rounded, the forward's table
+// lookups at every bf16 value. LayerNorm with and without its bias; bias_backward's column sums.
 #include "cohort/nn/gpt/gpt_kernels.hpp"
 
 #include <gtest/gtest.h>
@@ -206,15 +207,32 @@ TEST_P(CausalSoftmaxForward, MatchesTheFloat64Reference) {
 
 INSTANTIATE_TEST_SUITE_P(Windows, CausalSoftmaxForward, kWindows, window_name);
 
-// GELU(x) = x Phi(x) and its slope Phi(x) + x phi(x) in float64.
-double gelu64(double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); }
-double gelu_slope64(double x) {
+// GELU(x) = x Phi(x) and its slope Phi(x) + x phi(x) in float64; GPT-2's tanh form
+// x sigmoid(2u), u = sqrt(2 / pi) (x + 0.044715 x^3), and its slope.
+double gelu64(double x, Gelu form = Gelu::kErf) {
+  if (form == Gelu::kTanh) {
+    const double u = std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x);
+    return x / (1 + std::exp(-2 * u));
+  }
+  return 0.5 * x * std::erfc(-x / std::sqrt(2.0));
+}
+double gelu_slope64(double x, Gelu form = Gelu::kErf) {
+  if (form == Gelu::kTanh) {
+    const double u = std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x);
+    const double s = 1 / (1 + std::exp(-2 * u));
+    return s + 2 * x * s * (1 - s) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
+  }
   return 0.5 * std::erfc(-x / std::sqrt(2.0)) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
 }
 
+std::string form_name(Gelu form) { return form == Gelu::kTanh ? "Tanh" : "Erf"; }
+
+class Gelu64 : public ::testing::TestWithParam<Gelu> {};
+
 // Every 1/64 from -16 to 16 and random points of [-6, 6), then 0, -0 and the extremes; the
 // forward without slopes gives the same values; the backward is the gradient times the slope.
-TEST(Gelu, ValuesAndSlopesMatchTheFloat64Reference) {
+TEST_P(Gelu64, ValuesAndSlopesMatchTheFloat64Reference) {
+  const Gelu form = GetParam();
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
   std::vector<float> x;
   for (int i = -16 * 64; i <= 16 * 64; ++i) x.push_back(static_cast<float>(i) / 64.0f);
@@ -223,16 +241,16 @@ TEST(Gelu, ValuesAndSlopesMatchTheFloat64Reference) {
   for (const float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 40.0f, -40.0f, 1e30f, -1e30f}) x.push_back(v);
   const auto n = static_cast<std::int64_t>(x.size());
   std::vector<float> g(x.size()), slope(x.size()), g_only(x.size()), dg(x.size()), df(x.size());
-  gelu_forward(x.data(), g.data(), slope.data(), n);
-  gelu_forward(x.data(), g_only.data(), nullptr, n);
+  gelu_forward(x.data(), g.data(), slope.data(), n, form);
+  gelu_forward(x.data(), g_only.data(), nullptr, n, form);
   for (auto& v : dg) v = rng.uniform(-1.0f, 1.0f);
   gelu_backward(dg.data(), slope.data(), df.data(), n);
   for (std::size_t i = 0; i < x.size(); ++i) {
-    const double v = x[i], want = gelu64(v), want_slope = gelu_slope64(v);
-    // Phi to 1e-7 (erf's approximation: Abramowitz and Stegun 7.1.26, 1.5e-7) and float's
-    // rounding of the products.
+    const double v = x[i], want = gelu64(v, form), want_slope = gelu_slope64(v, form);
+    // Phi to 1e-7 (erf's approximation: Abramowitz and Stegun 7.1.26, 1.5e-7), the tanh form's
+    // sigmoid to a few of float's roundings, and float's rounding of the products.
     ASSERT_NEAR(g[i], want, 1e-7 * (1 + std::abs(v)) + 1.2e-7 * std::abs(want)) << "x = " << v;
-    ASSERT_NEAR(slope[i], want_slope, 3e-7) << "x = " << v;
+    ASSERT_NEAR(slope[i], want_slope, 3e-7 * (1 + std::abs(want_slope))) << "x = " << v;
     ASSERT_EQ(g_only[i], g[i]) << "x = " << v;
     ASSERT_EQ(df[i], dg[i] * slope[i]) << "x = " << v;
   }
@@ -242,10 +260,25 @@ TEST(Gelu, ValuesAndSlopesMatchTheFloat64Reference) {
   EXPECT_EQ(g[x.size() - 2], 1e30f);
 }
 
+INSTANTIATE_TEST_SUITE_P(Forms, Gelu64, ::testing::Values(Gelu::kErf, Gelu::kTanh),
+                         [](const auto& test) { return form_name(test.param); });
+
+// The two forms differ (by up to 4.7e-4, at |x| = 2.7): a plan that ran the other would show.
+TEST(Gelu, TheTwoFormsDiffer) {
+  std::vector<float> x{-2.7f, 2.7f}, erf(2), tanh(2);
+  gelu_forward(x.data(), erf.data(), nullptr, 2, Gelu::kErf);
+  gelu_forward(x.data(), tanh.data(), nullptr, 2, Gelu::kTanh);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_GT(std::abs(erf[i] - tanh[i]), 4e-4f) << "x = " << x[i];
+    EXPECT_NEAR(tanh[i], gelu64(x[i], Gelu::kTanh), 1e-6) << "x = " << x[i];
+  }
+}
+
 // The bf16 forms are the f32 ones on the same (bf16) values, rounded: values and slopes, and the
 // backward's product of bf16 gradient and slope; every length mod 16 (the last values go through
 // a full vector), a NaN kept a NaN in the vector part and in the last values.
-TEST(Gelu, Bf16IsTheF32KernelRounded) {
+TEST_P(Gelu64, Bf16IsTheF32KernelRounded) {
+  const Gelu form = GetParam();
   std::printf("seed %llu\n", static_cast<unsigned long long>(kSeed));
   Rng rng({kSeed, 3});
   for (std::int64_t n = 1; n <= 40; ++n) {
@@ -256,10 +289,10 @@ TEST(Gelu, Bf16IsTheF32KernelRounded) {
     if (nan_at < x.size()) x[nan_at] = to_bf16(std::numeric_limits<float>::quiet_NaN());
     std::vector<float> xf(x.size()), g(x.size()), slope(x.size());
     to_float(x.data(), xf.data(), x.size());
-    gelu_forward(xf.data(), g.data(), slope.data(), n);
+    gelu_forward(xf.data(), g.data(), slope.data(), n, form);
     std::vector<bf16> g16(x.size()), slope16(x.size()), g16_only(x.size()), df16(x.size());
-    gelu_forward(x.data(), g16.data(), slope16.data(), n);
-    gelu_forward(x.data(), g16_only.data(), nullptr, n);
+    gelu_forward(x.data(), g16.data(), slope16.data(), n, form);
+    gelu_forward(x.data(), g16_only.data(), nullptr, n, form);
     gelu_backward(dg.data(), slope16.data(), df16.data(), n);
     for (std::size_t i = 0; i < x.size(); ++i) {
       ASSERT_EQ(g16[i].bits, to_bf16(g[i]).bits) << "n " << n << ", x = " << xf[i];
@@ -279,23 +312,24 @@ TEST(Gelu, Bf16IsTheF32KernelRounded) {
 // the slope are the f32 kernel's at the same value, rounded; NaN where the value is NaN (which NaN
 // is the compiler's: its operand order sets the sign, and the kernel's two copies may differ);
 // and the f32 kernel's values themselves stay near float64's where they are finite.
-class GeluTable : public ::testing::TestWithParam<GeluLookup> {};
+class GeluTable : public ::testing::TestWithParam<std::tuple<GeluLookup, Gelu>> {};
 
 TEST_P(GeluTable, EveryBf16ValueIsTheF32KernelRounded) {
-  if (!gelu_lookup_available(GetParam())) GTEST_SKIP() << "this CPU lacks the instructions";
+  const auto [how, form] = GetParam();
+  if (!gelu_lookup_available(how)) GTEST_SKIP() << "this CPU lacks the instructions";
   const std::size_t n = std::size_t{1} << 16;
   std::vector<bf16> x(n + 1);
   for (std::size_t i = 0; i < n; ++i) x[i + 1].bits = static_cast<std::uint16_t>(i);
   std::vector<float> xf(n), g(n), slope(n);
   to_float(x.data() + 1, xf.data(), n);
-  gelu_forward(xf.data(), g.data(), slope.data(), static_cast<std::int64_t>(n));
+  gelu_forward(xf.data(), g.data(), slope.data(), static_cast<std::int64_t>(n), form);
   // Start 0: all 65,536 values, through the vector part only; start 1: the 65,535 after the
   // first, so the last ones go through the scalar lookups.
   for (const std::size_t start : {std::size_t{0}, std::size_t{1}}) {
     const auto count = static_cast<std::int64_t>(n - start);
     std::vector<bf16> g16(n), slope16(n), g16_only(n);
-    gelu_forward(x.data() + 1 + start, g16.data(), slope16.data(), count, GetParam());
-    gelu_forward(x.data() + 1 + start, g16_only.data(), nullptr, count, GetParam());
+    gelu_forward(x.data() + 1 + start, g16.data(), slope16.data(), count, form, how);
+    gelu_forward(x.data() + 1 + start, g16_only.data(), nullptr, count, form, how);
     for (std::size_t k = 0; k < n - start; ++k) {
       const std::size_t i = k + start;
       ASSERT_EQ(g16_only[k].bits, g16[k].bits) << "bits " << std::hex << x[i + 1].bits;
@@ -310,36 +344,34 @@ TEST_P(GeluTable, EveryBf16ValueIsTheF32KernelRounded) {
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (!std::isfinite(xf[i]) || std::abs(xf[i]) >= 1e4f) continue;
-    ASSERT_NEAR(g[i], gelu64(xf[i]), 1e-7 * (1 + std::abs(xf[i])) + 1.2e-7 * std::abs(g[i]))
+    ASSERT_NEAR(g[i], gelu64(xf[i], form), 1e-7 * (1 + std::abs(xf[i])) + 1.2e-7 * std::abs(g[i]))
         << "x = " << xf[i];
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Lookups, GeluTable,
-                         ::testing::Values(GeluLookup::kAuto, GeluLookup::kScalar,
-                                           GeluLookup::kGather8, GeluLookup::kGather16),
-                         [](const auto& test) {
-                           switch (test.param) {
-                             case GeluLookup::kScalar:
-                               return std::string("Scalar");
-                             case GeluLookup::kGather8:
-                               return std::string("Gather8");
-                             case GeluLookup::kGather16:
-                               return std::string("Gather16");
-                             default:
-                               return std::string("Auto");
-                           }
-                         });
+// "Gather16Tanh" and so on.
+std::string lookup_name(const ::testing::TestParamInfo<std::tuple<GeluLookup, Gelu>>& test) {
+  static const char* const kNames[] = {"Auto", "Scalar", "Gather8", "Gather16"};
+  return kNames[static_cast<int>(std::get<0>(test.param))] + form_name(std::get<1>(test.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Lookups, GeluTable,
+    ::testing::Combine(::testing::Values(GeluLookup::kAuto, GeluLookup::kScalar,
+                                         GeluLookup::kGather8, GeluLookup::kGather16),
+                       ::testing::Values(Gelu::kErf, Gelu::kTanh)),
+    lookup_name);
 
 // LayerNorm over rows of C values against float64: forward (values, mean, 1 / std) and backward
 // (dx, dgamma), f32 and bf16 (y the f32 result rounded; dy read from bf16: its float's result),
 // widths below, at and above the eight partial sums; one row far from zero (mean 100, spread 1:
 // E[x^2] - E[x]^2 in float would be off by about 0.2%, the two passes by 1e-5), backward written
 // and added.
-class LayerNorm : public ::testing::TestWithParam<std::int64_t> {};
+class LayerNorm : public ::testing::TestWithParam<std::tuple<std::int64_t, bool>> {};
 
 TEST_P(LayerNorm, MatchesTheFloat64Reference) {
-  const std::int64_t C = GetParam(), rows = 5;
+  const auto [C, with_bias] = GetParam();
+  const std::int64_t rows = 5;
   const float eps = 1e-5f;
   std::printf("seed %llu, C %lld\n", static_cast<unsigned long long>(kSeed),
               static_cast<long long>(C));
@@ -350,6 +382,9 @@ TEST_P(LayerNorm, MatchesTheFloat64Reference) {
     x[i] = i / static_cast<std::size_t>(C) == 2 ? 100.0f + rng.uniform(-1.0f, 1.0f)
                                                 : rng.uniform(-3.0f, 3.0f);
   for (auto& v : gamma) v = rng.uniform(0.5f, 1.5f);
+  std::vector<float> beta_values(gamma.size());
+  for (auto& v : beta_values) v = rng.uniform(-1.0f, 1.0f);
+  const float* beta = with_bias ? beta_values.data() : nullptr;
   std::vector<bf16> dy16(n);
   for (std::size_t i = 0; i < n; ++i) {
     dy16[i] = to_bf16(rng.uniform(-1.0f, 1.0f));
@@ -357,20 +392,23 @@ TEST_P(LayerNorm, MatchesTheFloat64Reference) {
     base[i] = rng.uniform(-1.0f, 1.0f);
   }
   std::vector<float> y(n), mean(static_cast<std::size_t>(rows)), rstd(mean.size());
-  layer_norm_forward(x.data(), gamma.data(), y.data(), mean.data(), rstd.data(), rows, C, eps);
+  layer_norm_forward(x.data(), gamma.data(), beta, y.data(), mean.data(), rstd.data(), rows, C,
+                     eps);
   std::vector<bf16> y16(n);
   std::vector<float> mean16(mean.size()), rstd16(mean.size());
-  layer_norm_forward(x.data(), gamma.data(), y16.data(), mean16.data(), rstd16.data(), rows, C,
-                     eps);
+  layer_norm_forward(x.data(), gamma.data(), beta, y16.data(), mean16.data(), rstd16.data(), rows,
+                     C, eps);
   std::vector<float> dx(n, 7.0f), dx_added(base), dx16(n), dgamma(gamma.size(), 7.0f),
-      dgamma_added(gamma.size()), dgamma16(gamma.size());
+      dgamma_added(gamma.size()), dgamma16(gamma.size()), dbeta(gamma.size(), 7.0f),
+      dbeta_added(gamma.size()), dbeta16(gamma.size());
+  float* db = with_bias ? dbeta.data() : nullptr;
   layer_norm_backward(x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(), dx.data(), false,
-                      dgamma.data(), rows, C);
+                      dgamma.data(), db, rows, C);
   layer_norm_backward(x.data(), gamma.data(), mean.data(), rstd.data(), dy.data(), dx_added.data(),
-                      true, dgamma_added.data(), rows, C);
+                      true, dgamma_added.data(), with_bias ? dbeta_added.data() : nullptr, rows, C);
   layer_norm_backward(x.data(), gamma.data(), mean.data(), rstd.data(), dy16.data(), dx16.data(),
-                      false, dgamma16.data(), rows, C);
-  std::vector<double> dgamma64(gamma.size(), 0.0);
+                      false, dgamma16.data(), with_bias ? dbeta16.data() : nullptr, rows, C);
+  std::vector<double> dgamma64(gamma.size(), 0.0), dbeta64(gamma.size(), 0.0);
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::size_t at = static_cast<std::size_t>(r * C);
     double mu = 0, var = 0;
@@ -391,13 +429,14 @@ TEST_P(LayerNorm, MatchesTheFloat64Reference) {
       a += g;
       b += g * xhat[j];
       dgamma64[j] += dy[at + j] * xhat[j];
+      dbeta64[j] += dy[at + j];
     }
     a /= C;
     b /= C;
     const double tol = r == 2 ? 1e-4 : 1e-5;  // the row far from zero: x - mean loses digits
     for (std::int64_t j = 0; j < C; ++j) {
       const std::size_t i = at + static_cast<std::size_t>(j);
-      const double want_y = xhat[j] * gamma[j];
+      const double want_y = xhat[j] * gamma[j] + (beta ? beta[j] : 0.0);
       ASSERT_NEAR(y[i], want_y, tol * (1 + std::abs(want_y))) << "row " << r << ", column " << j;
       ASSERT_EQ(y16[i].bits, to_bf16(y[i]).bits) << "row " << r << ", column " << j;
       const double want_dx = rs * (dy[i] * static_cast<double>(gamma[j]) - a - xhat[j] * b);
@@ -414,6 +453,13 @@ TEST_P(LayerNorm, MatchesTheFloat64Reference) {
     ASSERT_NEAR(dgamma[j], dgamma64[j], 1e-3 * (1 + std::abs(dgamma64[j]))) << "column " << j;
     ASSERT_EQ(dgamma_added[j], dgamma[j]) << "column " << j << ": overwritten, not added";
     ASSERT_NEAR(dgamma16[j], dgamma[j], 1e-6 * (1 + std::abs(dgamma[j]))) << "column " << j;
+    if (!with_bias) {
+      ASSERT_EQ(dbeta[j], 7.0f) << "column " << j << ": no bias, not written";
+      continue;
+    }
+    ASSERT_NEAR(dbeta[j], dbeta64[j], 1e-5 * (1 + std::abs(dbeta64[j]))) << "column " << j;
+    ASSERT_EQ(dbeta_added[j], dbeta[j]) << "column " << j << ": overwritten, not added";
+    ASSERT_EQ(dbeta16[j], dbeta[j]) << "column " << j;
   }
   // A row's results do not depend on the rows around it (the loops take rows four at a time and
   // the rest one by one): each row alone gives the same bits.
@@ -423,14 +469,14 @@ TEST_P(LayerNorm, MatchesTheFloat64Reference) {
         dgamma1(width);
     std::vector<bf16> y1_16(width);
     float mean1 = 0, rstd1 = 0;
-    layer_norm_forward(x.data() + at, gamma.data(), y1.data(), &mean1, &rstd1, 1, C, eps);
-    layer_norm_forward(x.data() + at, gamma.data(), y1_16.data(), &mean1, &rstd1, 1, C, eps);
+    layer_norm_forward(x.data() + at, gamma.data(), beta, y1.data(), &mean1, &rstd1, 1, C, eps);
+    layer_norm_forward(x.data() + at, gamma.data(), beta, y1_16.data(), &mean1, &rstd1, 1, C, eps);
     ASSERT_EQ(mean1, mean[r]) << "row " << r;
     ASSERT_EQ(rstd1, rstd[r]) << "row " << r;
     layer_norm_backward(x.data() + at, gamma.data(), &mean[r], &rstd[r], dy.data() + at,
-                        added.data(), true, dgamma1.data(), 1, C);
+                        added.data(), true, dgamma1.data(), nullptr, 1, C);
     layer_norm_backward(x.data() + at, gamma.data(), &mean[r], &rstd[r], dy16.data() + at,
-                        dx1.data(), false, dgamma1.data(), 1, C);
+                        dx1.data(), false, dgamma1.data(), nullptr, 1, C);
     for (std::size_t j = 0; j < width; ++j) {
       ASSERT_EQ(y1[j], y[at + j]) << "row " << r << ", column " << j;
       ASSERT_EQ(y1_16[j].bits, y16[at + j].bits) << "row " << r << ", column " << j;
@@ -440,8 +486,49 @@ TEST_P(LayerNorm, MatchesTheFloat64Reference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Widths, LayerNorm, ::testing::Values(1, 7, 8, 13, 64, 256),
-                         [](const auto& w) { return "C" + std::to_string(w.param); });
+INSTANTIATE_TEST_SUITE_P(Widths, LayerNorm,
+                         ::testing::Combine(::testing::Values(1, 7, 8, 13, 64, 256),
+                                            ::testing::Bool()),
+                         [](const auto& w) {
+                           return "C" + std::to_string(std::get<0>(w.param)) +
+                                  (std::get<1>(w.param) ? "WithBias" : "");
+                         });
+
+// A bias's gradient: each column summed over the rows in row order (a float loop in that order
+// gives the same bits), from f32 and from bf16, widths below, at and past the 16-wide vectors;
+// near float64's sums; written over what the output held.
+class BiasBackward : public ::testing::TestWithParam<std::int64_t> {};
+
+TEST_P(BiasBackward, IsTheColumnSumsInRowOrder) {
+  const std::int64_t O = GetParam(), rows = 37;
+  std::printf("seed %llu, O %lld\n", static_cast<unsigned long long>(kSeed),
+              static_cast<long long>(O));
+  Rng rng({kSeed, static_cast<std::uint64_t>(O), 5});
+  const auto n = static_cast<std::size_t>(rows * O);
+  std::vector<float> dy(n);
+  std::vector<bf16> dy16(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    dy16[i] = to_bf16(rng.uniform(-1.0f, 1.0f));
+    dy[i] = to_float(dy16[i]);
+  }
+  std::vector<float> db(static_cast<std::size_t>(O), 7.0f), db16(db);
+  bias_backward(dy.data(), db.data(), rows, O);
+  bias_backward(dy16.data(), db16.data(), rows, O);
+  for (std::int64_t o = 0; o < O; ++o) {
+    float in_order = 0.0f;
+    double exact = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      in_order += dy[static_cast<std::size_t>(r * O + o)];
+      exact += dy[static_cast<std::size_t>(r * O + o)];
+    }
+    ASSERT_EQ(db[o], in_order) << "column " << o;
+    ASSERT_EQ(db16[o], in_order) << "column " << o;
+    ASSERT_NEAR(db[o], exact, 1e-5) << "column " << o;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Widths, BiasBackward, ::testing::Values(1, 15, 16, 17, 48, 100),
+                         [](const auto& w) { return "O" + std::to_string(w.param); });
 
 }  // namespace gpt_kernels_test
 }  // namespace cohort::nn

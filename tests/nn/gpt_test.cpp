@@ -61,6 +61,61 @@ TEST(GptModel, NamesAndShapesAreNanoGpts) {
   EXPECT_EQ(ranges.back().first, m.ln_f());
 }
 
+// GPT-2's architecture: each module's bias after its weight (nanoGPT's bias=True order), the
+// token embedding padded to the multiple, the presets' counts those of llm.c's padded GPT-2
+// (124,475,904) and of GPT-2 medium (354,823,168 with 50,257 rows; 48,128 more with 50,304).
+TEST(GptModel, Gpt2sArchitectureIsBiasesTanhAndAPaddedVocabulary) {
+  const GptModel m = GptModel::parse("gpt:1-2-8-5,bias,gelu=tanh,pad=4", 7);
+  EXPECT_TRUE(m.shape().bias);
+  EXPECT_TRUE(m.shape().tanh_gelu);
+  EXPECT_EQ(m.shape().padded_vocab(), 8);
+  std::vector<std::string> names;
+  for (const auto& e : m.layout().entries()) names.push_back(e.name + " " + e.shape.str());
+  const std::vector<std::string> want = {"transformer.wte.weight (8, 8)",
+                                         "transformer.wpe.weight (5, 8)",
+                                         "transformer.h.0.ln_1.weight (8)",
+                                         "transformer.h.0.ln_1.bias (8)",
+                                         "transformer.h.0.attn.c_attn.weight (24, 8)",
+                                         "transformer.h.0.attn.c_attn.bias (24)",
+                                         "transformer.h.0.attn.c_proj.weight (8, 8)",
+                                         "transformer.h.0.attn.c_proj.bias (8)",
+                                         "transformer.h.0.ln_2.weight (8)",
+                                         "transformer.h.0.ln_2.bias (8)",
+                                         "transformer.h.0.mlp.c_fc.weight (32, 8)",
+                                         "transformer.h.0.mlp.c_fc.bias (32)",
+                                         "transformer.h.0.mlp.c_proj.weight (8, 32)",
+                                         "transformer.h.0.mlp.c_proj.bias (8)",
+                                         "transformer.ln_f.weight (8)",
+                                         "transformer.ln_f.bias (8)"};
+  EXPECT_EQ(names, want);
+  EXPECT_EQ(m.layout().at("transformer.h.0.mlp.c_fc.bias").offset, m.block(0).c_fc_bias);
+  EXPECT_EQ(m.layout().at("transformer.ln_f.bias").offset, m.ln_f_bias());
+  EXPECT_EQ(m.norm_ranges().size(), 10u);  // every 1-D tensor: LayerNorm weights and biases
+  // A later option replaces an earlier one; without options, none of them.
+  const GptShape plain = GptModel::parse("gpt:1-2-8-5,gelu=tanh,gelu=erf,pad=4,pad=1", 7).shape();
+  EXPECT_FALSE(plain.tanh_gelu);
+  EXPECT_EQ(plain.padded_vocab(), 7);
+  EXPECT_EQ(GptModel::parse("gpt:1-2-8-5", 7).block(0).c_fc_bias, GptModel::kNoBias);
+
+  const GptModel small = GptModel::parse("gpt:124M", 50257);
+  EXPECT_EQ(small.shape(),
+            GptModel::parse("gpt:12-12-768-1024,bias,gelu=tanh,pad=128", 50257).shape());
+  EXPECT_EQ(small.shape().padded_vocab(), 50304);
+  EXPECT_EQ(small.layout().numel(), 124'475'904u);
+  EXPECT_EQ(GptModel::parse("gpt:350M", 50257).layout().numel(), 354'823'168u + 47u * 1024u);
+  EXPECT_EQ(GptModel::parse("gpt:124M-0.1,pad=64", 50257).shape().dropout, 0.1f);
+  EXPECT_EQ(GptModel::parse("gpt:124M-0.1,pad=64", 50257).shape().padded_vocab(), 50304);
+
+  // Init: biases 0, the padded rows 0, the rest as without them.
+  AlignedBuffer<float> p(m.layout().total());
+  m.init(p.data(), kSeed);
+  for (const auto& e : m.layout().entries())
+    if (e.name.ends_with(".bias"))
+      for (std::size_t i = 0; i < e.shape.numel(); ++i) EXPECT_EQ(p[e.offset + i], 0.0f) << e.name;
+  for (std::size_t i = 7 * 8; i < 8 * 8; ++i) EXPECT_EQ(p[m.wte() + i], 0.0f) << "padded row";
+  EXPECT_NE(p[m.wte() + 6 * 8], 0.0f);
+}
+
 struct BadSpec {
   const char* name;
   const char* spec;
@@ -83,7 +138,11 @@ TEST_P(GptBadSpec, IsRefusedNamingTheField) {
 
 INSTANTIATE_TEST_SUITE_P(
     Specs, GptBadSpec,
-    ::testing::Values(BadSpec{"ThreeFields", "gpt:4-4-128", 65, "found 3 fields"},
+    ::testing::Values(BadSpec{"ThreeSizes", "gpt:4-4-128", 65, "found 3 sizes"},
+                      BadSpec{"UnknownOption", "gpt:4-4-128-64,bais", 65, "found 'bais'"},
+                      BadSpec{"PadZero", "gpt:4-4-128-64,pad=0", 65, "pad: expected"},
+                      BadSpec{"UnknownPreset", "gpt:125M", 65, "found 1 sizes"},
+                      BadSpec{"PresetWithSizes", "gpt:124M-12-768", 65, "found 6 sizes"},
                       BadSpec{"ZeroLayers", "gpt:0-4-128-64", 65, "LAYERS"},
                       BadSpec{"HeadsNotADivisor", "gpt:4-3-128-64", 65, "HEADS"},
                       BadSpec{"NotANumber", "gpt:4-4-x-64", 65, "EMBD"},
@@ -249,7 +308,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GptNumeric,
                                            Case{"OneHead", "gpt:1-1-8-4", 5, 3},
                                            Case{"FourHeadsOneWindow", "gpt:1-4-8-6", 9, 1},
                                            Case{"Dropout", "gpt:2-2-8-5-0.3", 7, 2},
-                                           Case{"WindowOfOne", "gpt:1-2-4-1", 3, 4}),
+                                           Case{"WindowOfOne", "gpt:1-2-4-1", 3, 4},
+                                           Case{"Gpt2Architecture",
+                                                "gpt:2-2-8-5,bias,gelu=tanh,pad=4", 7, 2},
+                                           Case{"BiasesDropout", "gpt:1-2-8-4-0.3,bias", 5, 2},
+                                           Case{"TanhGelu", "gpt:1-1-8-4,gelu=tanh", 5, 3},
+                                           Case{"PaddedVocabulary", "gpt:1-2-8-5,pad=16", 7, 2}),
                          [](const auto& p) { return std::string(p.param.name); });
 
 // Windows long enough that attention runs by row blocks (GptPlanBuilder::row_blocks): the Net
@@ -279,7 +343,9 @@ TEST_P(GptWideRows, Bf16NetMatchesTheReferenceWithinBf16) { check_bf16_net(GetPa
 INSTANTIATE_TEST_SUITE_P(Embeddings, GptWideRows,
                          ::testing::Values(Case{"Mlp1024", "gpt:1-2-256-5", 7, 2},
                                            Case{"Mlp1024Dropout", "gpt:2-2-256-4-0.3", 7, 2},
-                                           Case{"Embd1024", "gpt:1-1-1024-2", 5, 3}),
+                                           Case{"Embd1024", "gpt:1-1-1024-2", 5, 3},
+                                           Case{"Mlp1024Gpt2",
+                                                "gpt:1-2-256-5,bias,gelu=tanh,pad=64", 7, 2}),
                          [](const auto& p) { return std::string(p.param.name); });
 
 // A leaf of 768 rows puts weight gradients on both sides of the small-GEMM bound
@@ -305,7 +371,8 @@ INSTANTIATE_TEST_SUITE_P(Leaves, GptWeightGradPaths,
 // layers' backward themselves: attention's two ways only.
 const auto kPathCases = ::testing::Values(
     Case{"Dropout", "gpt:2-2-8-5-0.3", 7, 2}, Case{"FourBlocksDropout", "gpt:2-2-8-259-0.3", 7, 2},
-    Case{"Rows768", "gpt:1-2-128-64", 7, 12}, Case{"Heads32Dropout", "gpt:2-2-64-32-0.3", 7, 3});
+    Case{"Rows768", "gpt:1-2-128-64", 7, 12}, Case{"Heads32Dropout", "gpt:2-2-64-32-0.3", 7, 3},
+    Case{"Rows768Gpt2", "gpt:1-2-128-64,bias,gelu=tanh,pad=64", 7, 12});
 const auto kAttentionPaths =
     ::testing::Values(GptPaths::Attention::kDense, GptPaths::Attention::kRowBlocks);
 // bf16 plans also have cohort's kernel, on its preferred engine and on AVX-512's, where heads
@@ -362,8 +429,10 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The generator's logits after each token are the full forward pass's at that position: while
 // the window fills, and after it restarts from the last block / 2 tokens.
-TEST(GptGenerator, LogitsAreTheForwardPasssAtEachPosition) {
-  const GptModel m = GptModel::parse("gpt:2-2-8-6", 7);
+class GptGeneratorLogits : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GptGeneratorLogits, AreTheForwardPasssAtEachPosition) {
+  const GptModel m = GptModel::parse(GetParam(), 7);
   const std::vector<double> p = params_for(m, kSeed);
   std::vector<float> pf(p.begin(), p.end());
   const std::vector<double> pr(pf.begin(), pf.end());
@@ -387,6 +456,13 @@ TEST(GptGenerator, LogitsAreTheForwardPasssAtEachPosition) {
   }
   EXPECT_EQ(gen.positions_run(), 10u + 6u);  // restarts at pushes 6 and 9 ran 3 kept tokens each
 }
+
+// nanoGPT's default architecture, and GPT-2's (biases, the tanh GELU, 7 tokens padded to 16).
+INSTANTIATE_TEST_SUITE_P(Specs, GptGeneratorLogits,
+                         ::testing::Values("gpt:2-2-8-6", "gpt:2-2-8-6,bias,gelu=tanh,pad=16"),
+                         [](const auto& p) {
+                           return std::string(p.index == 0 ? "NanoGpt" : "Gpt2Architecture");
+                         });
 
 TEST(GptNet, PlansFollowTheCallersArrays) {
   const GptModel m = GptModel::parse("gpt:2-2-8-5", 7);

@@ -1,8 +1,10 @@
-// Naive float64 reference of nn::GptNet — token and position embeddings, LayerNorm (weight
-// only), causal multi-head self-attention, the exact (erf) GELU MLP, pre-LN residual blocks, the
-// final LayerNorm, the head tied to the token embedding, softmax cross-entropy over every
-// position, dropout with GptNet's keyed masks — forward and backward, written for clarity, not
-// speed. The oracle of the GPT tests; itself checked against finite differences there.
+// Naive float64 reference of nn::GptNet — token and position embeddings, LayerNorm (its weight,
+// and its bias where the model has biases), causal multi-head self-attention, the GELU MLP
+// (the exact erf form or GPT-2's tanh one), linear layers with or without biases, pre-LN
+// residual blocks, the final LayerNorm, the head tied to the token embedding's first `vocab`
+// rows (the padded ones are not read), softmax cross-entropy over every position, dropout with
+// GptNet's keyed masks — forward and backward, written for clarity, not speed. The oracle of the
+// GPT tests; itself checked against finite differences there.
 #pragma once
 
 #include <cmath>
@@ -35,8 +37,9 @@ struct LnTape {
   Vec xhat, istd;
 };
 
-// y (M, C) = LayerNorm(x) * w.
-inline Vec ln_forward(const Vec& x, const double* w, std::int64_t M, std::int64_t C, LnTape& t) {
+// y (M, C) = LayerNorm(x) * w (+ b, unless null).
+inline Vec ln_forward(const Vec& x, const double* w, const double* b, std::int64_t M,
+                      std::int64_t C, LnTape& t) {
   Vec y(x.size());
   t.xhat.assign(x.size(), 0);
   t.istd.assign(static_cast<std::size_t>(M), 0);
@@ -52,15 +55,15 @@ inline Vec ln_forward(const Vec& x, const double* w, std::int64_t M, std::int64_
     for (std::int64_t c = 0; c < C; ++c) {
       const std::size_t i = static_cast<std::size_t>(m * C + c);
       t.xhat[i] = (r[c] - mean) * istd;
-      y[i] = t.xhat[i] * w[c];
+      y[i] = t.xhat[i] * w[c] + (b ? b[c] : 0.0);
     }
   }
   return y;
 }
 
-// dx from dy; adds dw.
+// dx from dy; adds dw (and db, unless null).
 inline Vec ln_backward(const Vec& dy, const double* w, std::int64_t M, std::int64_t C,
-                       const LnTape& t, double* dw) {
+                       const LnTape& t, double* dw, double* db) {
   Vec dx(dy.size());
   for (std::int64_t m = 0; m < M; ++m) {
     double sum_g = 0, sum_gx = 0;
@@ -68,6 +71,7 @@ inline Vec ln_backward(const Vec& dy, const double* w, std::int64_t M, std::int6
       const std::size_t i = static_cast<std::size_t>(m * C + c);
       const double g = dy[i] * w[c];
       dw[c] += dy[i] * t.xhat[i];
+      if (db) db[c] += dy[i];
       sum_g += g;
       sum_gx += g * t.xhat[i];
     }
@@ -81,12 +85,13 @@ inline Vec ln_backward(const Vec& dy, const double* w, std::int64_t M, std::int6
   return dx;
 }
 
-// y (M, O) = x (M, I) W^T, W (O, I).
-inline Vec linear(const Vec& x, const double* W, std::int64_t M, std::int64_t I, std::int64_t O) {
+// y (M, O) = x (M, I) W^T (+ b, unless null), W (O, I).
+inline Vec linear(const Vec& x, const double* W, const double* b, std::int64_t M, std::int64_t I,
+                  std::int64_t O) {
   Vec y(static_cast<std::size_t>(M * O), 0);
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t o = 0; o < O; ++o) {
-      double s = 0;
+      double s = b ? b[o] : 0.0;
       for (std::int64_t i = 0; i < I; ++i)
         s += x[static_cast<std::size_t>(m * I + i)] * W[o * I + i];
       y[static_cast<std::size_t>(m * O + o)] = s;
@@ -94,13 +99,14 @@ inline Vec linear(const Vec& x, const double* W, std::int64_t M, std::int64_t I,
   return y;
 }
 
-// dx (M, I) = dy W; adds dW += dy^T x.
+// dx (M, I) = dy W; adds dW += dy^T x (and db += dy's column sums, unless null).
 inline Vec linear_backward(const Vec& dy, const Vec& x, const double* W, std::int64_t M,
-                           std::int64_t I, std::int64_t O, double* dW) {
+                           std::int64_t I, std::int64_t O, double* dW, double* db = nullptr) {
   Vec dx(static_cast<std::size_t>(M * I), 0);
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t o = 0; o < O; ++o) {
       const double g = dy[static_cast<std::size_t>(m * O + o)];
+      if (db) db[o] += g;
       for (std::int64_t i = 0; i < I; ++i) {
         dx[static_cast<std::size_t>(m * I + i)] += g * W[o * I + i];
         dW[o * I + i] += g * x[static_cast<std::size_t>(m * I + i)];
@@ -109,8 +115,19 @@ inline Vec linear_backward(const Vec& dy, const Vec& x, const double* W, std::in
   return dx;
 }
 
-inline double gelu(double x) { return 0.5 * x * (1.0 + std::erf(x / std::numbers::sqrt2)); }
-inline double gelu_grad(double x) {
+inline double gelu(double x, bool tanh_form) {
+  if (tanh_form) {
+    const double k = std::sqrt(2.0 / std::numbers::pi);
+    return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+  }
+  return 0.5 * x * (1.0 + std::erf(x / std::numbers::sqrt2));
+}
+inline double gelu_grad(double x, bool tanh_form) {
+  if (tanh_form) {
+    const double k = std::sqrt(2.0 / std::numbers::pi);
+    const double t = std::tanh(k * (x + 0.044715 * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3 * 0.044715 * x * x);
+  }
   return 0.5 * (1.0 + std::erf(x / std::numbers::sqrt2)) +
          x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * std::numbers::pi);
 }
@@ -137,6 +154,13 @@ inline GptResult gpt_forward_backward(const nn::GptModel& model, const std::vect
   const bool drop = training && s.dropout > 0;
   auto sz = [](std::int64_t n) { return static_cast<std::size_t>(n); };
   auto token = [&](std::int64_t n, std::int64_t t) { return windows[n * (T + 1) + t]; };
+  // A bias's values (or its gradient's), or null where the model has none.
+  auto bias = [](const double* base, std::size_t at) {
+    return at == nn::GptModel::kNoBias ? nullptr : base + at;
+  };
+  auto bias_grad = [](double* base, std::size_t at) {
+    return at == nn::GptModel::kNoBias ? nullptr : base + at;
+  };
   auto apply_mask = [&](Vec& v, std::size_t layer, std::vector<float>& mask) {
     if (!drop) return;
     mask.resize(v.size());
@@ -160,8 +184,8 @@ inline GptResult gpt_forward_backward(const nn::GptModel& model, const std::vect
     const nn::GptModel::BlockOffsets& b = model.block(l);
     BlockTape& tp = tapes[sz(l)];
     tp.x_in = x;
-    tp.h1 = ln_forward(x, P + b.ln_1, M, C, tp.ln1);
-    tp.qkv = linear(tp.h1, P + b.c_attn, M, C, 3 * C);
+    tp.h1 = ln_forward(x, P + b.ln_1, bias(P, b.ln_1_bias), M, C, tp.ln1);
+    tp.qkv = linear(tp.h1, P + b.c_attn, bias(P, b.c_attn_bias), M, C, 3 * C);
     tp.p.assign(sz(N * H * T * T), 0);
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t h = 0; h < H; ++h)
@@ -192,21 +216,21 @@ inline GptResult gpt_forward_backward(const nn::GptModel& model, const std::vect
               tp.y[sz((n * T + i) * C + h * hs + e)] +=
                   w * tp.qkv[sz((n * T + j) * 3 * C + 2 * C + h * hs + e)];
           }
-    Vec a = linear(tp.y, P + b.attn_proj, M, C, C);
+    Vec a = linear(tp.y, P + b.attn_proj, bias(P, b.attn_proj_bias), M, C, C);
     apply_mask(a, gpt_dropout_layer(l, 1), a_masks[sz(l)]);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += a[i];
     tp.x_mid = x;
-    tp.h2 = ln_forward(x, P + b.ln_2, M, C, tp.ln2);
-    tp.f = linear(tp.h2, P + b.c_fc, M, C, 4 * C);
+    tp.h2 = ln_forward(x, P + b.ln_2, bias(P, b.ln_2_bias), M, C, tp.ln2);
+    tp.f = linear(tp.h2, P + b.c_fc, bias(P, b.c_fc_bias), M, C, 4 * C);
     tp.g.resize(tp.f.size());
-    for (std::size_t i = 0; i < tp.f.size(); ++i) tp.g[i] = gelu(tp.f[i]);
-    Vec mo = linear(tp.g, P + b.mlp_proj, M, 4 * C, C);
+    for (std::size_t i = 0; i < tp.f.size(); ++i) tp.g[i] = gelu(tp.f[i], s.tanh_gelu);
+    Vec mo = linear(tp.g, P + b.mlp_proj, bias(P, b.mlp_proj_bias), M, 4 * C, C);
     apply_mask(mo, gpt_dropout_layer(l, 2), m_masks[sz(l)]);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += mo[i];
   }
   LnTape lnf;
-  const Vec xf = ln_forward(x, P + model.ln_f(), M, C, lnf);
-  const Vec logits = linear(xf, P + model.wte(), M, C, V);
+  const Vec xf = ln_forward(x, P + model.ln_f(), bias(P, model.ln_f_bias()), M, C, lnf);
+  const Vec logits = linear(xf, P + model.wte(), nullptr, M, C, V);
 
   GptResult r;
   r.logits = logits;
@@ -226,8 +250,9 @@ inline GptResult gpt_forward_backward(const nn::GptModel& model, const std::vect
 
   r.grad.assign(model.layout().total(), 0);
   double* G = r.grad.data();
-  Vec dx = ln_backward(linear_backward(dlogits, xf, P + model.wte(), M, C, V, G + model.wte()),
-                       P + model.ln_f(), M, C, lnf, G + model.ln_f());
+  Vec dx =
+      ln_backward(linear_backward(dlogits, xf, P + model.wte(), M, C, V, G + model.wte()),
+                  P + model.ln_f(), M, C, lnf, G + model.ln_f(), bias_grad(G, model.ln_f_bias()));
   for (std::int64_t l = s.layers; l-- > 0;) {
     const nn::GptModel::BlockOffsets& b = model.block(l);
     const BlockTape& tp = tapes[sz(l)];
@@ -235,16 +260,20 @@ inline GptResult gpt_forward_backward(const nn::GptModel& model, const std::vect
     Vec dmo = dx;
     if (drop)
       for (std::size_t i = 0; i < dmo.size(); ++i) dmo[i] *= m_masks[sz(l)][i];
-    Vec dg = linear_backward(dmo, tp.g, P + b.mlp_proj, M, 4 * C, C, G + b.mlp_proj);
-    for (std::size_t i = 0; i < dg.size(); ++i) dg[i] *= gelu_grad(tp.f[i]);
-    const Vec dh2 = linear_backward(dg, tp.h2, P + b.c_fc, M, C, 4 * C, G + b.c_fc);
-    const Vec dln2 = ln_backward(dh2, P + b.ln_2, M, C, tp.ln2, G + b.ln_2);
+    Vec dg = linear_backward(dmo, tp.g, P + b.mlp_proj, M, 4 * C, C, G + b.mlp_proj,
+                             bias_grad(G, b.mlp_proj_bias));
+    for (std::size_t i = 0; i < dg.size(); ++i) dg[i] *= gelu_grad(tp.f[i], s.tanh_gelu);
+    const Vec dh2 =
+        linear_backward(dg, tp.h2, P + b.c_fc, M, C, 4 * C, G + b.c_fc, bias_grad(G, b.c_fc_bias));
+    const Vec dln2 =
+        ln_backward(dh2, P + b.ln_2, M, C, tp.ln2, G + b.ln_2, bias_grad(G, b.ln_2_bias));
     for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += dln2[i];
     // Attention branch.
     Vec da = dx;
     if (drop)
       for (std::size_t i = 0; i < da.size(); ++i) da[i] *= a_masks[sz(l)][i];
-    const Vec dy = linear_backward(da, tp.y, P + b.attn_proj, M, C, C, G + b.attn_proj);
+    const Vec dy = linear_backward(da, tp.y, P + b.attn_proj, M, C, C, G + b.attn_proj,
+                                   bias_grad(G, b.attn_proj_bias));
     Vec dqkv(sz(M * 3 * C), 0);
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t h = 0; h < H; ++h)
@@ -272,8 +301,10 @@ inline GptResult gpt_forward_backward(const nn::GptModel& model, const std::vect
             }
           }
         }
-    const Vec dh1 = linear_backward(dqkv, tp.h1, P + b.c_attn, M, C, 3 * C, G + b.c_attn);
-    const Vec dln1 = ln_backward(dh1, P + b.ln_1, M, C, tp.ln1, G + b.ln_1);
+    const Vec dh1 = linear_backward(dqkv, tp.h1, P + b.c_attn, M, C, 3 * C, G + b.c_attn,
+                                    bias_grad(G, b.c_attn_bias));
+    const Vec dln1 =
+        ln_backward(dh1, P + b.ln_1, M, C, tp.ln1, G + b.ln_1, bias_grad(G, b.ln_1_bias));
     for (std::size_t i = 0; i < dx.size(); ++i) dx[i] += dln1[i];
   }
   for (std::int64_t n = 0; n < N; ++n)

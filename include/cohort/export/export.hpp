@@ -37,9 +37,12 @@ inline constexpr Named<Layout> kLayoutNames[] = {{Layout::kNanoGpt, "nanogpt"},
                                                  {Layout::kHuggingFace, "hf"}};
 
 // A Hugging Face folder's config.json (n_layer, n_head, n_embd, n_positions, vocab_size,
-// activation_function, and "bias" as the shared peer writes it) as cohort's model: its spec
-// "gpt:L-H-C-T" and vocabulary. InputError naming the file and field for a value cohort's model
-// cannot be: GPT-2's tanh GELU ("gelu_new") or biases (no "bias": false), a missing field.
+// activation_function, and "bias" as nanoGPT's architecture and the shared peer write it) as
+// cohort's model: its spec "gpt:L-H-C-T" with ",bias" unless "bias" is false (GPT-2's configs
+// have biases and no such key), ",gelu=tanh" for "gelu_new", and ",pad=128" for a vocabulary of
+// more than 1,024 tokens that is not a multiple of 128 (GPT-2's 50,257: 50,304, as llm.c); and
+// its vocabulary. InputError naming the file and field for a value cohort's model cannot be:
+// another activation, a missing field.
 struct FolderModel {
   std::string spec;
   std::int64_t vocab = 0;

@@ -16,16 +16,16 @@ namespace cohort::nn {
 
 namespace {
 
-// y = LayerNorm(x) * w over C values: the plans' loop (gpt_kernels.hpp) on one row.
-void layer_norm(const float* x, const float* w, std::int64_t C, float* y) {
+// y = LayerNorm(x) * w (+ b) over C values: the plans' loop (gpt_kernels.hpp) on one row.
+void layer_norm(const float* x, const float* w, const float* b, std::int64_t C, float* y) {
   float mean = 0, rstd = 0;
-  layer_norm_forward(x, w, y, &mean, &rstd, 1, C, GptModel::kLayerNormEpsilon);
+  layer_norm_forward(x, w, b, y, &mean, &rstd, 1, C, GptModel::kLayerNormEpsilon);
 }
 
 }  // namespace
 
 struct GptGenerator::Impl {
-  // y (O) = W (O, I) x (I), a oneDNN inner product of one row on plain f32 memory.
+  // y (O) = W (O, I) x (I) (+ b), a oneDNN inner product of one row on plain f32 memory.
   class MatVec {
    public:
     MatVec(const dnnl::engine& eng, std::int64_t in, std::int64_t out) {
@@ -41,11 +41,16 @@ struct GptGenerator::Impl {
       w_ = memory(weights, eng, DNNL_MEMORY_NONE);
       y_ = memory(dst, eng, DNNL_MEMORY_NONE);
     }
-    void run(dnnl::stream& s, const float* weights, const float* src, float* dst) {
+    void run(dnnl::stream& s, const float* weights, const float* src, float* dst,
+             const float* bias = nullptr) {
       w_.set_data_handle(const_cast<float*>(weights));
       x_.set_data_handle(const_cast<float*>(src));
       y_.set_data_handle(dst);
       prim_.execute(s, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, y_}});
+      if (!bias) return;
+      s.wait();
+      const auto out = static_cast<std::int64_t>(y_.get_desc().dims()[1]);
+      for (std::int64_t o = 0; o < out; ++o) dst[o] += bias[o];
     }
 
    private:
@@ -70,7 +75,7 @@ struct GptGenerator::Impl {
         attn_proj(eng, m.shape().embd, m.shape().embd),
         fc(eng, m.shape().embd, 4 * m.shape().embd),
         mlp_proj(eng, 4 * m.shape().embd, m.shape().embd),
-        head(eng, m.shape().embd, m.shape().vocab) {
+        head(eng, m.shape().embd, m.shape().padded_vocab()) {
     const auto C = static_cast<std::size_t>(m.shape().embd);
     keys.resize(static_cast<std::size_t>(m.shape().layers));
     values.resize(keys.size());
@@ -80,7 +85,7 @@ struct GptGenerator::Impl {
     y.resize(C);
     a.resize(C);
     f.resize(4 * C);
-    logits.resize(static_cast<std::size_t>(m.shape().vocab));
+    logits.resize(static_cast<std::size_t>(m.shape().padded_vocab()));
     scores.resize(static_cast<std::size_t>(m.shape().block));
   }
 
@@ -93,12 +98,14 @@ struct GptGenerator::Impl {
     const float* wpe = params + model.wpe() + static_cast<std::size_t>(t * C);
     for (std::int64_t c = 0; c < C; ++c) x[c] = wte[c] + wpe[c];
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    // A bias's weights, or none.
+    auto bias = [&](std::size_t at) { return at == GptModel::kNoBias ? nullptr : params + at; };
     for (std::int64_t l = 0; l < s.layers; ++l) {
       const GptModel::BlockOffsets& o = model.block(l);
       auto& K = keys[static_cast<std::size_t>(l)];
       auto& V = values[static_cast<std::size_t>(l)];
-      layer_norm(x.data(), params + o.ln_1, C, h.data());
-      attn.run(stream, params + o.c_attn, h.data(), qkv.data());
+      layer_norm(x.data(), params + o.ln_1, bias(o.ln_1_bias), C, h.data());
+      attn.run(stream, params + o.c_attn, h.data(), qkv.data(), bias(o.c_attn_bias));
       K.insert(K.end(), qkv.begin() + C, qkv.begin() + 2 * C);
       V.insert(V.end(), qkv.begin() + 2 * C, qkv.end());
       for (std::int64_t hd = 0; hd < H; ++hd) {  // softmax(q k^T / sqrt(hs)) v over 0 .. t
@@ -123,15 +130,20 @@ struct GptGenerator::Impl {
             out[e] += p * V[static_cast<std::size_t>(j * C + hd * hs + e)];
         }
       }
-      attn_proj.run(stream, params + o.attn_proj, y.data(), a.data());
+      attn_proj.run(stream, params + o.attn_proj, y.data(), a.data(), bias(o.attn_proj_bias));
       for (std::int64_t c = 0; c < C; ++c) x[c] += a[c];
-      layer_norm(x.data(), params + o.ln_2, C, h.data());
-      fc.run(stream, params + o.c_fc, h.data(), f.data());
-      for (float& v : f) v = 0.5f * v * (1.0f + std::erf(v / std::numbers::sqrt2_v<float>));
-      mlp_proj.run(stream, params + o.mlp_proj, f.data(), a.data());
+      layer_norm(x.data(), params + o.ln_2, bias(o.ln_2_bias), C, h.data());
+      fc.run(stream, params + o.c_fc, h.data(), f.data(), bias(o.c_fc_bias));
+      if (s.tanh_gelu) {
+        constexpr float k = 0.79788456080286536f;  // sqrt(2 / pi)
+        for (float& v : f) v = 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
+      } else {
+        for (float& v : f) v = 0.5f * v * (1.0f + std::erf(v / std::numbers::sqrt2_v<float>));
+      }
+      mlp_proj.run(stream, params + o.mlp_proj, f.data(), a.data(), bias(o.mlp_proj_bias));
       for (std::int64_t c = 0; c < C; ++c) x[c] += a[c];
     }
-    layer_norm(x.data(), params + model.ln_f(), C, h.data());
+    layer_norm(x.data(), params + model.ln_f(), bias(model.ln_f_bias()), C, h.data());
     head.run(stream, params + model.wte(), h.data(), logits.data());
     stream.wait();
     ++run;

@@ -77,22 +77,48 @@ template <class V>
   slope = (x * 0.39894228040143268f) * e + phi;
 }
 
+// GPT-2's tanh form: s = sigmoid(2u) = (1 + tanh u) / 2, u = sqrt(2 / pi) (x + 0.044715 x^3),
+// from e = exp(-2|u|) (gpt_kernels.hpp); g = x s and slope = s + 2 x s (1 - s) du/dx.
+template <class V>
+[[gnu::always_inline]] inline void gelu_tanh_lanes(V x, V& g, V& slope) {
+  using U = typename Lanes<V>::U;
+  const V x2 = x * x;
+  const V u = (x * 0.79788456080286536f) * (x2 * 0.044715f + 1.0f);
+  const V magnitude = as<V>(as<U>(u) & 0x7fffffffu);
+  const V e = exp_nonpositive(-2.0f * magnitude);
+  const V d = 1.0f / (e + 1.0f);
+  const V s = u < 0.0f ? e * d : d;
+  const V du = (x2 * 0.134145f + 1.0f) * 0.79788456080286536f;  // 3 0.044715 = 0.134145
+  g = x * s;
+  // Where e is 0 (|u| > 44), s (1 - s) is 0 and x du may be infinite: the term is 0, not NaN.
+  const V term = (x * (e * d * d)) * (2.0f * du);
+  slope = (e > 0.0f ? term : 0.0f) + s;
+}
+
+template <Gelu kForm, class V>
+[[gnu::always_inline]] inline void gelu_form(V x, V& g, V& slope) {
+  if constexpr (kForm == Gelu::kTanh)
+    gelu_tanh_lanes(x, g, slope);
+  else
+    gelu_lanes(x, g, slope);
+}
+
 // The f32 GELU: 16 lanes at a time, the last n mod 16 through a full vector.
-template <bool kSlope>
+template <bool kSlope, Gelu kForm>
 [[gnu::always_inline]] inline void gelu_rows(const float* f, float* g, float* slope,
                                              std::int64_t n) {
   constexpr std::int64_t W = kLanes<F16>;
   F16 gv, sv;
   std::int64_t i = 0;
   for (; i + W <= n; i += W) {
-    gelu_lanes(load<F16>(f + i), gv, sv);
+    gelu_form<kForm>(load<F16>(f + i), gv, sv);
     store(g + i, gv);
     if constexpr (kSlope) store(slope + i, sv);
   }
   if (i == n) return;
   float in[W] = {}, out[W], out_slope[W];
   std::memcpy(in, f + i, static_cast<std::size_t>(n - i) * sizeof(float));
-  gelu_lanes(load<F16>(in), gv, sv);
+  gelu_form<kForm>(load<F16>(in), gv, sv);
   store(out, gv);
   store(out_slope, sv);
   std::memcpy(g + i, out, static_cast<std::size_t>(n - i) * sizeof(float));
@@ -100,9 +126,10 @@ template <bool kSlope>
     std::memcpy(slope + i, out_slope, static_cast<std::size_t>(n - i) * sizeof(float));
 }
 
-// The bf16 GELU's table: for each of the 65,536 bf16 values f, GELU(f) in the low 16 bits and its
-// slope in the high 16, each the f32 kernel's value at f rounded (gelu_lanes, store). 256 KB, built
-// on first use.
+// The bf16 GELU's table of a form: for each of the 65,536 bf16 values f, GELU(f) in the low 16
+// bits and its slope in the high 16, each the f32 kernel's value at f rounded (gelu_form, store).
+// 256 KB, built on first use.
+template <Gelu kForm>
 const std::uint32_t* gelu_bf16_table() {
   static const std::vector<std::uint32_t> table = [] {
     constexpr std::int64_t W = kLanes<F16>;
@@ -111,7 +138,7 @@ const std::uint32_t* gelu_bf16_table() {
       U16 bits;
       for (std::uint32_t k = 0; k < W; ++k) bits[k] = (first + k) << 16;
       F16 gv, sv;
-      gelu_lanes(as<F16>(bits), gv, sv);
+      gelu_form<kForm>(as<F16>(bits), gv, sv);
       bf16 g[W], s[W];
       store(g, gv);
       store(s, sv);
@@ -185,8 +212,9 @@ std::int64_t gelu_gather8(const std::uint32_t* table, const bf16* f, bf16* g, bf
 #endif
 
 template <bool kSlope>
-void gelu_table(const bf16* f, bf16* g, bf16* slope, std::int64_t n, GeluLookup how) {
-  const std::uint32_t* table = gelu_bf16_table();
+void gelu_table(const bf16* f, bf16* g, bf16* slope, std::int64_t n, Gelu form, GeluLookup how) {
+  const std::uint32_t* table =
+      form == Gelu::kTanh ? gelu_bf16_table<Gelu::kTanh>() : gelu_bf16_table<Gelu::kErf>();
   std::int64_t i = 0;
 #if defined(COHORT_X86_DISPATCH)
   if (how == GeluLookup::kGather16) i = avx512::gelu_gather16<kSlope>(table, f, g, slope, n);
@@ -329,11 +357,17 @@ void causal_softmax_forward(const float* s, float* p, const float* mask, bf16* u
 }
 
 COHORT_CLONES_AVX512
-void gelu_forward(const float* f, float* g, float* slope, std::int64_t n) {
-  if (slope)
-    lanes::gelu_rows<true>(f, g, slope, n);
-  else
-    lanes::gelu_rows<false>(f, g, slope, n);
+void gelu_forward(const float* f, float* g, float* slope, std::int64_t n, Gelu form) {
+  if (form == Gelu::kTanh) {
+    if (slope)
+      lanes::gelu_rows<true, Gelu::kTanh>(f, g, slope, n);
+    else
+      lanes::gelu_rows<false, Gelu::kTanh>(f, g, slope, n);
+  } else if (slope) {
+    lanes::gelu_rows<true, Gelu::kErf>(f, g, slope, n);
+  } else {
+    lanes::gelu_rows<false, Gelu::kErf>(f, g, slope, n);
+  }
 }
 
 bool gelu_lookup_available(GeluLookup how) {
@@ -355,7 +389,7 @@ bool gelu_lookup_available(GeluLookup how) {
   }
 }
 
-void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n, GeluLookup how) {
+void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n, Gelu form, GeluLookup how) {
   if (how == GeluLookup::kAuto) {
     static const GeluLookup best =
         gelu_lookup_available(GeluLookup::kGather16)  ? GeluLookup::kGather16
@@ -366,9 +400,9 @@ void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n, GeluLooku
     COHORT_CHECK(gelu_lookup_available(how), "gelu_forward: lookups this CPU cannot run");
   }
   if (slope)
-    lanes::gelu_table<true>(f, g, slope, n, how);
+    lanes::gelu_table<true>(f, g, slope, n, form, how);
   else
-    lanes::gelu_table<false>(f, g, slope, n, how);
+    lanes::gelu_table<false>(f, g, slope, n, form, how);
 }
 
 COHORT_CLONES_AVX512

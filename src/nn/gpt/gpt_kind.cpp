@@ -92,13 +92,16 @@ class GptKind final : public ModelKind {
   }
 
   // nanoGPT's state_dict: its parameters under their names, then lm_head.weight, the token
-  // embedding again (tied: PyTorch lists a tied parameter under both names).
+  // embedding again (tied: PyTorch lists a tied parameter under both names). The token
+  // embedding's padded rows (GptShape::vocab_multiple), 0 throughout, are not part of it: its
+  // first `vocab` rows are.
   std::vector<StateTensor> state_dict() const override {
+    const std::vector<std::int64_t> wte{model_.shape().vocab, model_.shape().embd};
     std::vector<StateTensor> out;
     for (const ParamLayout::Entry& e : layout().entries())
-      out.push_back({e.name, e.shape.dims, StateTensor::Source::kParams, e.offset});
-    out.push_back({"lm_head.weight", layout().entries().front().shape.dims,
-                   StateTensor::Source::kParams, model_.wte()});
+      out.push_back({e.name, e.offset == model_.wte() ? wte : e.shape.dims,
+                     StateTensor::Source::kParams, e.offset});
+    out.push_back({"lm_head.weight", wte, StateTensor::Source::kParams, model_.wte()});
     return out;
   }
 

@@ -1,5 +1,5 @@
 // A language model's LayerNorm as cohort's loops (bf16 plans; see cohort/nn/gpt/gpt_kernels.hpp and
-// docs/decisions.md, "LayerNorm in bf16 as cohort's loop").
+// docs/decisions.md, "LayerNorm in bf16 as cohort's loop"), and the linear layers' bias gradients.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,9 +17,9 @@ namespace lanes {
 // them), so the R rows' chains are interleaved; each row's operations, and so its bits, are those
 // of one row alone. Each lane of dgamma adds the rows' terms in row order.
 template <int R, class Out>
-[[gnu::always_inline]] inline void layer_norm_group(const float* x, const float* gamma, Out* y,
-                                                    float* mean, float* rstd, std::int64_t C,
-                                                    float eps) {
+[[gnu::always_inline]] inline void layer_norm_group(const float* x, const float* gamma,
+                                                    const float* beta, Out* y, float* mean,
+                                                    float* rstd, std::int64_t C, float eps) {
   const float inv_c = 1.0f / static_cast<float>(C);
   const std::int64_t whole = C / 8 * 8;
   F8 acc[R];
@@ -54,6 +54,13 @@ template <int R, class Out>
   for (int i = 0; i < R; ++i) {
     const float* xr = x + i * C;
     Out* yr = y + i * C;
+    if (beta) {
+      for (std::int64_t j = 0; j < whole; j += 8)
+        store(yr + j, fma8((load8(xr + j) - mu[i]) * rs[i], load8(gamma + j), load8(beta + j)));
+      for (std::int64_t j = whole; j < C; ++j)
+        store(yr + j, std::fma((xr[j] - mu[i]) * rs[i], gamma[j], beta[j]));
+      continue;
+    }
     for (std::int64_t j = 0; j < whole; j += 8)
       store(yr + j, (load8(xr + j) - mu[i]) * rs[i] * load8(gamma + j));
     for (std::int64_t j = whole; j < C; ++j) store(yr + j, (xr[j] - mu[i]) * rs[i] * gamma[j]);
@@ -61,14 +68,15 @@ template <int R, class Out>
 }
 
 template <class Out>
-[[gnu::always_inline]] inline void layer_norm_rows(const float* x, const float* gamma, Out* y,
-                                                   float* mean, float* rstd, std::int64_t rows,
-                                                   std::int64_t C, float eps) {
+[[gnu::always_inline]] inline void layer_norm_rows(const float* x, const float* gamma,
+                                                   const float* beta, Out* y, float* mean,
+                                                   float* rstd, std::int64_t rows, std::int64_t C,
+                                                   float eps) {
   std::int64_t r = 0;
   for (; r + 4 <= rows; r += 4)
-    layer_norm_group<4>(x + r * C, gamma, y + r * C, mean + r, rstd + r, C, eps);
+    layer_norm_group<4>(x + r * C, gamma, beta, y + r * C, mean + r, rstd + r, C, eps);
   for (; r < rows; ++r)
-    layer_norm_group<1>(x + r * C, gamma, y + r * C, mean + r, rstd + r, C, eps);
+    layer_norm_group<1>(x + r * C, gamma, beta, y + r * C, mean + r, rstd + r, C, eps);
 }
 
 // With kAccumulate, dx += the input gradient, else dx = it.
@@ -76,7 +84,7 @@ template <int R, bool kAccumulate, class In>
 [[gnu::always_inline]] inline void layer_norm_backward_group(const float* x, const float* gamma,
                                                              const float* mean, const float* rstd,
                                                              const In* dy, float* dx, float* dgamma,
-                                                             std::int64_t C) {
+                                                             float* dbeta, std::int64_t C) {
   const float inv_c = 1.0f / static_cast<float>(C);
   const std::int64_t whole = C / 8 * 8;
   F8 ga[R], gb[R];
@@ -121,6 +129,11 @@ template <int R, bool kAccumulate, class In>
       dg += d * xhat;
     }
     store8(dgamma + j, dg);
+    if (dbeta) {
+      F8 db = load8(dbeta + j);
+      for (int i = 0; i < R; ++i) db += load<F8>(dy + i * C + j);
+      store8(dbeta + j, db);
+    }
   }
   for (int i = 0; i < R; ++i) {
     const float* xr = x + i * C;
@@ -131,6 +144,7 @@ template <int R, bool kAccumulate, class In>
       const float inner = (d * gamma[j] - a[i]) - xhat * b[i];
       dxr[j] = kAccumulate ? std::fma(rs[i], inner, dxr[j]) : rs[i] * inner;
       dgamma[j] += d * xhat;
+      if (dbeta) dbeta[j] += d;
     }
   }
 }
@@ -139,56 +153,82 @@ template <bool kAccumulate, class In>
 [[gnu::always_inline]] inline void layer_norm_backward_groups(const float* x, const float* gamma,
                                                               const float* mean, const float* rstd,
                                                               const In* dy, float* dx,
-                                                              float* dgamma, std::int64_t rows,
-                                                              std::int64_t C) {
+                                                              float* dgamma, float* dbeta,
+                                                              std::int64_t rows, std::int64_t C) {
   std::fill(dgamma, dgamma + C, 0.0f);
+  if (dbeta) std::fill(dbeta, dbeta + C, 0.0f);
   std::int64_t r = 0;
   for (; r + 4 <= rows; r += 4)
     layer_norm_backward_group<4, kAccumulate>(x + r * C, gamma, mean + r, rstd + r, dy + r * C,
-                                              dx + r * C, dgamma, C);
+                                              dx + r * C, dgamma, dbeta, C);
   for (; r < rows; ++r)
     layer_norm_backward_group<1, kAccumulate>(x + r * C, gamma, mean + r, rstd + r, dy + r * C,
-                                              dx + r * C, dgamma, C);
+                                              dx + r * C, dgamma, dbeta, C);
 }
 
 template <class In>
-[[gnu::always_inline]] inline void layer_norm_backward_rows(const float* x, const float* gamma,
-                                                            const float* mean, const float* rstd,
-                                                            const In* dy, float* dx,
-                                                            bool accumulate, float* dgamma,
-                                                            std::int64_t rows, std::int64_t C) {
+[[gnu::always_inline]] inline void layer_norm_backward_rows(
+    const float* x, const float* gamma, const float* mean, const float* rstd, const In* dy,
+    float* dx, bool accumulate, float* dgamma, float* dbeta, std::int64_t rows, std::int64_t C) {
   if (accumulate)
-    layer_norm_backward_groups<true>(x, gamma, mean, rstd, dy, dx, dgamma, rows, C);
+    layer_norm_backward_groups<true>(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows, C);
   else
-    layer_norm_backward_groups<false>(x, gamma, mean, rstd, dy, dx, dgamma, rows, C);
+    layer_norm_backward_groups<false>(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, rows, C);
+}
+
+// A bias's gradient: each column's sum over the rows in row order, 16 columns at a time.
+template <class In>
+[[gnu::always_inline]] inline void column_sums(const In* dy, float* db, std::int64_t rows,
+                                               std::int64_t O) {
+  std::int64_t o = 0;
+  for (; o + 16 <= O; o += 16) {
+    F16 acc{};
+    for (std::int64_t r = 0; r < rows; ++r) acc += load<F16>(dy + r * O + o);
+    store(db + o, acc);
+  }
+  for (; o < O; ++o) {
+    float acc = 0.0f;
+    for (std::int64_t r = 0; r < rows; ++r) acc += load1(dy + r * O + o);
+    db[o] = acc;
+  }
 }
 
 }  // namespace lanes
 
 COHORT_CLONES_AVX512
-void layer_norm_forward(const float* x, const float* gamma, float* y, float* mean, float* rstd,
-                        std::int64_t rows, std::int64_t C, float eps) {
-  lanes::layer_norm_rows(x, gamma, y, mean, rstd, rows, C, eps);
+void layer_norm_forward(const float* x, const float* gamma, const float* beta, float* y,
+                        float* mean, float* rstd, std::int64_t rows, std::int64_t C, float eps) {
+  lanes::layer_norm_rows(x, gamma, beta, y, mean, rstd, rows, C, eps);
 }
 
 COHORT_CLONES_AVX512
-void layer_norm_forward(const float* x, const float* gamma, bf16* y, float* mean, float* rstd,
-                        std::int64_t rows, std::int64_t C, float eps) {
-  lanes::layer_norm_rows(x, gamma, y, mean, rstd, rows, C, eps);
-}
-
-COHORT_CLONES_AVX512
-void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
-                         const float* dy, float* dx, bool accumulate, float* dgamma,
-                         std::int64_t rows, std::int64_t C) {
-  lanes::layer_norm_backward_rows(x, gamma, mean, rstd, dy, dx, accumulate, dgamma, rows, C);
+void layer_norm_forward(const float* x, const float* gamma, const float* beta, bf16* y, float* mean,
+                        float* rstd, std::int64_t rows, std::int64_t C, float eps) {
+  lanes::layer_norm_rows(x, gamma, beta, y, mean, rstd, rows, C, eps);
 }
 
 COHORT_CLONES_AVX512
 void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
-                         const bf16* dy, float* dx, bool accumulate, float* dgamma,
+                         const float* dy, float* dx, bool accumulate, float* dgamma, float* dbeta,
                          std::int64_t rows, std::int64_t C) {
-  lanes::layer_norm_backward_rows(x, gamma, mean, rstd, dy, dx, accumulate, dgamma, rows, C);
+  lanes::layer_norm_backward_rows(x, gamma, mean, rstd, dy, dx, accumulate, dgamma, dbeta, rows, C);
+}
+
+COHORT_CLONES_AVX512
+void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
+                         const bf16* dy, float* dx, bool accumulate, float* dgamma, float* dbeta,
+                         std::int64_t rows, std::int64_t C) {
+  lanes::layer_norm_backward_rows(x, gamma, mean, rstd, dy, dx, accumulate, dgamma, dbeta, rows, C);
+}
+
+COHORT_CLONES_AVX512
+void bias_backward(const float* dy, float* db, std::int64_t rows, std::int64_t O) {
+  lanes::column_sums(dy, db, rows, O);
+}
+
+COHORT_CLONES_AVX512
+void bias_backward(const bf16* dy, float* db, std::int64_t rows, std::int64_t O) {
+  lanes::column_sums(dy, db, rows, O);
 }
 
 }  // namespace cohort::nn

@@ -1,5 +1,6 @@
 // GptNet: plans per window count (plan_gpt.cpp), bound to the caller's arrays and run; the loss
 // over every position between forward and backward.
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <utility>
@@ -75,12 +76,19 @@ struct GptNet::Impl {
       for (std::int64_t t = 0; t < T; ++t)
         targets[static_cast<std::size_t>(n * T + t)] = windows[n * (T + 1) + t + 1];
     const auto t0 = Clock::now();
-    const double loss = softmax_cross_entropy(p.logits, targets.data(), N * T, s.vocab,
-                                              training ? p.diff_logits : nullptr);
-    if (training && scale != 1) {
+    // The logits' rows are padded_vocab() apart; the padded columns are out of the loss, and
+    // their gradient is 0.
+    const std::int64_t V = s.vocab, stride = s.padded_vocab();
+    const double loss = softmax_cross_entropy(p.logits, targets.data(), N * T, V,
+                                              training ? p.diff_logits : nullptr, stride);
+    if (training) {
       const auto f = static_cast<float>(scale);
-      const auto n = static_cast<std::size_t>(N * T * s.vocab);
-      for (std::size_t i = 0; i < n; ++i) p.diff_logits[i] *= f;
+      for (std::int64_t r = 0; r < N * T; ++r) {
+        float* d = p.diff_logits + r * stride;
+        if (scale != 1)
+          for (std::int64_t c = 0; c < V; ++c) d[c] *= f;
+        std::fill(d + V, d + stride, 0.0f);
+      }
     }
     times.loss += std::chrono::duration<double>(Clock::now() - t0).count();
     return loss * scale;
@@ -108,8 +116,8 @@ struct GptNet::Impl {
     run(p.forward);
     Evaluation e;
     e.loss = cross_entropy(p, N, false);
-    e.correct =
-        count_correct(p.logits, targets.data(), N * model->shape().block, model->shape().vocab);
+    const GptShape& s = model->shape();
+    e.correct = count_correct(p.logits, targets.data(), N * s.block, s.vocab, s.padded_vocab());
     return e;
   }
 };

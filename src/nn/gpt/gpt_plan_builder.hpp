@@ -57,7 +57,7 @@ class GptPlanBuilder : public PlanBuilderBase {
         C_(s_.embd),
         H_(s_.heads),
         hs_(s_.head_size()),
-        V_(s_.vocab),
+        V_(s_.padded_vocab()),
         M_(r.N * s_.block),
         training_(r.training),
         drop_(r.training && s_.dropout > 0),
@@ -72,9 +72,10 @@ class GptPlanBuilder : public PlanBuilderBase {
  private:
   void build_steps();
   struct LnSaved {
-    // scale: the weight as f32; stat: the variance (oneDNN's, f32) or 1 / std (cohort's, bf16)
-    memory src, mean, stat, scale;
-    std::size_t weight = 0;
+    // scale: the weight as f32; shift: the bias as f32, or none; stat: the variance (oneDNN's,
+    // f32) or 1 / std (cohort's, bf16)
+    memory src, mean, stat, scale, shift;
+    std::size_t weight = 0, bias = GptModel::kNoBias;
   };
   struct BlockSaved {
     LnSaved ln1, ln2;
@@ -253,15 +254,16 @@ class GptPlanBuilder : public PlanBuilderBase {
     return m;
   }
 
-  LnSaved ln_forward(const memory& x, std::size_t weight, const memory& dst);
-  // LayerNorm, x f32 to dst in the activations' type: oneDNN's in f32; in bf16 cohort's loops
-  // (nn/gpt/gpt_kernels.hpp), which write and read bf16 where oneDNN's needs a reorder each way.
-  // Backward: diff_src (f32) written or added to (`accumulate`), the weight's gradient
-  // overwritten.
+  // LayerNorm, x f32 to dst in the activations' type, with the bias at `bias` unless it is
+  // kNoBias: oneDNN's in f32; in bf16 cohort's loops (nn/gpt/gpt_kernels.hpp), which write and
+  // read bf16 where oneDNN's needs a reorder each way. Backward: diff_src (f32) written or added
+  // to (`accumulate`), the weight's and the bias's gradients overwritten.
+  LnSaved ln_forward(const memory& x, std::size_t weight, std::size_t bias, const memory& dst);
   void ln_backward(const LnSaved& s, const memory& diff_dst, const memory& diff_src,
                    bool accumulate);
+  // With `bias`, the inner product adds a bias of O values in the activations' type.
   dnnl::inner_product_forward::primitive_desc linear_pd(const memory::desc& src, std::int64_t O,
-                                                        const memory::desc& dst);
+                                                        const memory::desc& dst, bool bias = false);
   // dst = src weights, a batched matmul on (strided) views, appended to `list`. No output scale:
   // oneDNN 2.6.3's bf16 gemm-based matmul runs several times slower with one (gpt_kernels.hpp).
   void add_matmul(std::vector<Exec>& list, const memory& src, const memory& weights,
@@ -271,11 +273,15 @@ class GptPlanBuilder : public PlanBuilderBase {
     add(list, dnnl::matmul(pd), pd.scratchpad_desc(),
         {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}}, Phase::kMatmul);
   }
-  // dst (M, O) = src (M, I) W^T with W at `weight` in the parameters.
-  void linear(const memory& src, std::size_t weight, std::int64_t O, const memory& dst);
-  // diff_src from diff_dst; the weight's gradient (overwritten) from src and diff_dst.
+  // dst (M, O) = src (M, I) W^T (+ b) with W at `weight` in the parameters and b at `bias`
+  // (none where it is kNoBias).
+  void linear(const memory& src, std::size_t weight, std::int64_t O, const memory& dst,
+              std::size_t bias = GptModel::kNoBias);
+  // diff_src from diff_dst; the weight's gradient (overwritten) from src and diff_dst, and the
+  // bias's (unless kNoBias: diff_dst's column sums).
   void linear_backward(const memory& src, std::size_t weight, std::int64_t O,
-                       const memory& diff_dst, const memory& diff_src);
+                       const memory& diff_dst, const memory& diff_src,
+                       std::size_t bias = GptModel::kNoBias);
   void linear_backward_data(const memory& src, std::size_t weight, std::int64_t O,
                             const memory& diff_dst, const memory& diff_src);
   void linear_backward_weights(const memory& src, std::size_t weight, std::int64_t O,

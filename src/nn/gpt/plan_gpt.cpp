@@ -21,45 +21,55 @@
 namespace cohort::nn::detail {
 
 GptPlanBuilder::LnSaved GptPlanBuilder::ln_forward(const memory& x, std::size_t weight,
-                                                   const memory& dst) {
+                                                   std::size_t bias, const memory& dst) {
   using namespace dnnl;
   LnSaved s;
   s.src = x;
   s.weight = weight;
+  s.bias = bias;
+  const bool shift = bias != GptModel::kNoBias;  // every LayerNorm of a model, or none
   s.mean = kept("ln.mean", {M_}, Dt::f32);
   s.stat = kept("ln.stat", {M_}, Dt::f32);
   if (!half()) {  // oneDNN's, in f32 throughout
     s.scale = param({C_}, weight);
+    if (shift) s.shift = param({C_}, bias);
     const memory::desc data({M_, C_}, Dt::f32, Tag::ab), stat({M_}, Dt::f32, Tag::a);
+    const auto flags = shift ? normalization_flags::use_scale | normalization_flags::use_shift
+                             : normalization_flags::use_scale;
     if (!ln_fwd_) {
       ln_fwd_.emplace(layer_normalization_forward::desc(prop_kind::forward_training, data, stat,
-                                                        GptModel::kLayerNormEpsilon,
-                                                        normalization_flags::use_scale),
+                                                        GptModel::kLayerNormEpsilon, flags),
                       attr(), eng_);
       if (training_)
         ln_bwd_.emplace(layer_normalization_backward::desc(prop_kind::backward, data, data, stat,
-                                                           GptModel::kLayerNormEpsilon,
-                                                           normalization_flags::use_scale),
+                                                           GptModel::kLayerNormEpsilon, flags),
                         attr(), eng_, *ln_fwd_);
     }
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, x},
+                                         {DNNL_ARG_DST, dst},
+                                         {DNNL_ARG_SCALE, s.scale},
+                                         {DNNL_ARG_MEAN, s.mean},
+                                         {DNNL_ARG_VARIANCE, s.stat}};
+    if (shift) args.emplace(DNNL_ARG_SHIFT, s.shift);
     add(p_.forward, layer_normalization_forward(*ln_fwd_), ln_fwd_->scratchpad_desc(),
-        {{DNNL_ARG_SRC, x},
-         {DNNL_ARG_DST, dst},
-         {DNNL_ARG_SCALE, s.scale},
-         {DNNL_ARG_MEAN, s.mean},
-         {DNNL_ARG_VARIANCE, s.stat}},
-        Phase::kOther);
+        std::move(args), Phase::kOther);
     return s;
   }
-  // bf16: cohort's loop, writing bf16; the weight as f32, converted by the plan's prepare steps.
+  // bf16: cohort's loop, writing bf16; the weight and bias as f32, converted by the plan's
+  // prepare steps.
   s.scale = plain({C_}, Dt::f32);
   reorder(p_.prepare, param({C_}, weight), s.scale);
+  if (shift) {
+    s.shift = plain({C_}, Dt::f32);
+    reorder(p_.prepare, param({C_}, bias), s.shift);
+  }
   custom(
       p_.forward,
-      [x, gamma = s.scale, dst, mean = s.mean, rstd = s.stat, M = M_, C = C_] {
+      [x, gamma = s.scale, beta = s.shift, dst, mean = s.mean, rstd = s.stat, M = M_, C = C_] {
         layer_norm_forward(
             static_cast<const float*>(x.get_data_handle()),
             static_cast<const float*>(gamma.get_data_handle()),
+            beta ? static_cast<const float*>(beta.get_data_handle()) : nullptr,
             static_cast<bf16*>(dst.get_data_handle()), static_cast<float*>(mean.get_data_handle()),
             static_cast<float*>(rstd.get_data_handle()), M, C, GptModel::kLayerNormEpsilon);
       },
@@ -70,17 +80,19 @@ GptPlanBuilder::LnSaved GptPlanBuilder::ln_forward(const memory& x, std::size_t 
 void GptPlanBuilder::ln_backward(const LnSaved& s, const memory& diff_dst, const memory& diff_src,
                                  bool accumulate) {
   const memory dgamma = grad({C_}, s.weight);
+  const memory dbeta = s.bias != GptModel::kNoBias ? grad({C_}, s.bias) : memory();
   if (!half()) {
     const memory out = accumulate ? temp("d.ln", {M_, C_}, Dt::f32) : diff_src;
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, s.src},         {DNNL_ARG_MEAN, s.mean},
+                                         {DNNL_ARG_VARIANCE, s.stat},   {DNNL_ARG_SCALE, s.scale},
+                                         {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_SRC, out},
+                                         {DNNL_ARG_DIFF_SCALE, dgamma}};
+    if (dbeta) {
+      args.emplace(DNNL_ARG_SHIFT, s.shift);
+      args.emplace(DNNL_ARG_DIFF_SHIFT, dbeta);
+    }
     add(p_.backward, dnnl::layer_normalization_backward(*ln_bwd_), ln_bwd_->scratchpad_desc(),
-        {{DNNL_ARG_SRC, s.src},
-         {DNNL_ARG_MEAN, s.mean},
-         {DNNL_ARG_VARIANCE, s.stat},
-         {DNNL_ARG_SCALE, s.scale},
-         {DNNL_ARG_DIFF_DST, diff_dst},
-         {DNNL_ARG_DIFF_SRC, out},
-         {DNNL_ARG_DIFF_SCALE, dgamma}},
-        Phase::kOther);
+        std::move(args), Phase::kOther);
     if (accumulate) {
       const float* d = static_cast<const float*>(out.get_data_handle());
       float* dx = static_cast<float*>(diff_src.get_data_handle());
@@ -95,14 +107,15 @@ void GptPlanBuilder::ln_backward(const LnSaved& s, const memory& diff_dst, const
   custom(
       p_.backward,
       [x = s.src, gamma = s.scale, mean = s.mean, rstd = s.stat, diff_dst, diff_src, accumulate,
-       dgamma, M = M_, C = C_] {
+       dgamma, dbeta, M = M_, C = C_] {
         layer_norm_backward(static_cast<const float*>(x.get_data_handle()),
                             static_cast<const float*>(gamma.get_data_handle()),
                             static_cast<const float*>(mean.get_data_handle()),
                             static_cast<const float*>(rstd.get_data_handle()),
                             static_cast<const bf16*>(diff_dst.get_data_handle()),
                             static_cast<float*>(diff_src.get_data_handle()), accumulate,
-                            static_cast<float*>(dgamma.get_data_handle()), M, C);
+                            static_cast<float*>(dgamma.get_data_handle()),
+                            dbeta ? static_cast<float*>(dbeta.get_data_handle()) : nullptr, M, C);
       },
       Phase::kOther);
 }
@@ -135,22 +148,27 @@ auto weights_layout_pd(Make make) {
 
 dnnl::inner_product_forward::primitive_desc GptPlanBuilder::linear_pd(const memory::desc& src,
                                                                       std::int64_t O,
-                                                                      const memory::desc& dst) {
+                                                                      const memory::desc& dst,
+                                                                      bool bias) {
   using namespace dnnl;
   const std::int64_t I = src.dims()[1];
   return weights_layout_pd([&](Tag tag) {
+    const memory::desc weights({O, I}, act_, tag);
     return inner_product_forward::primitive_desc(
-        inner_product_forward::desc(prop_kind::forward_training, src,
-                                    memory::desc({O, I}, act_, tag), dst),
+        bias ? inner_product_forward::desc(prop_kind::forward_training, src, weights,
+                                           memory::desc({O}, act_, Tag::a), dst)
+             : inner_product_forward::desc(prop_kind::forward_training, src, weights, dst),
         attr(), eng_);
   });
 }
 
 void GptPlanBuilder::linear(const memory& src, std::size_t weight, std::int64_t O,
-                            const memory& dst) {
+                            const memory& dst, std::size_t bias) {
   using namespace dnnl;
   const std::int64_t I = src.get_desc().dims()[1];
-  const inner_product_forward::primitive_desc pd = linear_pd(src.get_desc(), O, dst.get_desc());
+  const bool has_bias = bias != GptModel::kNoBias;
+  const inner_product_forward::primitive_desc pd =
+      linear_pd(src.get_desc(), O, dst.get_desc(), has_bias);
   memory w = param({O, I}, weight);
   if (pd.weights_desc() != w.get_desc()) {
     memory blocked = new_memory(pd.weights_desc());
@@ -158,14 +176,31 @@ void GptPlanBuilder::linear(const memory& src, std::size_t weight, std::int64_t 
     w = blocked;
   }
   blocked_weights_[weight] = w;
-  add(p_.forward, inner_product_forward(pd), pd.scratchpad_desc(),
-      {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, dst}}, Phase::kMatmul);
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, dst}};
+  if (has_bias) args.emplace(DNNL_ARG_BIAS, param({O}, bias));
+  add(p_.forward, inner_product_forward(pd), pd.scratchpad_desc(), std::move(args), Phase::kMatmul);
 }
 
 void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std::int64_t O,
-                                     const memory& diff_dst, const memory& diff_src) {
+                                     const memory& diff_dst, const memory& diff_src,
+                                     std::size_t bias) {
   if (diff_src) linear_backward_data(src, weight, O, diff_dst, diff_src);
   linear_backward_weights(src, weight, O, diff_dst);
+  if (bias == GptModel::kNoBias) return;
+  // The bias's gradient: diff_dst's column sums (gpt_kernels.hpp).
+  const memory db = grad({O}, bias);
+  const bool half = this->half();
+  custom(
+      p_.backward,
+      [diff_dst, db, half, M = M_, O] {
+        auto* out = static_cast<float*>(db.get_data_handle());
+        if (half)
+          bias_backward(static_cast<const bf16*>(diff_dst.get_data_handle()), out, M, O);
+        else
+          bias_backward(static_cast<const float*>(diff_dst.get_data_handle()), out, M, O);
+      },
+      Phase::kOther);
 }
 
 // dX = dY W: a matmul on the plain bf16 weights where its kernel is AMX's (or GptPaths asks for
@@ -346,7 +381,7 @@ void GptPlanBuilder::build_steps() {
   }
   where_ = "transformer.ln_f";
   const memory xf = kept("xf", {M_, C}, act_);
-  const LnSaved lnf = ln_forward(x, m_.ln_f(), xf);
+  const LnSaved lnf = ln_forward(x, m_.ln_f(), m_.ln_f_bias(), xf);
   where_ = "lm_head";
   memory logits = plain({M_, V}, Dt::f32);
   linear(xf, wte, V, logits);

@@ -38,28 +38,28 @@ GptPlanBuilder::BlockSaved GptPlanBuilder::block_forward(std::int64_t l, const m
   BlockSaved b;
   where_ = h + ".ln_1";
   b.h1 = kept("h1", {M_, C}, act_);  // the LayerNorm's output, the next layer's input: kept
-  b.ln1 = ln_forward(x, o.ln_1, b.h1);
+  b.ln1 = ln_forward(x, o.ln_1, o.ln_1_bias, b.h1);
   where_ = h + ".attn.c_attn";
   b.qkv = qkv_buffer();
-  linear(b.h1, o.c_attn, 3 * C, b.qkv);
+  linear(b.h1, o.c_attn, 3 * C, b.qkv, o.c_attn_bias);
   where_ = h + ".attn";
   attention(b, l);
   where_ = h + ".attn.c_proj";
   const memory a = temp("branch", {M_, C}, Dt::f32);
-  linear(b.y, o.attn_proj, C, a);
+  linear(b.y, o.attn_proj, C, a, o.attn_proj_bias);
   b.x_mid = training_ ? plain({M_, C}, Dt::f32) : x;  // the stream after this branch (ln_2's input)
   residual(x, a, dropout_layer(l, 1), training_ ? b.x_mid : memory());
   where_ = h + ".ln_2";
   b.h2 = kept("h2", {M_, C}, act_);
-  b.ln2 = ln_forward(b.x_mid, o.ln_2, b.h2);
+  b.ln2 = ln_forward(b.x_mid, o.ln_2, o.ln_2_bias, b.h2);
   where_ = h + ".mlp.c_fc";
   const memory f = temp("f", {M_, 4 * C}, act_);
-  linear(b.h2, o.c_fc, 4 * C, f);
+  linear(b.h2, o.c_fc, 4 * C, f, o.c_fc_bias);
   where_ = h + ".mlp.gelu";
   gelu(f, b);
   where_ = h + ".mlp.c_proj";
   const memory mo = temp("branch", {M_, C}, Dt::f32);
-  linear(b.g, o.mlp_proj, C, mo);
+  linear(b.g, o.mlp_proj, C, mo, o.mlp_proj_bias);
   residual(x, mo, dropout_layer(l, 2), next_in);
   return b;
 }
@@ -121,8 +121,8 @@ void GptPlanBuilder::residual(const memory& x, const memory& branch, std::size_t
   });
 }
 
-// b.g = GELU(f) by gelu_forward, which keeps its slope for backward (training plans: b.slope, in
-// the activations' type); b.g is c_proj's X.
+// b.g = GELU(f) (the model's form) by gelu_forward, which keeps its slope for backward (training
+// plans: b.slope, in the activations' type); b.g is c_proj's X.
 void GptPlanBuilder::gelu(const memory& f, BlockSaved& b) {
   const std::int64_t n = M_ * 4 * C_;
   b.g = kept("g", {M_, 4 * C_}, act_, skew(4 * C_));
@@ -131,15 +131,16 @@ void GptPlanBuilder::gelu(const memory& f, BlockSaved& b) {
   void* g = b.g.get_data_handle();
   void* slope = training_ ? b.slope.get_data_handle() : nullptr;
   const bool half = this->half();
+  const Gelu form = s_.tanh_gelu ? Gelu::kTanh : Gelu::kErf;
   custom(
       p_.forward,
-      [in, g, slope, n, half] {
+      [in, g, slope, n, half, form] {
         if (half)
           gelu_forward(static_cast<const bf16*>(in), static_cast<bf16*>(g),
-                       static_cast<bf16*>(slope), n);
+                       static_cast<bf16*>(slope), n, form);
         else
           gelu_forward(static_cast<const float*>(in), static_cast<float*>(g),
-                       static_cast<float*>(slope), n);
+                       static_cast<float*>(slope), n, form);
       },
       Phase::kEltwise);
 }
@@ -215,7 +216,7 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   where_ = "h." + std::to_string(l) + ".mlp.c_proj";
   const memory dmo = branch(dropout_layer(l, 2));
   memory dg = temp("d.g", {M_, 4 * C}, act_);
-  linear_backward(b.g, o.mlp_proj, C, dmo, dg);
+  linear_backward(b.g, o.mlp_proj, C, dmo, dg, o.mlp_proj_bias);
   where_ = "h." + std::to_string(l) + ".mlp.gelu";
   memory df = temp("d.f", {M_, 4 * C}, act_, skew(4 * C));  // c_fc's dY
   {
@@ -237,14 +238,14 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
         Phase::kEltwise);
   }
   where_ = "h." + std::to_string(l) + ".mlp.c_fc";
-  linear_backward(b.h2, o.c_fc, 4 * C, df, dh);
+  linear_backward(b.h2, o.c_fc, 4 * C, df, dh, o.c_fc_bias);
   where_ = "h." + std::to_string(l) + ".ln_2";
   ln_backward(b.ln2, dh, dx, true);
 
   where_ = "h." + std::to_string(l) + ".attn.c_proj";
   const memory da = branch(dropout_layer(l, 1));
   memory dy = temp("d.y", {M_, C}, act_);
-  linear_backward(b.y, o.attn_proj, C, da, dy);
+  linear_backward(b.y, o.attn_proj, C, da, dy, o.attn_proj_bias);
 
   where_ = "h." + std::to_string(l) + ".attn";
   const memory dqkv = temp("d.qkv", {M_, 3 * C}, act_);
@@ -266,7 +267,7 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
   }
 
   where_ = "h." + std::to_string(l) + ".attn.c_attn";
-  linear_backward(b.h1, o.c_attn, 3 * C, dqkv, dh);
+  linear_backward(b.h1, o.c_attn, 3 * C, dqkv, dh, o.c_attn_bias);
   where_ = "h." + std::to_string(l) + ".ln_1";
   ln_backward(b.ln1, dh, dx, true);
 }

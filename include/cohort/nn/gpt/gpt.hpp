@@ -1,6 +1,7 @@
-// A decoder-only transformer for character-level language models: nanoGPT's GPT with
-// bias=False (token and learned position embeddings, pre-LayerNorm blocks of causal multi-head
-// self-attention and a GELU MLP, a final LayerNorm, an output head tied to the token embedding).
+// A decoder-only transformer: nanoGPT's GPT (token and learned position embeddings, pre-LayerNorm
+// blocks of causal multi-head self-attention and a GELU MLP, a final LayerNorm, an output head
+// tied to the token embedding), with bias=False and the exact GELU by default, and GPT-2's
+// architecture as options (biases, the tanh GELU, a padded vocabulary).
 // GptModel is its description — spec, parameter layout under nanoGPT's state_dict names, GPT-2's
 // initialisation; GptNet its executor on oneDNN, one per replica, as nn::Net is for the layer
 // lists of model.hpp.
@@ -23,8 +24,17 @@ namespace cohort::nn {
 struct GptShape {
   std::int64_t layers = 4, heads = 4, embd = 128, block = 64;
   std::int64_t vocab = 65;
-  float dropout = 0;  // on the embeddings, the attention weights and each block's two branches
+  float dropout = 0;       // on the embeddings, the attention weights and each block's two branches
+  bool bias = false;       // biases on every linear layer but the head and on every LayerNorm
+  bool tanh_gelu = false;  // GELU's tanh approximation (GPT-2's "gelu_new"), not the erf form
+  // The token embedding's rows, and so the head's outputs, padded to a multiple of this (llm.c's
+  // 50,257 to 50,304 with 128). The padded rows are 0 and stay 0: their logits are left out of
+  // the loss, the accuracy and sampling, so their gradients are 0.
+  std::int64_t vocab_multiple = 1;
   std::int64_t head_size() const { return embd / heads; }
+  std::int64_t padded_vocab() const {
+    return (vocab + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
+  }
   bool operator==(const GptShape&) const = default;
 };
 
@@ -33,10 +43,14 @@ class GptModel {
   // LayerNorm's epsilon (PyTorch's default, as nanoGPT).
   static constexpr float kLayerNormEpsilon = 1e-5f;
 
-  // "gpt:LAYERS-HEADS-EMBD-BLOCK[-DROPOUT]" (nanoGPT's CPU recipe: gpt:4-4-128-64; its full
-  // one gpt:6-6-384-256-0.2) for a vocabulary of `vocab` tokens. Throws InputError naming
-  // --model, what was expected and what was found: HEADS must divide EMBD, every size positive,
-  // DROPOUT in [0, 1), parameters at most Model::kMaxParameters.
+  // "gpt:LAYERS-HEADS-EMBD-BLOCK[-DROPOUT][,OPTION...]" (nanoGPT's CPU recipe: gpt:4-4-128-64;
+  // its full one gpt:6-6-384-256-0.2) for a vocabulary of `vocab` tokens. OPTIONs: "bias"
+  // (GptShape::bias), "gelu=tanh" or "gelu=erf", "pad=MULTIPLE" (GptShape::vocab_multiple, 1 to
+  // 4096); a later one replaces an earlier one. GPT-2's sizes are presets in place of the four
+  // sizes: "gpt:124M" is gpt:12-12-768-1024,bias,gelu=tanh,pad=128 and "gpt:350M"
+  // gpt:24-16-1024-1024,bias,gelu=tanh,pad=128 (either may go on with -DROPOUT and options).
+  // Throws InputError naming --model, what was expected and what was found: HEADS must divide
+  // EMBD, every size positive, DROPOUT in [0, 1), parameters at most Model::kMaxParameters.
   static GptModel parse(const std::string& spec, std::int64_t vocab);
   static bool is_gpt(const std::string& spec);  // starts with "gpt:"
 
@@ -45,27 +59,34 @@ class GptModel {
   // nanoGPT's parameters in its order, under its names (transformer.wte.weight,
   // transformer.wpe.weight, transformer.h.I.ln_1.weight, .attn.c_attn.weight,
   // .attn.c_proj.weight, .ln_2.weight, .mlp.c_fc.weight, .mlp.c_proj.weight,
-  // transformer.ln_f.weight), in PyTorch's layout ((out, in) for a linear weight). The head's
-  // weight is the token embedding's (lm_head.weight is tied: not stored twice).
+  // transformer.ln_f.weight; with biases each module's .bias after its .weight), in PyTorch's
+  // layout ((out, in) for a linear weight). The head's weight is the token embedding's
+  // (lm_head.weight is tied: not stored twice); wte has padded_vocab() rows.
   const ParamLayout& layout() const { return layout_; }
-  // Offsets of one block's tensors in the flat array.
+  // Offsets of one block's tensors in the flat array; a bias's is kNoBias without biases.
+  static constexpr std::size_t kNoBias = ~std::size_t{0};
   struct BlockOffsets {
     std::size_t ln_1, c_attn, attn_proj, ln_2, c_fc, mlp_proj;
+    std::size_t ln_1_bias = kNoBias, c_attn_bias = kNoBias, attn_proj_bias = kNoBias,
+                ln_2_bias = kNoBias, c_fc_bias = kNoBias, mlp_proj_bias = kNoBias;
   };
   const BlockOffsets& block(std::int64_t i) const { return blocks_[static_cast<std::size_t>(i)]; }
   std::size_t wte() const { return wte_; }
   std::size_t wpe() const { return wpe_; }
   std::size_t ln_f() const { return ln_f_; }
+  std::size_t ln_f_bias() const { return ln_f_bias_; }
 
   // GPT-2's initialisation, as nanoGPT: every matrix and embedding N(0, 0.02), the residual
-  // projections (c_proj) N(0, 0.02 / sqrt(2 * layers)), LayerNorm weights 1; each tensor from a
-  // stream keyed by (seed, its index in layout()). Padding is zeroed.
+  // projections (c_proj) N(0, 0.02 / sqrt(2 * layers)), LayerNorm weights 1, biases 0; each
+  // tensor from a stream keyed by (seed, its index in layout()). Padding (the layout's and the
+  // vocabulary's rows past vocab) is zeroed.
   void init(float* params, std::uint64_t seed) const;
-  // [begin, end) of the LayerNorm weights, one per tensor, sorted: what --no-decay-norm-bias
-  // exempts from weight decay (nanoGPT decays the 2-D tensors only).
+  // [begin, end) of the LayerNorm weights and the biases, one per tensor, sorted: what
+  // --no-decay-norm-bias exempts from weight decay (nanoGPT decays the 2-D tensors only).
   std::vector<std::pair<std::size_t, std::size_t>> norm_ranges() const;
   // Floating-point operations of one training token's forward pass (2 per multiply-add: the
-  // matmuls, attention over a full window counted at its causal half, and the head).
+  // matmuls, attention over a full window counted at its causal half, and the head over the
+  // padded vocabulary, as it runs).
   double forward_flops_per_token() const;
 
  private:
@@ -73,7 +94,7 @@ class GptModel {
   GptShape shape_;
   ParamLayout layout_;
   std::vector<BlockOffsets> blocks_;
-  std::size_t wte_ = 0, wpe_ = 0, ln_f_ = 0;
+  std::size_t wte_ = 0, wpe_ = 0, ln_f_ = 0, ln_f_bias_ = kNoBias;
 };
 
 // The GptModel of a language model's Model (Model::parse of a "gpt:" spec: its kind,
@@ -172,7 +193,7 @@ class GptGenerator {
   ~GptGenerator();
   GptGenerator(GptGenerator&&) noexcept;
   // Appends `token` (in [0, vocab)) to the context; returns the logits of the token after it
-  // (vocab floats, valid until the next call).
+  // (vocab floats, the padded vocabulary's past them not among them; valid until the next call).
   const float* push(std::int32_t token);
   // Positions run through the layers so far (pushes and the recomputed ones).
   std::uint64_t positions_run() const;

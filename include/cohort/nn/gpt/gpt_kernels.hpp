@@ -10,6 +10,8 @@
 //   them (docs/decisions.md, "Attention's scale in the softmax");
 // - GELU and its slope in one sweep, f32 and bf16: the slope, kept for backward, makes backward
 //   one product; oneDNN's eltwise backward evaluates erf and exp again from the pre-activation;
+// - a linear layer's bias gradient, a column sum that oneDNN's inner product gives only with
+//   its own backward-weights, which the weight gradients' other kernels replace;
 // - LayerNorm in bf16 plans: oneDNN 2.6.3's takes one data type for source and destination (f32
 //   here, the residual stream's), so a reorder followed it forward and preceded it backward, and
 //   its backward ran its generic kernel (simple_layer_normalization); this one writes bf16, reads
@@ -53,43 +55,57 @@ void causal_softmax_forward(const float* s, float* p, const float* mask, float* 
 void causal_softmax_forward(const float* s, float* p, const float* mask, bf16* used,
                             std::int64_t mats, std::int64_t T, float scale);
 
-// g = GELU(f) = f Phi(f) (the erf form, nanoGPT's nn.GELU()) for n values, and, unless `slope`
-// is null, slope = GELU'(f) = Phi(f) + f phi(f). Phi by Abramowitz and Stegun 7.1.26 (erf to
-// 1.5e-7, as oneDNN's gelu_erf), the exponential shared by Phi and phi.
-void gelu_forward(const float* f, float* g, float* slope, std::int64_t n);
+// GELU's two forms: the exact one, f Phi(f) (nanoGPT's nn.GELU()), and GPT-2's tanh
+// approximation ("gelu_new"), f sigmoid(2u) = f (1 + tanh u) / 2 with
+// u = sqrt(2 / pi) (f + 0.044715 f^3).
+enum class Gelu { kErf, kTanh };
+
+// g = GELU(f) for n values, and, unless `slope` is null, slope = GELU'(f). The erf form: Phi by
+// Abramowitz and Stegun 7.1.26 (erf to 1.5e-7, as oneDNN's gelu_erf), slope Phi(f) + f phi(f),
+// the exponential shared by Phi and phi. The tanh form: with e = exp(-2|u|) and s = sigmoid(2u)
+// (1 / (1 + e) for u >= 0, e / (1 + e) below), g = f s and slope
+// s + 2 f s (1 - s) sqrt(2 / pi) (1 + 3 0.044715 f^2), s (1 - s) = e / (1 + e)^2.
+void gelu_forward(const float* f, float* g, float* slope, std::int64_t n, Gelu form = Gelu::kErf);
 // df = dg * slope, element for element.
 void gelu_backward(const float* dg, const float* slope, float* df, std::int64_t n);
 // The same in bf16: g and the slope the f32 form's values at f rounded; df the f32 product of dg
 // and slope rounded. oneDNN 2.6.3's bf16 gelu_erf backward evaluates erf and exp again. The
 // forward looks g and the slope up in a table of the f32 form's results at each of the 65,536
-// bf16 values (256 KB, built on first use), gathered 16 at a time where the CPU has AVX-512, 8 at
-// a time where the build targets AVX2 (the default build does), else one by one (`how`: kAuto
-// takes the first of those this process can run; the others are for tests, where
+// bf16 values (256 KB a form, built on first use), gathered 16 at a time where the CPU has
+// AVX-512, 8 at a time where the build targets AVX2 (the default build does), else one by one
+// (`how`: kAuto takes the first of those this process can run; the others are for tests, where
 // gelu_lookup_available). bf16 plans run where oneDNN has bf16 kernels, all of which have
 // AVX-512, so the 8-wide gathers run in tests only. docs/decisions.md, "The bf16 GELU by table".
 enum class GeluLookup { kAuto, kScalar, kGather8, kGather16 };
 bool gelu_lookup_available(GeluLookup how);
-void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n,
+void gelu_forward(const bf16* f, bf16* g, bf16* slope, std::int64_t n, Gelu form = Gelu::kErf,
                   GeluLookup how = GeluLookup::kAuto);
 void gelu_backward(const bf16* dg, const bf16* slope, bf16* df, std::int64_t n);
 
-// LayerNorm without a bias (nanoGPT's bias=False) over `rows` rows of C floats:
-//   y = (x - mean) rstd gamma,  rstd = 1 / sqrt(var + eps)   (var: the biased variance, as
-//   PyTorch's)
+// LayerNorm over `rows` rows of C floats, with a bias (nanoGPT's bias=True) unless `beta` is
+// null:
+//   y = (x - mean) rstd gamma [+ beta],  rstd = 1 / sqrt(var + eps)   (var: the biased variance,
+//   as PyTorch's)
 // written in f32 or bf16 (rounded), mean and rstd kept per row for backward. The row's sums in
 // eight interleaved partial sums as the softmax's; the mean first, then the squared deviations.
-void layer_norm_forward(const float* x, const float* gamma, float* y, float* mean, float* rstd,
-                        std::int64_t rows, std::int64_t C, float eps);
-void layer_norm_forward(const float* x, const float* gamma, bf16* y, float* mean, float* rstd,
-                        std::int64_t rows, std::int64_t C, float eps);
+void layer_norm_forward(const float* x, const float* gamma, const float* beta, float* y,
+                        float* mean, float* rstd, std::int64_t rows, std::int64_t C, float eps);
+void layer_norm_forward(const float* x, const float* gamma, const float* beta, bf16* y, float* mean,
+                        float* rstd, std::int64_t rows, std::int64_t C, float eps);
 // Its backward from dy (f32 or bf16): with xhat = (x - mean) rstd and g = dy gamma,
 //   dx = rstd (g - mean_j(g) - xhat mean_j(g xhat)),   written, or added to dx (`accumulate`),
-//   dgamma[j] = sum over the rows of dy xhat   (overwritten; summed in row order).
+//   dgamma[j] = sum over the rows of dy xhat   (overwritten; summed in row order),
+//   dbeta[j] = sum over the rows of dy         (overwritten, unless dbeta is null; row order).
 void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
-                         const float* dy, float* dx, bool accumulate, float* dgamma,
+                         const float* dy, float* dx, bool accumulate, float* dgamma, float* dbeta,
                          std::int64_t rows, std::int64_t C);
 void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd,
-                         const bf16* dy, float* dx, bool accumulate, float* dgamma,
+                         const bf16* dy, float* dx, bool accumulate, float* dgamma, float* dbeta,
                          std::int64_t rows, std::int64_t C);
+
+// A linear layer's bias gradient: db[o] = sum over the `rows` rows of dy (rows, O), in row order
+// (the same bits at any vector width), overwritten.
+void bias_backward(const float* dy, float* db, std::int64_t rows, std::int64_t O);
+void bias_backward(const bf16* dy, float* db, std::int64_t rows, std::int64_t O);
 
 }  // namespace cohort::nn
