@@ -1,11 +1,13 @@
 #!/usr/bin/python3
-"""cohort's PyTorch peer for language models: nanoGPT's GPT (bias=False) and its character-level
-Tiny Shakespeare recipe in PyTorch 1.13, under nanoGPT's module and state_dict names, so that
-bench/gpt_compare.py can set it beside `cohort train --model gpt:...` and tests/export can load
-cohort's safetensors into it (strict).
+"""cohort's PyTorch peer for language models: nanoGPT's GPT (bias=False, or GPT-2's architecture
+with --bias and --gelu tanh) and its character-level Tiny Shakespeare recipe in PyTorch 1.13,
+under nanoGPT's module and state_dict names, so that bench/gpt_compare.py can set it beside
+`cohort train --model gpt:...` and tests/export can load cohort's safetensors into it (strict;
+Hugging Face's GPT-2 layout through from_hugging_face).
 
     /usr/bin/python3 bench/peers/torch_gpt_peer.py COMMAND --text datasets/tinyshakespeare/input.txt
       [--layers 4 --heads 4 --embd 128 --block 64 --batch 12 --dropout 0] [--threads 2] [--bf16]
+      [--bias] [--gelu erf|tanh] [--random-tokens VOCAB]
 
 Commands (each measurement one line `RESULT {json}` on stdout):
     tput   training tokens/s: the median of --reps rounds of --steps steps after --warmup, and
@@ -19,7 +21,8 @@ Commands (each measurement one line `RESULT {json}` on stdout):
            (nanoGPT's estimate_loss; its CPU recipe uses 20)
 
 Data: the text's sorted distinct characters are the vocabulary; the first 90% trains, the rest
-validates. A batch is --batch windows at uniformly random offsets (torch's generator, --seed).
+validates. With --random-tokens VOCAB, 2,000,000 uniform tokens of VOCAB (torch's generator,
+--seed) in place of the text (tput at GPT-2's shapes). A batch is --batch windows at uniformly random offsets (torch's generator, --seed).
 Setup: `scripts/setup.sh test` (python3-torch with libopenblas0-openmp: without it torch's f32
 matmuls run on the reference BLAS, about 20x slower).
 """
@@ -36,22 +39,23 @@ import torch.nn.functional as F
 
 
 class LayerNorm(nn.Module):
-    """LayerNorm(C) with a weight and no bias, eps 1e-5."""
+    """LayerNorm(C) with a weight and a bias or none (nanoGPT's), eps 1e-5."""
 
-    def __init__(self, c):
+    def __init__(self, c, bias=False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(c))
+        self.bias = nn.Parameter(torch.zeros(c)) if bias else None
 
     def forward(self, x):
-        return F.layer_norm(x, (x.shape[-1],), self.weight, None, 1e-5)
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, 1e-5)
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, c, heads, dropout):
+    def __init__(self, c, heads, dropout, bias=False):
         super().__init__()
         self.heads = heads
-        self.c_attn = nn.Linear(c, 3 * c, bias=False)
-        self.c_proj = nn.Linear(c, c, bias=False)
+        self.c_attn = nn.Linear(c, 3 * c, bias=bias)
+        self.c_proj = nn.Linear(c, c, bias=bias)
         self.attn_dropout = nn.Dropout(dropout)
         self.resid_dropout = nn.Dropout(dropout)
 
@@ -67,23 +71,24 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, c, dropout):
+    def __init__(self, c, dropout, bias=False, gelu="erf"):
         super().__init__()
-        self.c_fc = nn.Linear(c, 4 * c, bias=False)
-        self.c_proj = nn.Linear(4 * c, c, bias=False)
+        self.c_fc = nn.Linear(c, 4 * c, bias=bias)
+        self.c_proj = nn.Linear(4 * c, c, bias=bias)
         self.dropout = nn.Dropout(dropout)
+        self.approximate = "tanh" if gelu == "tanh" else "none"
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)))
 
 
 class Block(nn.Module):
-    def __init__(self, c, heads, dropout):
+    def __init__(self, c, heads, dropout, bias=False, gelu="erf"):
         super().__init__()
-        self.ln_1 = LayerNorm(c)
-        self.attn = CausalSelfAttention(c, heads, dropout)
-        self.ln_2 = LayerNorm(c)
-        self.mlp = MLP(c, dropout)
+        self.ln_1 = LayerNorm(c, bias)
+        self.attn = CausalSelfAttention(c, heads, dropout, bias)
+        self.ln_2 = LayerNorm(c, bias)
+        self.mlp = MLP(c, dropout, bias, gelu)
 
     def forward(self, x, causal):
         x = x + self.attn(self.ln_1(x), causal)
@@ -93,13 +98,13 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """transformer.{wte, wpe, drop, h.N, ln_f} and lm_head, tied to wte (nanoGPT's tree)."""
 
-    def __init__(self, vocab, block, layers, heads, embd, dropout=0.0):
+    def __init__(self, vocab, block, layers, heads, embd, dropout=0.0, bias=False, gelu="erf"):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(vocab, embd), wpe=nn.Embedding(block, embd),
             drop=nn.Dropout(dropout),
-            h=nn.ModuleList([Block(embd, heads, dropout) for _ in range(layers)]),
-            ln_f=LayerNorm(embd)))
+            h=nn.ModuleList([Block(embd, heads, dropout, bias, gelu) for _ in range(layers)]),
+            ln_f=LayerNorm(embd, bias)))
         self.lm_head = nn.Linear(embd, vocab, bias=False)
         self.lm_head.weight = self.transformer.wte.weight
         self.register_buffer("causal", torch.ones(block, block, dtype=torch.bool).tril(),
@@ -119,6 +124,20 @@ class GPT(nn.Module):
     def forward(self, idx, targets):
         z = self.logits(idx)
         return F.cross_entropy(z.reshape(-1, z.shape[-1]), targets.reshape(-1))
+
+
+def from_hugging_face(tensors):
+    """Hugging Face's GPT-2 weights (names without "transformer.", Conv1D weights stored (in, out),
+    attn.bias / attn.masked_bias buffers, no lm_head) as this GPT's state_dict."""
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(".attn.bias") or name.endswith(".attn.masked_bias"):
+            continue
+        if name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+            t = t.t().contiguous()
+        out[name if name.startswith("transformer.") else "transformer." + name] = t
+    out["lm_head.weight"] = out["transformer.wte.weight"]
+    return out
 
 
 def load_text(path):
@@ -151,9 +170,19 @@ def validation_loss(model, val, block, windows=256, bf16=False):
     return total / (count * block)
 
 
+def load_data(a):
+    """load_text(a.text), or with --random-tokens VOCAB uniform tokens split 90/10 (no
+    characters)."""
+    if not a.random_tokens:
+        return load_text(a.text)
+    gen = torch.Generator().manual_seed(a.seed)
+    data = torch.randint(a.random_tokens, (2_000_000,), generator=gen)
+    return data[:1_800_000], data[1_800_000:], [None] * a.random_tokens
+
+
 def make(a, vocab):
     torch.manual_seed(a.seed)
-    model = GPT(vocab, a.block, a.layers, a.heads, a.embd, a.dropout)
+    model = GPT(vocab, a.block, a.layers, a.heads, a.embd, a.dropout, a.bias, a.gelu)
     params = list(model.parameters())
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
@@ -219,7 +248,7 @@ def peak_rss_bytes():
 
 
 def cmd_tput(a):
-    train, _, chars = load_text(a.text)
+    train, _, chars = load_data(a)
     model, opt = make(a, len(chars))
     gen = torch.Generator().manual_seed(a.seed)
     batches = [batch(train, a, gen) for _ in range(8)]
@@ -236,7 +265,7 @@ def cmd_tput(a):
 
 
 def cmd_train(a):
-    train, val, chars = load_text(a.text)
+    train, val, chars = load_data(a)
     model, opt = make(a, len(chars))
     gen = torch.Generator().manual_seed(a.seed)
     curve, seconds = [], 0.0
@@ -262,7 +291,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cmd", choices=["tput", "train"])
-    p.add_argument("--text", required=True)
+    p.add_argument("--text")
+    p.add_argument("--random-tokens", type=int, default=0, metavar="VOCAB")
+    p.add_argument("--bias", action="store_true", help="GPT-2's biases (nanoGPT's bias=True)")
+    p.add_argument("--gelu", choices=["erf", "tanh"], default="erf")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--embd", type=int, default=128)
@@ -284,6 +316,8 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--reps", type=int, default=3)
     a = p.parse_args()
+    if not a.text and not a.random_tokens:
+        p.error("one of --text and --random-tokens is required")
     torch.set_num_threads(a.threads)
     {"tput": cmd_tput, "train": cmd_train}[a.cmd](a)
 

@@ -4,7 +4,7 @@ inference included), the interface (input "input" with a symbolic batch dimensio
 "logits"), then runs it with a NumPy evaluator of exactly the operators cohort emits (in float64;
 the layer lists': Gemm, Conv, BatchNormalization, MaxPool, AveragePool, GlobalAveragePool, Relu,
 Add, Flatten; the language model's besides: Shape, Slice, Concat, Gather, Reshape, Transpose,
-MatMul, Sub, Mul, Div, Sqrt, Erf, ReduceMean, Softmax) and requires its logits within 1e-4 of
+MatMul, Sub, Mul, Div, Sqrt, Erf, Tanh, ReduceMean, Softmax) and requires its logits within 1e-4 of
 `cohort eval --logits` and its accuracy equal to cohort's. check_gpt.py runs the language
 model's file with run() here.
 Usage: check_onnx.py OUT_DIR DATA_DIR. Exits 77 (skip) when onnx or numpy is not installed."""
@@ -113,6 +113,7 @@ OPS = {
     "Div": lambda ins, at: ins[0] / ins[1],
     "Sqrt": lambda ins, at: np.sqrt(ins[0]),
     "Erf": lambda ins, at: ERF(ins[0]).astype(np.float64),
+    "Tanh": lambda ins, at: np.tanh(ins[0]),
     "ReduceMean": lambda ins, at: np.mean(ins[0], axis=tuple(at["axes"]),
                                           keepdims=bool(at.get("keepdims", 1))),
     "Softmax": lambda ins, at: softmax(ins[0], at.get("axis", -1)),
