@@ -311,6 +311,14 @@ json summary_json(const train::Summary& s, const json& config, const SaveAccount
            {"first_step_seconds", s.roofline.first_step_seconds},
            {"fraction", s.roofline.fraction}}},
          {"time", to_json(s.time)},
+         {"memory",
+          {{"weights", s.memory.weights},
+           {"optimizer_state", s.memory.optimizer_state},
+           {"gradients", s.memory.gradients},
+           {"plans", s.memory.plans},
+           {"logits", s.memory.logits},
+           {"weight_copies", s.memory.weight_copies},
+           {"peak_rss", s.memory.peak_rss}}},
          {"checkpoints", {{"saves", saves.count}, {"seconds", saves.seconds}}},
          {"config", config}};
   if (s.tokens_per_sample != 0)

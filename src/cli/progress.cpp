@@ -299,6 +299,12 @@ void print_summary(std::ostream& out, const train::Summary& s) {
   if (r.first_step_seconds > 0)
     out << "    (step: the mean after the first step; the first, which creates the primitives, "
         << std::setprecision(1) << r.first_step_seconds * 1e3 << " ms)\n";
+  const train::MemoryBreakdown& m = s.memory;
+  auto mb = [](std::size_t bytes) { return static_cast<double>(bytes) / 1e6; };
+  out << "  memory (MB): weights " << std::setprecision(1) << mb(m.weights) << ", optimizer state "
+      << mb(m.optimizer_state) << ", gradient buffers " << mb(m.gradients)
+      << ", the replicas' plans " << mb(m.plans) << " (logits " << mb(m.logits)
+      << ", weight copies " << mb(m.weight_copies) << "); peak RSS " << mb(m.peak_rss) << "\n";
 }
 
 }  // namespace cohort::cli

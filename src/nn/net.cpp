@@ -116,6 +116,16 @@ class LayerExecutor final : public Executor {
             static_cast<double>(count_correct(z, labels, N, classes))};
   }
 
+  PlanMemory memory() const override {
+    PlanMemory m;
+    for (const auto& [key, plan] : plans) {
+      const PlanMemory p = plan->memory();
+      m.total += p.total;
+      m.logits += p.logits;
+      m.weight_copies += p.weight_copies;
+    }
+    return m;
+  }
   const PhaseTimes& times() const override { return times_; }
   Clock::time_point backward_begin() const override { return backward_begin_; }
   void reset_times() override { times_ = {}; }
@@ -220,5 +230,6 @@ std::chrono::steady_clock::time_point Net::backward_begin() const {
 void Net::reset_times() { impl_->exec->reset_times(); }
 void Net::weights_changed() { impl_->exec->weights_changed(); }
 void Net::release_inference_plans() { impl_->exec->release_inference_plans(); }
+PlanMemory Net::memory() const { return impl_->exec->memory(); }
 
 }  // namespace cohort::nn

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cohort/nn/dropout.hpp"
+#include "cohort/nn/executor.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/tensor/buffer.hpp"
@@ -44,6 +45,9 @@ struct Exec {
 struct Plan {
   std::vector<AlignedBuffer<float>> buffers;  // activations, gradients, reordered weights, masks
   AlignedBuffer<std::uint8_t> scratchpad;     // shared by all primitives: they run in sequence
+  // Of the buffers' bytes: the logits and their gradient's copies (a language model's builder
+  // counts them; nn::PlanMemory).
+  std::size_t logits_bytes = 0;
   std::vector<Exec> forward, backward;
   // Steps that read only the parameters (a language model's weights reordered into its
   // primitives' layouts), run before forward where the parameters may have changed
@@ -61,7 +65,12 @@ struct Plan {
   float* bound_grad = nullptr;
   const float* bound_stats = nullptr;
   float* logits = nullptr;       // (N, C)
-  float* diff_logits = nullptr;  // (N, C)
+  float* diff_logits = nullptr;  // (N, C); a language model's is its logits (written over)
+  PlanMemory memory() const {
+    std::size_t total = scratchpad.size();
+    for (const auto& b : buffers) total += b.size() * sizeof(float);
+    return {total, logits_bytes, 0};
+  }
 };
 
 // Points the plan's parameter and gradient views at the caller's arrays, where they moved:

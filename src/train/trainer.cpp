@@ -6,6 +6,7 @@
 // trainer_impl.hpp.
 #include "cohort/train/trainer.hpp"
 
+#include <sys/resource.h>
 #include <xxhash.h>
 
 #include "trainer_impl.hpp"
@@ -81,6 +82,23 @@ std::vector<float*> Trainer::Impl::idle_leaf_buffers() {
     for (std::size_t i = 0; i < chain->buffers(); ++i) out.push_back(chain->buffer(i));
   for (auto& g : leaf_grads) out.push_back(g.data());
   return out;
+}
+
+MemoryBreakdown Trainer::Impl::memory_breakdown() {
+  MemoryBreakdown m;
+  m.weights = weights.size() * sizeof(float) + weights16.size() * sizeof(bf16);
+  m.optimizer_state = (state[0].size() + state[1].size()) * sizeof(float);
+  m.gradients = idle_leaf_buffers().size() * model.layout().total() * sizeof(float);
+  for (std::size_t w = 0; w < graph.workers(); ++w) {
+    const nn::PlanMemory p = graph.replica(w).net.memory();
+    m.plans += p.total;
+    m.logits += p.logits;
+    m.weight_copies += p.weight_copies;
+  }
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) == 0)
+    m.peak_rss = static_cast<std::size_t>(usage.ru_maxrss) * 1024;
+  return m;
 }
 
 bool Trainer::Impl::chains_leaves() const {
@@ -266,6 +284,7 @@ Summary Trainer::Impl::run(Observer& observer) {
     }
     comm.sum(0);
   }
+  s.memory = memory_breakdown();  // after the roofline's measurement, whose buffers count too
   return s;
 }
 

@@ -115,6 +115,8 @@ struct Trainer::Impl {
   bool chains_leaves() const;
   // The leaves' gradient buffers, whose contents are dead between steps (the roofline's scratch).
   std::vector<float*> idle_leaf_buffers();
+  // What holds the memory now (Summary::memory).
+  MemoryBreakdown memory_breakdown();
 
   // Graph node body: replica w claims leaves one at a time, assembles, computes and contributes
   // each, then finishes. Claiming balances a slow core; the contribution that completes the tree

@@ -124,6 +124,35 @@ TEST(GptRun, AResumeIsTheUninterruptedRun) {
   }
 }
 
+// The summary's memory: the weights and AdamW's two arrays of the layout, one gradient buffer a
+// leaf (4 leaves, too small for a chain), and each replica's training plan of 2 windows holding
+// its logits (2 x 16 rows of the text's tokens padded to a multiple of 64, f32, written over by
+// their gradient; in bf16 also the gradient's bf16 copy) among the rest; the peak RSS above all
+// of it.
+TEST(GptRun, TheSummaryCountsWhatHoldsTheMemory) {
+  for (const nn::Precision p : {nn::Precision::kF32, nn::Precision::kBf16}) {
+    if (p == nn::Precision::kBf16 && nn::bf16_support() == nn::Bf16Support::kNone) continue;
+    TrainConfig c = gpt_config("gpt:2-2-32-16,bias,gelu=tanh,pad=64");
+    c.workers = 2;
+    c.precision = p;
+    c.steps = 2;
+    Trainer t(c, text());
+    testing::Recorder rec;
+    const Summary s = t.run(rec);
+    const auto vocab = static_cast<std::int64_t>(text().train.num_classes);
+    const std::size_t total = nn::Model::parse(c.model, {}, vocab).layout().total();
+    const auto padded = static_cast<std::size_t>((vocab + 63) / 64 * 64);
+    const bool half = p == nn::Precision::kBf16;
+    const train::MemoryBreakdown& m = s.memory;
+    EXPECT_EQ(m.weights, total * (half ? 6 : 4));
+    EXPECT_EQ(m.optimizer_state, 2 * total * 4);
+    EXPECT_EQ(m.gradients, 4 * total * 4);
+    EXPECT_EQ(m.logits, 2 * 2 * 16 * padded * (half ? 6 : 4));
+    EXPECT_GT(m.plans, m.logits + m.weight_copies);
+    EXPECT_GT(m.peak_rss, m.weights + m.optimizer_state + m.gradients + m.plans);
+  }
+}
+
 TEST(GptRun, ValidationLossFallsAndIsTheSameEachTime) {
   TrainConfig c = gpt_config("gpt:2-2-32-16");
   c.workers = 2;

@@ -52,6 +52,14 @@ struct Evaluation {
   double correct = 0;
 };
 
+// The bytes an executor's plans hold (their buffers and scratchpads): all of it, and of that the
+// logits and their gradient (a language model's (rows, padded vocabulary) arrays) and the copies
+// of the weights in the primitives' layouts that its plans share (a language model's; a layer
+// list's plans hold their own, counted in the total only).
+struct PlanMemory {
+  std::size_t total = 0, logits = 0, weight_copies = 0;
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -79,6 +87,9 @@ class Executor {
   virtual void weights_changed() {}
   // Frees what evaluation built (nn/net.hpp).
   virtual void release_inference_plans() {}
+
+  // What its plans hold now (a kind that does not count says 0).
+  virtual PlanMemory memory() const { return {}; }
 
   virtual const PhaseTimes& times() const = 0;
   // When the last forward_backward finished the loss and began backward.

@@ -101,6 +101,8 @@ class Net {
   // blocked weights, tens of megabytes), so that it does not stay beside the training plans; the
   // next evaluation builds it again. A layer list keeps its own (a few megabytes at most).
   void release_inference_plans();
+  // What its plans hold now (nn::PlanMemory).
+  PlanMemory memory() const;
 
  private:
   struct Impl;

@@ -223,6 +223,18 @@ struct Roofline {
   double fraction = 0;            // floor_seconds / step_seconds: 1 is the floor
 };
 
+// What holds this process's memory at the end of a run, in bytes: the f32 master weights and
+// their bf16 copy (bf16 runs); the optimizer's per-parameter state; the leaves' gradient
+// buffers (one per leaf of a step, or a LeafChain's workers + 1); the replicas' plans (nn::
+// PlanMemory: activations and buffers, of which the logits and their gradients and the
+// weights' copies in the primitives' layouts); and the process's peak resident set so far
+// (getrusage), which also holds the data, the libraries and what was freed before.
+struct MemoryBreakdown {
+  std::size_t weights = 0, optimizer_state = 0, gradients = 0;
+  std::size_t plans = 0, logits = 0, weight_copies = 0;
+  std::size_t peak_rss = 0;
+};
+
 struct Summary {
   std::uint64_t steps = 0;    // training steps (batches)
   std::uint64_t updates = 0;  // optimizer updates applied (steps minus skipped)
@@ -245,6 +257,7 @@ struct Summary {
   bool stopped = false;  // an observer asked to stop (e.g. Ctrl-C)
   TimeBreakdown time;
   Roofline roofline;  // measured only with TrainConfig::roofline
+  MemoryBreakdown memory;
 };
 
 // One timed span of a trace: what ran (data, stage ahead, forward, backward, combine,

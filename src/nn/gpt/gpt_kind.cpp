@@ -48,6 +48,7 @@ class GptExecutor final : public Executor {
   }
 
   void weights_changed() override { net_.weights_changed(); }
+  PlanMemory memory() const override { return net_.memory(); }
   void release_inference_plans() override { net_.release_inference_plans(); }
   const PhaseTimes& times() const override { return net_.times(); }
   std::chrono::steady_clock::time_point backward_begin() const override {

@@ -23,6 +23,7 @@ struct GptNet::Impl {
   Precision precision;
   GptPaths paths;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  detail::WeightCopies weight_copies;  // before the plans: they hold views of it
   dnnl::stream stream{engine};
   std::map<std::pair<std::int64_t, bool>, std::unique_ptr<Plan>> plans;  // (N, training)
   PhaseTimes times;
@@ -38,8 +39,8 @@ struct GptNet::Impl {
   Plan& plan(std::int64_t N, bool training) {
     auto& slot = plans[{N, training}];
     if (!slot)
-      slot =
-          detail::build_gpt_plan({model, &engine, &key, &windows, N, training, precision, paths});
+      slot = detail::build_gpt_plan(
+          {model, &engine, &key, &windows, N, training, precision, paths, &weight_copies});
     return *slot;
   }
 
@@ -125,6 +126,16 @@ struct GptNet::Impl {
 GptNet::GptNet(const GptModel& model, Precision precision, GptPaths paths)
     : impl_(std::make_unique<Impl>(model, precision, paths)) {}
 GptNet::~GptNet() = default;
+PlanMemory GptNet::memory() const {
+  PlanMemory m{impl_->weight_copies.bytes(), 0, impl_->weight_copies.bytes()};
+  for (const auto& [key, plan] : impl_->plans) {
+    const PlanMemory p = plan->memory();
+    m.total += p.total;
+    m.logits += p.logits;
+    m.weight_copies += p.weight_copies;
+  }
+  return m;
+}
 GptNet::GptNet(GptNet&&) noexcept = default;
 GptNet& GptNet::operator=(GptNet&&) noexcept = default;
 Precision GptNet::precision() const { return impl_->precision; }

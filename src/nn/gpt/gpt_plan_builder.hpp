@@ -61,7 +61,8 @@ class GptPlanBuilder : public PlanBuilderBase {
         M_(r.N * s_.block),
         training_(r.training),
         drop_(r.training && s_.dropout > 0),
-        paths_(r.paths) {}
+        paths_(r.paths),
+        weight_copies_(*r.weight_copies) {}
 
   // The steps, then one scratchpad for the plan, as large as the largest primitive's need.
   void build() {
@@ -298,6 +299,7 @@ class GptPlanBuilder : public PlanBuilderBase {
   const std::int64_t N_, T_, C_, H_, hs_, V_, M_;
   const bool training_, drop_;
   const GptPaths paths_;
+  WeightCopies& weight_copies_;
   std::optional<dnnl::layer_normalization_forward::primitive_desc> ln_fwd_;
   std::optional<dnnl::layer_normalization_backward::primitive_desc> ln_bwd_;
   std::map<std::string, memory> temps_;

@@ -171,7 +171,7 @@ void GptPlanBuilder::linear(const memory& src, std::size_t weight, std::int64_t 
       linear_pd(src.get_desc(), O, dst.get_desc(), has_bias);
   memory w = param({O, I}, weight);
   if (pd.weights_desc() != w.get_desc()) {
-    memory blocked = new_memory(pd.weights_desc());
+    memory blocked = weight_copies_.get(weight, pd.weights_desc(), eng_);
     reorder(p_.prepare, w, blocked);
     w = blocked;
   }
@@ -239,7 +239,7 @@ void GptPlanBuilder::linear_backward_data(const memory& src, std::size_t weight,
   });
   memory w = blocked_weights_.at(weight);  // forward's copy, this step's weights
   if (dpd.weights_desc() != w.get_desc()) {
-    memory other = new_memory(dpd.weights_desc());
+    memory other = weight_copies_.get(weight, dpd.weights_desc(), eng_);
     reorder(p_.prepare, w, other);
     w = other;
   }
@@ -384,14 +384,17 @@ void GptPlanBuilder::build_steps() {
   const LnSaved lnf = ln_forward(x, m_.ln_f(), m_.ln_f_bias(), xf);
   where_ = "lm_head";
   memory logits = plain({M_, V}, Dt::f32);
+  p.logits_bytes += logits.get_desc().get_size();
   linear(xf, wte, V, logits);
   p.logits = static_cast<float*>(logits.get_data_handle());
   if (!training_) return;
 
-  // Backward from the loss's gradient (diff_logits, f32; written by the caller).
-  memory dlogits = plain({M_, V}, Dt::f32);
-  p.diff_logits = static_cast<float*>(dlogits.get_data_handle());
+  // Backward from the loss's gradient (diff_logits, f32; written by the caller over the logits,
+  // which nothing reads after the loss: one (M, padded vocabulary) buffer, not two).
+  const memory& dlogits = logits;
+  p.diff_logits = p.logits;
   const memory dlogits_act = as_act(p.backward, dlogits, {M_, V}, "d.logits.act");
+  if (half) p.logits_bytes += dlogits_act.get_desc().get_size();
   memory dx = plain({M_, C}, Dt::f32);
   memory dxf = plain({M_, C}, act_);
   linear_backward(xf, wte, V, dlogits_act, dxf);  // also wte's gradient, from the head

@@ -168,6 +168,8 @@ class GptNet {
   // weights do not change.
   void weights_changed();
 
+  // What its plans (training and inference) hold.
+  PlanMemory memory() const;
   const PhaseTimes& times() const;
   // When the last forward_backward's backward pass began (after its loss).
   std::chrono::steady_clock::time_point backward_begin() const;
