@@ -118,7 +118,7 @@ class LayerExecutor final : public Executor {
 
   PlanMemory memory() const override {
     PlanMemory m;
-    for (const auto& [key, plan] : plans) {
+    for (const auto& [shape, plan] : plans) {
       const PlanMemory p = plan->memory();
       m.total += p.total;
       m.logits += p.logits;
@@ -231,5 +231,6 @@ void Net::reset_times() { impl_->exec->reset_times(); }
 void Net::weights_changed() { impl_->exec->weights_changed(); }
 void Net::release_inference_plans() { impl_->exec->release_inference_plans(); }
 PlanMemory Net::memory() const { return impl_->exec->memory(); }
+void Net::share_weight_copies(Net& owner) { impl_->exec->share_weight_copies(*owner.impl_->exec); }
 
 }  // namespace cohort::nn

@@ -66,6 +66,16 @@ struct Plan {
   const float* bound_stats = nullptr;
   float* logits = nullptr;       // (N, C)
   float* diff_logits = nullptr;  // (N, C); a language model's is its logits (written over)
+  // A language model's head in chunks of rows (GptPlanBuilder::head_rows): rows [first, first +
+  // rows) of the positions, whose logits `forward` writes to `logits` (rows, padded vocabulary)
+  // and, in training, whose backward from their gradient (written over them) `backward` runs,
+  // before the plan's own backward steps. Empty where the head is one chunk, which `forward`
+  // and `backward` run.
+  struct HeadChunk {
+    std::int64_t first = 0, rows = 0;
+    std::vector<Exec> forward, backward;
+  };
+  std::vector<HeadChunk> head_chunks;
   PlanMemory memory() const {
     std::size_t total = scratchpad.size();
     for (const auto& b : buffers) total += b.size() * sizeof(float);

@@ -62,7 +62,9 @@ class PlanBuilderBase {
   // bound to every primitive that needs one.
   void bind_scratchpad() {
     p_.scratchpad = AlignedBuffer<std::uint8_t>(scratch_bytes_);
-    for (auto* list : {&p_.prepare, &p_.forward, &p_.backward})
+    std::vector<std::vector<Exec>*> lists{&p_.prepare, &p_.forward, &p_.backward};
+    for (Plan::HeadChunk& c : p_.head_chunks) lists.insert(lists.end(), {&c.forward, &c.backward});
+    for (auto* list : lists)
       for (Exec& e : *list)
         if (!e.custom && e.scratchpad_md.get_size() != 0)
           e.args.insert({DNNL_ARG_SCRATCHPAD, memory(e.scratchpad_md, eng_, p_.scratchpad.data())});

@@ -35,7 +35,8 @@ double best_of(F f) {
 // megabytes of activations), on this thread alone: at their own rate, without a second replica
 // competing for the core's caches or the memory bus. With batch weight gradients the linear
 // layers' weight gradients are left to the root (timed separately below), as in the run. The
-// weights and gradient live in two `scratch` arrays where there are two.
+// weights and gradient live in two `scratch` arrays where there are two, and a bf16 run's copy
+// of the weights in a third where there is one.
 double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c, nn::Net& net,
                            std::span<float* const> scratch) {
   const auto M = static_cast<std::int64_t>(c.micro_batch);
@@ -47,8 +48,10 @@ double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c, nn::Net
   float* const params = spare ? scratch[0] : own_params.data();
   float* const grad = spare ? scratch[1] : own_grad.data();
   model.init(params, c.seed);
-  AlignedBuffer<bf16> params16(b16 ? n : 0);
-  to_bf16(params, params16.data(), params16.size());
+  const bool spare16 = b16 && scratch.size() >= 3;
+  AlignedBuffer<bf16> own16(b16 && !spare16 ? n : 0);
+  bf16* const params16 = spare16 ? reinterpret_cast<bf16*>(scratch[2]) : own16.data();
+  if (b16) to_bf16(params, params16, n);
   AlignedBuffer<float> x(c.micro_batch * features);
   const bool tokens = model.kind().window() > 0;  // a language model's rows: token ids
   for (std::size_t i = 0; i < x.size(); ++i)
@@ -78,9 +81,9 @@ double leaf_matmul_seconds(const nn::Model& model, const TrainConfig& c, nn::Net
   return best_of([&] {
     net.reset_times();
     if (rows16)
-      net.forward_backward(params16.data(), x16.data(), y.data(), M, grad, {}, rows, batch_stats);
+      net.forward_backward(params16, x16.data(), y.data(), M, grad, {}, rows, batch_stats);
     else if (b16)
-      net.forward_backward(params16.data(), x.data(), y.data(), M, grad, {}, rows, batch_stats);
+      net.forward_backward(params16, x.data(), y.data(), M, grad, {}, rows, batch_stats);
     else
       net.forward_backward(params, x.data(), y.data(), M, grad, {}, rows, batch_stats);
     return net.times().matmul;
@@ -158,9 +161,15 @@ void sweep_chunk(const float* __restrict src, std::size_t src_begin, std::size_t
 
 // The best of ten sweeps that read `read` and read-modify-write `rw` bytes, chunk-parallel on
 // the executor (the root's threads), in the root's 64 KiB chunks. Arrays of n floats come from
-// `scratch` while it lasts (the source too, if it fits in one).
+// `scratch` while it lasts. The source is read only: where it is longer than n and `readable`
+// (the run's weights, never written) holds at least kWrapBytes, far more than any cache, it is
+// `readable`, read again from its start past its end (a stream from memory all the same), so a
+// large model's floor takes no memory of its own; else a scratch array if it fits in one.
 double sweep_seconds(double read_bytes, std::size_t rw_arrays, std::size_t n,
-                     reduce::Executor& executor, std::span<float* const> scratch) {
+                     reduce::Executor& executor, std::span<float* const> scratch,
+                     std::span<const float> readable) {
+  constexpr std::size_t kChunk = 16384;
+  constexpr std::size_t kWrapBytes = std::size_t{256} << 20;
   const std::size_t read_floats = static_cast<std::size_t>(read_bytes / 4);
   std::vector<AlignedBuffer<float>> own;
   std::size_t spare = 0;
@@ -168,18 +177,26 @@ double sweep_seconds(double read_bytes, std::size_t rw_arrays, std::size_t n,
     if (floats <= n && spare < scratch.size()) return scratch[spare++];
     return own.emplace_back(std::max<std::size_t>(floats, 1)).data();
   };
-  const float* src = array(read_floats);
+  std::size_t src_floats = std::max<std::size_t>(read_floats, 1);  // src[0, src_floats), again
+  const float* src = nullptr;
+  if (read_floats > n && readable.size() * sizeof(float) >= kWrapBytes) {
+    src = readable.data();
+    src_floats = readable.size() / kChunk * kChunk;
+  } else {
+    src = array(read_floats);
+  }
   std::vector<float*> rw_data;
   for (std::size_t i = 0; i < rw_arrays; ++i) rw_data.push_back(array(n));
-  constexpr std::size_t kChunk = 16384;
   const std::size_t chunks = (std::max(read_floats, n) + kChunk - 1) / kChunk;
   double best = std::numeric_limits<double>::infinity();
   for (int rep = 0; rep < 11; ++rep) {
     const auto t0 = Clock::now();
     executor.parallel_for(chunks, [&](std::size_t c) {
       const std::size_t first = c * kChunk;
-      sweep_chunk(src, std::min(read_floats, first), std::min(read_floats, first + kChunk),
-                  rw_data.data(), rw_data.size(), std::min(n, first), std::min(n, first + kChunk));
+      const std::size_t count =
+          std::min(read_floats, first + kChunk) - std::min(read_floats, first);
+      sweep_chunk(src + (first % src_floats), 0, count, rw_data.data(), rw_data.size(),
+                  std::min(n, first), std::min(n, first + kChunk));
     });
     if (rep > 0) best = std::min(best, seconds_since(t0));  // the first warms the pages
   }
@@ -225,7 +242,7 @@ Roofline roofline_of(const FloorPlan& f, double leaf_gemm_seconds, double root_g
 Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, StepGraph& graph,
                           std::size_t state_arrays, double step_seconds, std::size_t job_replicas,
                           std::size_t ranks, std::size_t root_sources,
-                          std::span<float* const> scratch) {
+                          std::span<float* const> scratch, std::span<const float> readable) {
   const FloorPlan f = plan_floor(model, config, state_arrays, job_replicas, ranks, root_sources);
   double leaf = 0, root_gemms = 0;
   graph.for_each_replica(1, [&](std::size_t) {  // a replica's thread: OpenMP pinned to one
@@ -235,8 +252,8 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
                                                   config.precision);
     root_gemms = batch_gemm_seconds(model, config);
   });
-  const double sweep =
-      sweep_seconds(f.sweep_read_bytes, f.sweep_arrays, f.sweep_floats, graph.executor(), scratch);
+  const double sweep = sweep_seconds(f.sweep_read_bytes, f.sweep_arrays, f.sweep_floats,
+                                     graph.executor(), scratch, readable);
   return roofline_of(f, leaf, root_gemms, sweep, step_seconds);
 }
 

@@ -41,10 +41,11 @@ Roofline roofline_of(const FloorPlan& plan, double leaf_gemm_seconds, double roo
 // this on one rank while the others wait, so that no rank's work slows another's floor.
 // `root_sources`: the gradients the root reads per step (the leaves, or 1 where a LeafChain sums
 // them first). `scratch`: arrays of the model's parameter count the sweep may overwrite instead
-// of allocating its own (the run's leaf buffers, idle between steps).
+// of allocating its own (the run's leaf buffers, idle between steps); `readable`: an array it may
+// read and never writes (the run's weights).
 Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, StepGraph& graph,
                           std::size_t state_arrays, double step_seconds, std::size_t job_replicas,
                           std::size_t ranks, std::size_t root_sources,
-                          std::span<float* const> scratch);
+                          std::span<float* const> scratch, std::span<const float> readable);
 
 }  // namespace cohort::train

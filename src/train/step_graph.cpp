@@ -101,8 +101,12 @@ StepGraph::StepGraph(std::size_t workers, const nn::Model& model, std::size_t ev
                      bool blocked_layouts, nn::Precision precision)
     : impl_(std::make_unique<Impl>(workers)) {
   omp_set_num_threads(1);  // the controller also runs replica work inside the arena
-  for (std::size_t w = 0; w < workers; ++w)
+  for (std::size_t w = 0; w < workers; ++w) {
     replicas_.push_back(std::make_unique<Replica>(model, eval_rows, blocked_layouts, precision));
+    // The replicas run on the same weights at the same time: one set of their copies in
+    // oneDNN's layouts (a language model's), not one a replica.
+    if (w > 0) replicas_[w]->net.share_weight_copies(replicas_[0]->net);
+  }
   // Told from the start, so that each run below (which tells them again) reorders the weights
   // once, the first run included.
   weights_changed();

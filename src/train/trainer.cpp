@@ -279,7 +279,8 @@ Summary Trainer::Impl::run(Observer& observer) {
           steady ? (s.time.step - first_step_seconds) / static_cast<double>(steps - 1)
                  : s.time.step,
           static_cast<std::size_t>(job_replicas), static_cast<std::size_t>(comm.size()),
-          chain ? 1 : leaves_for(config.batch), idle_leaf_buffers());
+          chain ? 1 : leaves_for(config.batch), idle_leaf_buffers(),
+          {weights.data(), weights.size()});
       s.roofline.first_step_seconds = steady ? first_step_seconds : 0;
     }
     comm.sum(0);

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -109,9 +110,10 @@ TEST(GptModel, Gpt2sArchitectureIsBiasesTanhAndAPaddedVocabulary) {
   // Init: biases 0, the padded rows 0, the rest as without them.
   AlignedBuffer<float> p(m.layout().total());
   m.init(p.data(), kSeed);
-  for (const auto& e : m.layout().entries())
-    if (e.name.ends_with(".bias"))
-      for (std::size_t i = 0; i < e.shape.numel(); ++i) EXPECT_EQ(p[e.offset + i], 0.0f) << e.name;
+  for (const auto& e : m.layout().entries()) {
+    if (!e.name.ends_with(".bias")) continue;
+    for (std::size_t i = 0; i < e.shape.numel(); ++i) EXPECT_EQ(p[e.offset + i], 0.0f) << e.name;
+  }
   for (std::size_t i = 7 * 8; i < 8 * 8; ++i) EXPECT_EQ(p[m.wte() + i], 0.0f) << "padded row";
   EXPECT_NE(p[m.wte() + 6 * 8], 0.0f);
 }
@@ -427,6 +429,37 @@ INSTANTIATE_TEST_SUITE_P(
              (matmul ? "_MatmulBackward" : "_InnerProductBackward");
     });
 
+// The head in chunks of rows (GptPaths::head_rows; the plans' own choice splits a vocabulary
+// past 16 MB of logits, GPT-2's at 83 positions): a chunk's logits, loss and head backward in
+// turn, the token embedding's gradient summed over the chunks. Chunks of 3 positions of 10
+// (3, 3, 3, 1), with dropout, and of 100 of a leaf of 768 (the last of 68).
+struct ChunkCase {
+  Case c;
+  std::int64_t rows;
+};
+
+class GptHeadChunks : public ::testing::TestWithParam<ChunkCase> {};
+
+TEST_P(GptHeadChunks, F32NetMatchesTheReference) {
+  GptPaths paths;
+  paths.head_rows = GetParam().rows;
+  check_f32_net(GetParam().c, paths);
+}
+
+TEST_P(GptHeadChunks, Bf16NetMatchesTheReferenceWithinBf16) {
+  GptPaths paths;
+  paths.head_rows = GetParam().rows;
+  check_bf16_net(GetParam().c, paths);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rows, GptHeadChunks,
+    ::testing::Values(ChunkCase{{"Gpt2Architecture", "gpt:2-2-8-5,bias,gelu=tanh,pad=4", 7, 2}, 3},
+                      ChunkCase{{"Dropout", "gpt:2-2-8-5-0.3", 7, 2}, 3},
+                      ChunkCase{{"Rows768Gpt2", "gpt:1-2-128-64,bias,gelu=tanh,pad=64", 7, 12},
+                                100}),
+    [](const auto& p) { return std::string(p.param.c.name); });
+
 // The generator's logits after each token are the full forward pass's at that position: while
 // the window fills, and after it restarts from the last block / 2 tokens.
 class GptGeneratorLogits : public ::testing::TestWithParam<const char*> {};
@@ -463,6 +496,61 @@ INSTANTIATE_TEST_SUITE_P(Specs, GptGeneratorLogits,
                          [](const auto& p) {
                            return std::string(p.index == 0 ? "NanoGpt" : "Gpt2Architecture");
                          });
+
+// Nets sharing their weights' copies in oneDNN's layouts (the trainer's replicas): each gives
+// what a net of its own gives, run in turn and on two threads at once, and after the weights
+// change (each net told, as the trainer tells its replicas) both read the new weights; the
+// copies are counted by the net that made them.
+TEST(GptNet, SharedWeightCopiesGiveEachNetsOwnResults) {
+  const GptModel m = GptModel::parse("gpt:2-2-64-32,bias,gelu=tanh,pad=16", 7);
+  const auto w1 = windows_for(m, 3, kSeed), w2 = windows_for(m, 3, kSeed + 1);
+  const std::vector<double> p = params_for(m, kSeed);
+  for (const Precision precision : {Precision::kF32, Precision::kBf16}) {
+    if (precision == Precision::kBf16 && bf16_support() == Bf16Support::kNone) continue;
+    const bool half = precision == Precision::kBf16;
+    AlignedBuffer<float> pf(p.size());
+    std::vector<bf16> pb(p.size());
+    auto set = [&](float delta) {
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        pf[i] = static_cast<float>(p[i]) + delta;
+        pb[i] = to_bf16(pf[i]);
+      }
+    };
+    // The loss and gradient of `net` on `windows`.
+    auto run = [&](GptNet& net, const std::vector<std::int32_t>& windows) {
+      std::vector<float> grad(p.size());
+      const double loss = half ? net.forward_backward(pb.data(), windows.data(), 3, grad.data())
+                               : net.forward_backward(pf.data(), windows.data(), 3, grad.data());
+      return std::make_pair(loss, grad);
+    };
+    for (const float delta : {0.0f, 0.01f}) {
+      set(delta);
+      GptNet alone1(m, precision), alone2(m, precision);
+      const auto want1 = run(alone1, w1), want2 = run(alone2, w2);
+      GptNet a(m, precision), b(m, precision);
+      b.share_weight_copies(a);
+      set(-0.02f);  // other weights first: the copies must follow the change below
+      a.weights_changed();
+      b.weights_changed();
+      run(a, w1);
+      set(delta);
+      a.weights_changed();
+      b.weights_changed();
+      EXPECT_EQ(run(b, w2), want2) << "delta " << delta;
+      EXPECT_EQ(run(a, w1), want1) << "delta " << delta;
+      a.weights_changed();
+      b.weights_changed();
+      std::pair<double, std::vector<float>> got1, got2;
+      std::thread t([&] { got1 = run(a, w1); });
+      got2 = run(b, w2);
+      t.join();
+      EXPECT_EQ(got1, want1) << "delta " << delta << ", two threads";
+      EXPECT_EQ(got2, want2) << "delta " << delta << ", two threads";
+      EXPECT_EQ(b.memory().weight_copies, 0u);
+      EXPECT_EQ(a.memory().weight_copies, alone1.memory().weight_copies);
+    }
+  }
+}
 
 TEST(GptNet, PlansFollowTheCallersArrays) {
   const GptModel m = GptModel::parse("gpt:2-2-8-5", 7);

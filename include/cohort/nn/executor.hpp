@@ -90,6 +90,11 @@ class Executor {
 
   // What its plans hold now (a kind that does not count says 0).
   virtual PlanMemory memory() const { return {}; }
+  // Share `owner`'s copies of the weights in the primitives' layouts (an executor of the same
+  // model and precision, made the same way; before either has run): for executors that run on
+  // the same weights at the same time, as the trainer's replicas do. A kind without such
+  // copies ignores it.
+  virtual void share_weight_copies(Executor& owner) { (void)owner; }
 
   virtual const PhaseTimes& times() const = 0;
   // When the last forward_backward finished the loss and began backward.

@@ -103,6 +103,9 @@ class Net {
   void release_inference_plans();
   // What its plans hold now (nn::PlanMemory).
   PlanMemory memory() const;
+  // Executor::share_weight_copies: one set of the weights' copies in oneDNN's layouts for nets
+  // that run on the same weights at the same time (a language model's; before either has run).
+  void share_weight_copies(Net& owner);
 
  private:
   struct Impl;

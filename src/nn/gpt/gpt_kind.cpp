@@ -49,6 +49,11 @@ class GptExecutor final : public Executor {
 
   void weights_changed() override { net_.weights_changed(); }
   PlanMemory memory() const override { return net_.memory(); }
+  void share_weight_copies(Executor& owner) override {
+    auto* other = dynamic_cast<GptExecutor*>(&owner);
+    COHORT_CHECK(other != nullptr, "GptExecutor::share_weight_copies: another GptExecutor");
+    net_.share_weight_copies(other->net_);
+  }
   void release_inference_plans() override { net_.release_inference_plans(); }
   const PhaseTimes& times() const override { return net_.times(); }
   std::chrono::steady_clock::time_point backward_begin() const override {

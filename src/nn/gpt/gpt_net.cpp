@@ -23,7 +23,8 @@ struct GptNet::Impl {
   Precision precision;
   GptPaths paths;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  detail::WeightCopies weight_copies;  // before the plans: they hold views of it
+  // Before the plans, which hold views of it; shared with other nets (share_weight_copies).
+  std::shared_ptr<detail::WeightCopies> weight_copies = std::make_shared<detail::WeightCopies>();
   dnnl::stream stream{engine};
   std::map<std::pair<std::int64_t, bool>, std::unique_ptr<Plan>> plans;  // (N, training)
   PhaseTimes times;
@@ -33,14 +34,15 @@ struct GptNet::Impl {
   Clock::time_point backward_begin;       // of the last forward_backward
   // weights_changed's count: 0 until its first call (every run prepares its plan).
   std::uint64_t generation = 0;
+  bool copies_owner = true;  // false after share_weight_copies
 
   Impl(const GptModel& m, Precision p, GptPaths g) : model(&m), precision(p), paths(g) {}
 
   Plan& plan(std::int64_t N, bool training) {
     auto& slot = plans[{N, training}];
     if (!slot)
-      slot = detail::build_gpt_plan(
-          {model, &engine, &key, &windows, N, training, precision, paths, &weight_copies});
+      slot = detail::build_gpt_plan({model, &engine, &key, &windows, N, training, precision, paths,
+                                     weight_copies.get(), &stream});
     return *slot;
   }
 
@@ -67,24 +69,29 @@ struct GptNet::Impl {
     p.prepared_params = params;
   }
 
-  // The targets of N windows, and the summed cross-entropy of the plan's logits against them
-  // (with its gradient into diff_logits when training).
-  double cross_entropy(const Plan& p, std::int64_t N, bool training, double scale = 1) {
-    const GptShape& s = model->shape();
-    const std::int64_t T = s.block;
+  // The targets of N windows, (N x block), the positions' order.
+  void fill_targets(std::int64_t N) {
+    const std::int64_t T = model->shape().block;
     targets.resize(static_cast<std::size_t>(N * T));
     for (std::int64_t n = 0; n < N; ++n)
       for (std::int64_t t = 0; t < T; ++t)
         targets[static_cast<std::size_t>(n * T + t)] = windows[n * (T + 1) + t + 1];
+  }
+
+  // The cross-entropy summed over positions [first, first + rows), whose logits the plan's head
+  // wrote to p.logits, times `scale`; in training, its gradient (times `scale`) written over
+  // them. The logits' rows are padded_vocab() apart; the padded columns are out of the loss, and
+  // their gradient is 0.
+  double chunk_loss(const Plan& p, std::int64_t first, std::int64_t rows, bool training,
+                    double scale) {
+    const GptShape& s = model->shape();
     const auto t0 = Clock::now();
-    // The logits' rows are padded_vocab() apart; the padded columns are out of the loss, and
-    // their gradient is 0.
     const std::int64_t V = s.vocab, stride = s.padded_vocab();
-    const double loss = softmax_cross_entropy(p.logits, targets.data(), N * T, V,
+    const double loss = softmax_cross_entropy(p.logits, targets.data() + first, rows, V,
                                               training ? p.diff_logits : nullptr, stride);
     if (training) {
       const auto f = static_cast<float>(scale);
-      for (std::int64_t r = 0; r < N * T; ++r) {
+      for (std::int64_t r = 0; r < rows; ++r) {
         float* d = p.diff_logits + r * stride;
         if (scale != 1)
           for (std::int64_t c = 0; c < V; ++c) d[c] *= f;
@@ -103,8 +110,19 @@ struct GptNet::Impl {
     bind(p, params, grad);
     prepare(p, params);
     run(p.forward);
-    const double loss = cross_entropy(p, N, true, scale);
-    backward_begin = Clock::now();
+    fill_targets(N);
+    double loss = 0;
+    if (p.head_chunks.empty()) {
+      loss = chunk_loss(p, 0, N * model->shape().block, true, scale);
+      backward_begin = Clock::now();
+    } else {  // each chunk's logits, loss and head backward in turn
+      backward_begin = Clock::now();
+      for (Plan::HeadChunk& c : p.head_chunks) {
+        run(c.forward);
+        loss += chunk_loss(p, c.first, c.rows, true, scale);
+        run(c.backward);
+      }
+    }
     run(p.backward);
     return loss;
   }
@@ -115,10 +133,18 @@ struct GptNet::Impl {
     bind(p, params, nullptr);
     prepare(p, params);
     run(p.forward);
-    Evaluation e;
-    e.loss = cross_entropy(p, N, false);
+    fill_targets(N);
     const GptShape& s = model->shape();
-    e.correct = count_correct(p.logits, targets.data(), N * s.block, s.vocab, s.padded_vocab());
+    Evaluation e;
+    auto score = [&](std::int64_t first, std::int64_t rows) {
+      e.loss += chunk_loss(p, first, rows, false, 1);
+      e.correct += count_correct(p.logits, targets.data() + first, rows, s.vocab, s.padded_vocab());
+    };
+    if (p.head_chunks.empty()) score(0, N * s.block);
+    for (Plan::HeadChunk& c : p.head_chunks) {
+      run(c.forward);
+      score(c.first, c.rows);
+    }
     return e;
   }
 };
@@ -127,8 +153,10 @@ GptNet::GptNet(const GptModel& model, Precision precision, GptPaths paths)
     : impl_(std::make_unique<Impl>(model, precision, paths)) {}
 GptNet::~GptNet() = default;
 PlanMemory GptNet::memory() const {
-  PlanMemory m{impl_->weight_copies.bytes(), 0, impl_->weight_copies.bytes()};
-  for (const auto& [key, plan] : impl_->plans) {
+  // Copies shared with other nets are counted by the net that made them.
+  const std::size_t copies = impl_->copies_owner ? impl_->weight_copies->bytes() : 0;
+  PlanMemory m{copies, 0, copies};
+  for (const auto& [shape, plan] : impl_->plans) {
     const PlanMemory p = plan->memory();
     m.total += p.total;
     m.logits += p.logits;
@@ -164,7 +192,21 @@ GptNet::Evaluation GptNet::evaluate(const bf16* params, const std::int32_t* wind
 std::chrono::steady_clock::time_point GptNet::backward_begin() const {
   return impl_->backward_begin;
 }
-void GptNet::weights_changed() { ++impl_->generation; }
+void GptNet::weights_changed() {
+  ++impl_->generation;
+  impl_->weight_copies->changed();
+}
+
+void GptNet::share_weight_copies(GptNet& owner) {
+  COHORT_CHECK(impl_->plans.empty() && owner.impl_->precision == impl_->precision &&
+                   owner.impl_->model == impl_->model,
+               "GptNet::share_weight_copies: a net of the same model and precision, before any "
+               "plan");
+  impl_->weight_copies = owner.impl_->weight_copies;
+  impl_->copies_owner = false;
+  impl_->engine = owner.impl_->engine;  // the copies' memory objects are on its engine
+  impl_->stream = dnnl::stream(impl_->engine);
+}
 const PhaseTimes& GptNet::times() const { return impl_->times; }
 void GptNet::reset_times() { impl_->times = {}; }
 void GptNet::release_inference_plans() {

@@ -4,8 +4,10 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "../plan.hpp"
@@ -13,32 +15,54 @@
 
 namespace cohort::nn::detail {
 
-// The weights in the primitives' layouts, which every plan of one GptNet shares (its training
-// plans and its inference plans: an evaluation's plan would otherwise hold a second copy of
-// every weight): one copy per (weight, layout). Each plan that reads a copy reorders the weights
-// into it in its own prepare steps; a GptNet runs one plan at a time, and they all write the same
-// values for the same weights.
+// The weights in the primitives' layouts: one copy per (weight, layout), which every plan of a
+// GptNet shares (its training plans and its inference plans: an evaluation's plan would
+// otherwise hold a second copy of every weight), and the GptNets that share them
+// (GptNet::share_weight_copies: the trainer's replicas, which run on the same weights at the same
+// time). A plan's prepare steps write each copy it reads through write(): under the copy's lock,
+// and only if the copy does not already hold the weights of this version (changed()'s count)
+// and this parameter array, so that the nets sharing it reorder each weight once a step.
 class WeightCopies {
  public:
-  // The copy of the weight at `offset` in layout `md`, made (uninitialised) on first use.
-  dnnl::memory get(std::size_t offset, const dnnl::memory::desc& md, const dnnl::engine& eng) {
-    for (const Copy& c : copies_)
-      if (c.offset == offset && c.memory.get_desc() == md) return c.memory;
+  struct Copy {
+    std::size_t offset;
+    dnnl::memory memory;
+    std::mutex lock;
+    std::uint64_t version = 0;  // of the weights it holds (0: none)
+    const void* params = nullptr;
+  };
+  // The copy of the weight at `offset` in layout `md`, made (uninitialised) on first use. Called
+  // while plans are built, one at a time (build_gpt_plan).
+  Copy& get(std::size_t offset, const dnnl::memory::desc& md, const dnnl::engine& eng) {
+    for (const auto& c : copies_)
+      if (c->offset == offset && c->memory.get_desc() == md) return *c;
     storage_.emplace_back((md.get_size() + sizeof(float) - 1) / sizeof(float));
     bytes_ += md.get_size();
-    copies_.push_back({offset, dnnl::memory(md, eng, storage_.back().data())});
-    return copies_.back().memory;
+    auto& c = copies_.emplace_back(std::make_unique<Copy>());
+    c->offset = offset;
+    c->memory = dnnl::memory(md, eng, storage_.back().data());
+    return *c;
+  }
+  // The weights may have changed (each sharing net's weights_changed).
+  void changed() { version_.fetch_add(1, std::memory_order_relaxed); }
+  // Runs `reorder` into `copy` unless it holds this version of `params` already. Before the
+  // first changed(), every call writes.
+  template <class F>
+  void write(Copy& copy, const void* params, F&& reorder) {
+    const std::uint64_t v = version_.load(std::memory_order_relaxed);
+    const std::lock_guard hold(copy.lock);
+    if (v != 0 && copy.version == v && copy.params == params) return;
+    reorder();
+    copy.version = v;
+    copy.params = params;
   }
   std::size_t bytes() const { return bytes_; }
 
  private:
-  struct Copy {
-    std::size_t offset;
-    dnnl::memory memory;
-  };
-  std::vector<Copy> copies_;
+  std::vector<std::unique_ptr<Copy>> copies_;
   std::vector<AlignedBuffer<float>> storage_;
   std::size_t bytes_ = 0;
+  std::atomic<std::uint64_t> version_{0};
 };
 
 // `key` and `windows` are read when the plan runs: the current call's dropout streams and token
@@ -53,6 +77,7 @@ struct GptPlanRequest {
   Precision precision;
   GptPaths paths;
   WeightCopies* weight_copies;  // the net's, which outlive the plan
+  dnnl::stream* stream;         // the net's: the prepare steps' reorders run on it
 };
 
 // The plan: forward ends with the logits (Plan::logits, (N x block, vocab) f32); training's

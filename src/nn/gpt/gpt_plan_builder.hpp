@@ -62,7 +62,8 @@ class GptPlanBuilder : public PlanBuilderBase {
         training_(r.training),
         drop_(r.training && s_.dropout > 0),
         paths_(r.paths),
-        weight_copies_(*r.weight_copies) {}
+        weight_copies_(*r.weight_copies),
+        stream_(r.stream) {}
 
   // The steps, then one scratchpad for the plan, as large as the largest primitive's need.
   void build() {
@@ -275,16 +276,35 @@ class GptPlanBuilder : public PlanBuilderBase {
         {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}}, Phase::kMatmul);
   }
   // dst (M, O) = src (M, I) W^T (+ b) with W at `weight` in the parameters and b at `bias`
-  // (none where it is kNoBias).
+  // (none where it is kNoBias), appended to `list` (null: forward's).
   void linear(const memory& src, std::size_t weight, std::int64_t O, const memory& dst,
-              std::size_t bias = GptModel::kNoBias);
+              std::size_t bias = GptModel::kNoBias, std::vector<Exec>* list = nullptr);
+  // A copy of the weight at `weight` in layout `md` (from `from`: the parameters' view, or
+  // another copy), shared with the net's other plans and the nets sharing them (WeightCopies),
+  // written by a prepare step of this plan (once a plan) where it is stale.
+  memory weight_copy(const memory& from, std::size_t weight, const memory::desc& md);
+  // The head's rows a chunk: as many as keep a chunk's f32 logits within kHeadChunkBytes (at
+  // least 16), or GptPaths::head_rows. The logits of a large vocabulary are the largest
+  // activation (GPT-2's 50,304 columns: 201 KB a position), and nothing needs them whole.
+  static constexpr std::int64_t kHeadChunkBytes = std::int64_t{16} << 20;
+  std::int64_t head_rows() const {
+    if (paths_.head_rows > 0) return paths_.head_rows;
+    return std::max<std::int64_t>(
+        16, kHeadChunkBytes / (V_ * static_cast<std::int64_t>(sizeof(float))));
+  }
+  // The tied head on xf (M, C): the logits (Plan::logits) and, in training, dxf from their
+  // gradient and the token embedding's gradient from the head; in one chunk in the plan's own
+  // forward and backward steps, else in Plan::head_chunks.
+  void head(const memory& xf, const memory& dxf);
   // diff_src from diff_dst; the weight's gradient (overwritten) from src and diff_dst, and the
   // bias's (unless kNoBias: diff_dst's column sums).
   void linear_backward(const memory& src, std::size_t weight, std::int64_t O,
                        const memory& diff_dst, const memory& diff_src,
                        std::size_t bias = GptModel::kNoBias);
+  // Appended to `list` (null: backward's).
   void linear_backward_data(const memory& src, std::size_t weight, std::int64_t O,
-                            const memory& diff_dst, const memory& diff_src);
+                            const memory& diff_dst, const memory& diff_src,
+                            std::vector<Exec>* list = nullptr);
   void linear_backward_weights(const memory& src, std::size_t weight, std::int64_t O,
                                const memory& diff_dst);
   // `next_in`: where the block's last residual add also writes the stream (the next block's
@@ -300,10 +320,12 @@ class GptPlanBuilder : public PlanBuilderBase {
   const bool training_, drop_;
   const GptPaths paths_;
   WeightCopies& weight_copies_;
+  dnnl::stream* stream_;
   std::optional<dnnl::layer_normalization_forward::primitive_desc> ln_fwd_;
   std::optional<dnnl::layer_normalization_backward::primitive_desc> ln_bwd_;
   std::map<std::string, memory> temps_;
   std::map<std::size_t, memory> blocked_weights_;  // by offset: forward's copy in its layout
+  std::vector<memory> prepared_copies_;            // weight copies this plan's prepare steps write
   std::optional<bool> dense_attention_;
   std::optional<std::optional<AttentionEngine>> attention_kernel_;
 };

@@ -163,23 +163,45 @@ dnnl::inner_product_forward::primitive_desc GptPlanBuilder::linear_pd(const memo
 }
 
 void GptPlanBuilder::linear(const memory& src, std::size_t weight, std::int64_t O,
-                            const memory& dst, std::size_t bias) {
+                            const memory& dst, std::size_t bias, std::vector<Exec>* list) {
   using namespace dnnl;
   const std::int64_t I = src.get_desc().dims()[1];
   const bool has_bias = bias != GptModel::kNoBias;
   const inner_product_forward::primitive_desc pd =
       linear_pd(src.get_desc(), O, dst.get_desc(), has_bias);
   memory w = param({O, I}, weight);
-  if (pd.weights_desc() != w.get_desc()) {
-    memory blocked = weight_copies_.get(weight, pd.weights_desc(), eng_);
-    reorder(p_.prepare, w, blocked);
-    w = blocked;
-  }
+  if (pd.weights_desc() != w.get_desc()) w = weight_copy(w, weight, pd.weights_desc());
   blocked_weights_[weight] = w;
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, dst}};
   if (has_bias) args.emplace(DNNL_ARG_BIAS, param({O}, bias));
-  add(p_.forward, inner_product_forward(pd), pd.scratchpad_desc(), std::move(args), Phase::kMatmul);
+  add(list ? *list : p_.forward, inner_product_forward(pd), pd.scratchpad_desc(), std::move(args),
+      Phase::kMatmul);
+}
+
+dnnl::memory GptPlanBuilder::weight_copy(const memory& from, std::size_t weight,
+                                         const memory::desc& md) {
+  WeightCopies::Copy& copy = weight_copies_.get(weight, md, eng_);
+  const bool written = std::any_of(prepared_copies_.begin(), prepared_copies_.end(),
+                                   [&](const memory& m) { return m == copy.memory; });
+  if (written) return copy.memory;  // once a plan: its chunks' steps read the same copy
+  prepared_copies_.push_back(copy.memory);
+  // The reorder, run by WeightCopies::write (on the net's stream; a reorder between plain and
+  // blocked layouts asks for no scratchpad, and one that did would get its own).
+  const dnnl::reorder::primitive_desc pd(eng_, from.get_desc(), eng_, md, attr());
+  const memory scratch(pd.scratchpad_desc(), eng_, buffer(pd.scratchpad_desc().get_size()));
+  const dnnl::reorder prim(pd);
+  WeightCopies* copies = &weight_copies_;
+  dnnl::stream* stream = stream_;
+  const Plan* plan = &p_;
+  custom(p_.prepare, [copies, &copy, prim, from, to = copy.memory, scratch, stream, plan] {
+    copies->write(copy, plan->bound_params, [&] {
+      prim.execute(*stream,
+                   {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}, {DNNL_ARG_SCRATCHPAD, scratch}});
+      stream->wait();
+    });
+  });
+  return copy.memory;
 }
 
 void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std::int64_t O,
@@ -206,9 +228,11 @@ void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std:
 // dX = dY W: a matmul on the plain bf16 weights where its kernel is AMX's (or GptPaths asks for
 // it), else oneDNN's inner product's backward-data on the forward's blocked copy.
 void GptPlanBuilder::linear_backward_data(const memory& src, std::size_t weight, std::int64_t O,
-                                          const memory& diff_dst, const memory& diff_src) {
+                                          const memory& diff_dst, const memory& diff_src,
+                                          std::vector<Exec>* list) {
   using namespace dnnl;
-  const std::int64_t I = src.get_desc().dims()[1];
+  std::vector<Exec>& steps = list ? *list : p_.backward;
+  const std::int64_t I = src.get_desc().dims()[1], rows = src.get_desc().dims()[0];
   using Backward = GptPaths::Bf16LinearBackward;
   const bool matmuls = half() && paths_.bf16_linear_backward != Backward::kInnerProduct;
   const bool forced = paths_.bf16_linear_backward == Backward::kMatmul;
@@ -221,7 +245,7 @@ void GptPlanBuilder::linear_backward_data(const memory& src, std::size_t weight,
         matmul::desc(diff_dst.get_desc(), memory::desc({O, I}, act_, Tag::ab), diff_src.get_desc()),
         attr(), eng_);
     if (forced || amx_kernel(mpd)) {
-      add(p_.backward, matmul(mpd), mpd.scratchpad_desc(),
+      add(steps, matmul(mpd), mpd.scratchpad_desc(),
           {{DNNL_ARG_SRC, diff_dst},
            {DNNL_ARG_WEIGHTS, param({O, I}, weight)},
            {DNNL_ARG_DST, diff_src}},
@@ -230,7 +254,7 @@ void GptPlanBuilder::linear_backward_data(const memory& src, std::size_t weight,
     }
   }
   const inner_product_forward::primitive_desc hint =
-      linear_pd(src.get_desc(), O, memory::desc({M_, O}, act_, Tag::ab));
+      linear_pd(src.get_desc(), O, memory::desc({rows, O}, act_, Tag::ab));
   const auto dpd = weights_layout_pd([&](Tag tag) {
     return inner_product_backward_data::primitive_desc(
         inner_product_backward_data::desc(diff_src.get_desc(), memory::desc({O, I}, act_, tag),
@@ -238,12 +262,8 @@ void GptPlanBuilder::linear_backward_data(const memory& src, std::size_t weight,
         attr(), eng_, hint);
   });
   memory w = blocked_weights_.at(weight);  // forward's copy, this step's weights
-  if (dpd.weights_desc() != w.get_desc()) {
-    memory other = weight_copies_.get(weight, dpd.weights_desc(), eng_);
-    reorder(p_.prepare, w, other);
-    w = other;
-  }
-  add(p_.backward, inner_product_backward_data(dpd), dpd.scratchpad_desc(),
+  if (dpd.weights_desc() != w.get_desc()) w = weight_copy(w, weight, dpd.weights_desc());
+  add(steps, inner_product_backward_data(dpd), dpd.scratchpad_desc(),
       {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DIFF_SRC, diff_src}},
       Phase::kMatmul);
 }
@@ -330,8 +350,74 @@ void GptPlanBuilder::linear_backward_weights(const memory& src, std::size_t weig
   if (!plain_dw) reorder(p_.backward, out, dw);
 }
 
+void GptPlanBuilder::head(const memory& xf, const memory& dxf) {
+  using namespace dnnl;
+  const std::int64_t V = V_, C = C_, R = head_rows();
+  const std::size_t wte = m_.wte();
+  // The logits, f32, and their gradient, written over them by the caller (nothing reads the
+  // logits after the loss); in bf16 also that gradient in bf16, the head's backward's dY.
+  const std::int64_t rows = std::min(R, M_);
+  memory logits = plain({rows, V}, Dt::f32);
+  p_.logits = p_.diff_logits = static_cast<float*>(logits.get_data_handle());
+  p_.logits_bytes += logits.get_desc().get_size();
+  memory dlogits_act = logits;
+  if (training_ && half()) {
+    dlogits_act = plain({rows, V}, act_);
+    p_.logits_bytes += dlogits_act.get_desc().get_size();
+  }
+  if (R >= M_) {  // one chunk: the plan's own steps
+    linear(xf, wte, V, logits);
+    if (!training_) return;
+    if (half()) reorder(p_.backward, logits, dlogits_act);
+    linear_backward(xf, wte, V, dlogits_act, dxf);  // also wte's gradient, from the head
+    return;
+  }
+  // Chunks of R rows: each chunk's logits, its loss (the caller's), its part of dxf, and its
+  // term of the token embedding's gradient (the first written, the others added: dW = the sum
+  // over the chunks of dY^T X, a GEMM with beta 1 in f32, a matmul with a sum post-op in bf16).
+  const memory dw = training_ ? grad({V, C}, wte) : memory();
+  for (std::int64_t first = 0; first < M_; first += R) {
+    const std::int64_t n = std::min(R, M_ - first);
+    Plan::HeadChunk& chunk = p_.head_chunks.emplace_back();
+    chunk.first = first;
+    chunk.rows = n;
+    const memory x = view(xf, {n, C}, {C, 1}, first * C);
+    const memory z = view(logits, {n, V}, {V, 1}, 0);
+    linear(x, wte, V, z, GptModel::kNoBias, &chunk.forward);
+    if (!training_) continue;
+    const memory dz = view(dlogits_act, {n, V}, {V, 1}, 0);
+    if (half()) reorder(chunk.backward, z, dz);
+    linear_backward_data(x, wte, V, dz, view(dxf, {n, C}, {C, 1}, first * C), &chunk.backward);
+    const bool accumulate = first > 0;
+    if (!half()) {
+      custom(
+          chunk.backward,
+          [x, dz, dw, n, V, C, accumulate] {
+            const dnnl_status_t status =
+                dnnl_sgemm('T', 'N', V, C, n, 1.0f, static_cast<const float*>(dz.get_data_handle()),
+                           V, static_cast<const float*>(x.get_data_handle()), C,
+                           accumulate ? 1.0f : 0.0f, static_cast<float*>(dw.get_data_handle()), C);
+            COHORT_CHECK(status == dnnl_success, "dnnl_sgemm of the head's weight gradient");
+          },
+          Phase::kMatmul);
+      continue;
+    }
+    primitive_attr a = attr();
+    if (accumulate) {
+      post_ops sum;
+      sum.append_sum(1.0f);
+      a.set_post_ops(sum);
+    }
+    const matmul::primitive_desc mpd(
+        matmul::desc(memory::desc({V, n}, act_, Dims{1, V}), x.get_desc(), dw.get_desc()), a, eng_);
+    const memory dz_t(mpd.src_desc(), eng_, dz.get_data_handle());
+    add(chunk.backward, matmul(mpd), mpd.scratchpad_desc(),
+        {{DNNL_ARG_SRC, dz_t}, {DNNL_ARG_WEIGHTS, x}, {DNNL_ARG_DST, dw}}, Phase::kMatmul);
+  }
+}
+
 void GptPlanBuilder::build_steps() {
-  const std::int64_t T = T_, C = C_, V = V_;
+  const std::int64_t T = T_, C = C_;
   const std::size_t n = static_cast<std::size_t>(M_ * C);
   Plan& p = p_;
   const bool half = this->half();
@@ -383,21 +469,11 @@ void GptPlanBuilder::build_steps() {
   const memory xf = kept("xf", {M_, C}, act_);
   const LnSaved lnf = ln_forward(x, m_.ln_f(), m_.ln_f_bias(), xf);
   where_ = "lm_head";
-  memory logits = plain({M_, V}, Dt::f32);
-  p.logits_bytes += logits.get_desc().get_size();
-  linear(xf, wte, V, logits);
-  p.logits = static_cast<float*>(logits.get_data_handle());
+  memory dxf = training_ ? plain({M_, C}, act_) : memory();
+  head(xf, dxf);
   if (!training_) return;
 
-  // Backward from the loss's gradient (diff_logits, f32; written by the caller over the logits,
-  // which nothing reads after the loss: one (M, padded vocabulary) buffer, not two).
-  const memory& dlogits = logits;
-  p.diff_logits = p.logits;
-  const memory dlogits_act = as_act(p.backward, dlogits, {M_, V}, "d.logits.act");
-  if (half) p.logits_bytes += dlogits_act.get_desc().get_size();
   memory dx = plain({M_, C}, Dt::f32);
-  memory dxf = plain({M_, C}, act_);
-  linear_backward(xf, wte, V, dlogits_act, dxf);  // also wte's gradient, from the head
   where_ = "transformer.ln_f";
   ln_backward(lnf, dxf, dx, false);
   for (std::int64_t l = s_.layers; l-- > 0;)

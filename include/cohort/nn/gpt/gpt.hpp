@@ -128,6 +128,9 @@ struct GptPaths {
     kMatmul,
     kInnerProduct
   } bf16_linear_backward = Bf16LinearBackward::kAuto;
+  // The head's rows a chunk (its logits are never whole: GptPlanBuilder::head_rows); 0 takes
+  // the plans' own choice, which keeps a chunk's f32 logits within 16 MB.
+  std::int64_t head_rows = 0;
 };
 
 // The executor of one GptModel on one thread at a time (the contract of nn::Net: not
@@ -168,8 +171,15 @@ class GptNet {
   // weights do not change.
   void weights_changed();
 
-  // What its plans (training and inference) hold.
+  // What its plans (training and inference) hold; the weights' copies in oneDNN's layouts only
+  // where this net made them (not where it shares another's).
   PlanMemory memory() const;
+  // Its plans read and write `owner`'s copies of the weights in oneDNN's layouts instead of
+  // their own: one set for nets that run on the same weights at the same time (the trainer's
+  // replicas; each copy is written once a weights_changed() and parameter array, under a lock).
+  // Nets sharing them must not run on different weights at the same time. Before any plan is
+  // built; the same model and precision.
+  void share_weight_copies(GptNet& owner);
   const PhaseTimes& times() const;
   // When the last forward_backward's backward pass began (after its loss).
   std::chrono::steady_clock::time_point backward_begin() const;
