@@ -241,8 +241,11 @@ std::string folder_model(const std::string& init_from, const std::string& given,
                          std::int64_t& vocab) {
   vocab = 0;
   std::error_code ec;
-  if (init_from.empty() || !std::filesystem::is_directory(init_from, ec)) return given;
-  const exporting::FolderModel m = exporting::read_folder_model(init_from);
+  if (init_from.empty()) return given;
+  const bool folder = std::filesystem::is_directory(init_from, ec);
+  if (!folder && !exporting::is_llmc_checkpoint(init_from)) return given;
+  const exporting::FolderModel m =
+      folder ? exporting::read_folder_model(init_from) : exporting::read_llmc_model(init_from);
   vocab = m.vocab;
   if (given.empty()) return m.spec;
   // What config.json can say: the sizes, the biases and the GELU's form (a dropout and the
@@ -252,16 +255,16 @@ std::string folder_model(const std::string& init_from, const std::string& given,
   got.dropout = want.dropout;
   got.vocab_multiple = want.vocab_multiple;
   if (got != want)
-    throw InputError("--model: expected '" + m.spec + "' (" + init_from +
-                     "/config.json's model; a dropout and pad= may be added), found '" + given +
-                     "'");
+    throw InputError("--model: expected '" + m.spec + "' (" + m.source +
+                     "'s model; a dropout and pad= may be added), found '" + given + "'");
   return given;
 }
 
 void check_folder_vocab(const std::string& init_from, std::int64_t vocab,
                         const data::Dataset& train) {
   if (vocab != 0 && static_cast<std::size_t>(vocab) != train.num_classes)
-    throw InputError("--init-from " + init_from + ": config.json's vocab_size is " +
+    throw InputError("--init-from " + init_from +
+                     ": its model's vocabulary (config.json's vocab_size, llm.c's V) is " +
                      std::to_string(vocab) + ", the data's vocabulary (--data) " +
                      std::to_string(train.num_classes) + " tokens");
 }

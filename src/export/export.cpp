@@ -146,6 +146,7 @@ FolderModel read_folder_model(const fs::path& dir) {
   m.spec = "gpt:" + std::to_string(number("n_layer")) + "-" + std::to_string(number("n_head")) +
            "-" + std::to_string(number("n_embd")) + "-" + std::to_string(number("n_positions"));
   m.vocab = number("vocab_size");
+  m.source = name;
   // GPT-2's own configs have biases and no "bias" key; nanoGPT's architecture says bias: false.
   const std::string gelu = c.value("activation_function", std::string("gelu_new"));
   if (gelu != "gelu" && gelu != "gelu_new")

@@ -15,6 +15,10 @@
 
 namespace cohort::exporting {
 
+// llmc_read.cpp: an llm.c checkpoint's bytes as `model`'s weights.
+InitialWeights read_llmc_weights(const std::vector<std::uint8_t>& file, const std::string& name,
+                                 const nn::Model& model);
+
 namespace {
 
 [[noreturn]] void refuse(const std::string& where, const std::string& expected,
@@ -123,6 +127,7 @@ InitialWeights read_weights(const std::filesystem::path& path, const nn::Model& 
   const std::string name = weights_file(path).string();
   const std::vector<std::uint8_t> file =
       data::read_file_bytes(name, std::uint64_t{1} << 36);  // 64 GiB: GPT-2's largest is 6
+  if (is_llmc_checkpoint(name)) return read_llmc_weights(file, name, model);
   std::map<std::string, Stored> stored = parse(file, name);
   const bool language = model.kind().window() > 0;
   // A language model: Hugging Face's names lack "transformer." (its buffers attn.bias and

@@ -2,9 +2,10 @@
 // checkpoint's weights (`cohort eval --init-from` gives `cohort eval --checkpoint`'s digest), for
 // a layer list with bn (its running statistics) and a language model, the latter also in Hugging
 // Face's GPT-2 layout (names without "transformer.", Conv1D weights (in, out), attn.bias buffers,
-// no lm_head), and as its folder (export --layout hf: config.json gives the model); a run from such
+// no lm_head), and as its folder (export --layout hf: config.json gives the model), and as llm.c's
+// checkpoint (its header gives the model); GPT-2's architecture through each; a run from such
 // weights gives one digest for 1 and 2 workers and through a resume; each damaged file is exit 2
-// naming the tensor.
+// naming the tensor or the header's field.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -224,7 +226,8 @@ TEST_F(InitFromGpt, AHuggingFaceFolderGivesTheModelAndTheWeights) {
              "activation_function": "gelu", "bias": false})";
   r = cohort({"eval", "--init-from", folder.string(), "--data", text_});
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("config.json's vocab_size is 60, the data's vocabulary (--data) 52"),
+  EXPECT_NE(r.err.find("vocabulary (config.json's vocab_size, llm.c's V) is 60, the data's "
+                       "vocabulary (--data) 52"),
             std::string::npos)
       << r.err;
 }
@@ -254,6 +257,74 @@ TEST_F(InitFromGpt, Gpt2sArchitectureReadsBackThroughBothLayouts) {
   EXPECT_EQ(hf.header["h.0.attn.c_attn.bias"]["shape"], ordered_json({48}));
   EXPECT_EQ(hf.header["wte.weight"]["shape"], ordered_json({52, 16}));
   EXPECT_EQ(digest({"--init-from", folder.string(), "--model", model, "--data", text_}), want);
+}
+
+// nanoGPT's tensors (an export of gpt:L-H-C-T,bias,gelu=tanh) as llm.c's checkpoint: its header
+// (magic, version 3, maxT, V, L, NH, C, Vp) and float32 tensors in its order, wte padded to Vp
+// rows with zeros.
+std::string llmc_checkpoint(const File& nano, std::int32_t L, std::int32_t NH, std::int32_t C,
+                            std::int32_t max_t, std::int32_t V, std::int32_t Vp) {
+  std::map<std::string, std::string> t(nano.tensors.begin(), nano.tensors.end());
+  std::vector<std::int32_t> header(256, 0);
+  const std::int32_t fields[] = {20240326, 3, max_t, V, L, NH, C, Vp};
+  std::copy(std::begin(fields), std::end(fields), header.begin());
+  std::string out(reinterpret_cast<const char*>(header.data()), header.size() * 4);
+  out += t.at("transformer.wte.weight") + std::string(std::size_t(Vp - V) * C * 4, '\0');
+  out += t.at("transformer.wpe.weight");
+  for (const char* part :
+       {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+        "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+        "mlp.c_proj.weight", "mlp.c_proj.bias"})
+    for (std::int32_t l = 0; l < L; ++l)
+      out += t.at("transformer.h." + std::to_string(l) + "." + part);
+  return out + t.at("transformer.ln_f.weight") + t.at("transformer.ln_f.bias");
+}
+
+// llm.c's checkpoint: with --model it gives the checkpoint's weights; without, its header gives
+// the model (its padding 128 to 128 rows: pad=128); a --model without its architecture, another
+// version, a truncated file and another vocabulary are exit 2 naming them.
+TEST_F(InitFromGpt, LlmcsCheckpointGivesTheModelAndTheWeights) {
+  const std::string model = "gpt:2-2-16-8,bias,gelu=tanh,pad=64";
+  trained({"--data", text_, "--model", model, "--batch", "4"});
+  const std::string want = digest({"--checkpoint", ck_, "--data", text_});
+  const std::string bytes = llmc_checkpoint(parse(st_), 2, 2, 16, 8, 52, 128);
+  const fs::path bin = dir_ / "gpt2.bin";
+  std::ofstream(bin, std::ios::binary) << bytes;
+  EXPECT_EQ(digest({"--init-from", bin.string(), "--model", model, "--data", text_}), want);
+  Result r =
+      cohort({"train", "--data", text_, "--init-from", bin.string(), "--batch", "4", "--dry-run"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("gpt:2-2-16-8,bias,gelu=tanh,pad=128"), std::string::npos) << r.out;
+  r = cohort({"train", "--data", text_, "--init-from", bin.string(), "--model", "gpt:2-2-16-8",
+              "--dry-run"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--model: expected 'gpt:2-2-16-8,bias,gelu=tanh,pad=128' (" + bin.string() +
+                       "'s header's model"),
+            std::string::npos)
+      << r.err;
+  std::string damaged = bytes;
+  damaged[4] = 5;  // version 5
+  std::ofstream(bin, std::ios::binary) << damaged;
+  r = cohort({"eval", "--init-from", bin.string(), "--model", model, "--data", text_});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(
+      r.err.find(bin.string() + ": header[1] (version): expected 3 (float32 weights), found 5"),
+      std::string::npos)
+      << r.err;
+  std::ofstream(bin, std::ios::binary) << bytes.substr(0, bytes.size() - 4);
+  r = cohort({"eval", "--init-from", bin.string(), "--model", model, "--data", text_});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find(bin.string() + ": expected " + std::to_string(bytes.size()) +
+                       " bytes (the header's model in float32), found " +
+                       std::to_string(bytes.size() - 4) + " bytes"),
+            std::string::npos)
+      << r.err;
+  std::ofstream(bin, std::ios::binary) << llmc_checkpoint(parse(st_), 2, 2, 16, 8, 52, 128)
+                                              .replace(12, 4, std::string("\x3c\0\0\0", 4));
+  r = cohort({"eval", "--init-from", bin.string(), "--data", text_});  // V 60
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("llm.c's V) is 60, the data's vocabulary (--data) 52"), std::string::npos)
+      << r.err;
 }
 
 TEST_F(InitFromGpt, ARunFromTheWeightsIsOneForAnyWorkersAndThroughAResume) {

@@ -184,6 +184,33 @@ class MpiTest(MpiCase):
             resumed = json.load(f)["weights_digest"]
         self.assertEqual(resumed, got_f32[1][0])
 
+    def test_init_from_gives_one_digest_on_every_split(self):
+        """A run from exported weights (--init-from, GPT-2's architecture: biases, the tanh GELU,
+        a padded vocabulary) gives the single process's weights on 2 and 3 ranks."""
+        folder = self.text_folder()
+        spec = "gpt:2-2-32-16,bias,gelu=tanh,pad=64"
+        ckpt, weights = (os.path.join(self.tmp, n) for n in ("start.ckpt", "start.safetensors"))
+        rc, _, err, _ = run(launch(1, ["--data", folder, "--model", spec, "--batch", "8",
+                                       "--steps", "3", "--quiet", "--save", ckpt], mpi=False))
+        self.assertEqual(rc, 0, err)
+        rc, _, err, _ = run([mpi_testing.COHORT, "export", "--checkpoint", ckpt, "--format",
+                             "safetensors", "-o", weights, "--quiet"])
+        self.assertEqual(rc, 0, err)
+        flags = ["--data", folder, "--model", spec, "--init-from", weights, "--batch", "12",
+                 "--micro-batch", "2", "--steps", "4", "--optimizer", "adamw", "--lr", "0.003",
+                 "--warmup-steps", "0", "--workers", "1", "--quiet", "--seed", str(SEED)]
+        got = {}
+        for ranks in (1, 2, 3):
+            summary = os.path.join(self.tmp, f"init_{ranks}.json")
+            rc, _, err, _ = run(launch(ranks, flags + ["--summary", summary], mpi=ranks > 1))
+            self.assertEqual(rc, 0, f"{ranks} ranks:\n{err}")
+            with open(summary) as f:
+                s = json.load(f)
+            got[ranks] = (s["weights_digest"], s["val_loss"])
+        with self.subTest(seed=SEED):
+            self.assertEqual(got[2], got[1])
+            self.assertEqual(got[3], got[1])
+
     def test_default_leaves_give_one_digest_on_every_split(self):
         """Without --micro-batch or --workers, the MLP, the cnn, resnet20 and a language model
         each get one weights digest for --workers 1, 2, 3 and for mpirun -np 1, 2, 3: the

@@ -46,8 +46,18 @@ inline constexpr Named<Layout> kLayoutNames[] = {{Layout::kNanoGpt, "nanogpt"},
 struct FolderModel {
   std::string spec;
   std::int64_t vocab = 0;
+  std::string source;  // what gave it, for messages: "DIR/config.json", "FILE's header"
 };
 FolderModel read_folder_model(const std::filesystem::path& dir);
+
+// llm.c's GPT-2 checkpoint (its train_gpt2.py's gpt2_124M.bin: a header of 256 int32, magic
+// 20240326 and version 3, then float32 tensors in llm.c's order and padded vocabulary;
+// llmc_read.cpp). is_llmc_checkpoint: a regular file starting with that magic.
+// read_llmc_model: the model its header describes, "gpt:L-NH-C-maxT,bias,gelu=tanh" with
+// ",pad=128" (or 64) where that gives its padded vocabulary, and V. InputError naming the file
+// and the header's field for a damaged header.
+bool is_llmc_checkpoint(const std::filesystem::path& path);
+FolderModel read_llmc_model(const std::filesystem::path& path);
 
 // Whether nanoGPT's tensor `name` is one Hugging Face's GPT-2 stores as Conv1D, (in, out): the
 // attention's and the MLP's weights.
@@ -157,6 +167,8 @@ void export_checkpoint(const std::filesystem::path& checkpoint, Format format,
 struct InitialWeights {
   std::vector<float> params, stats;
 };
+// An llm.c checkpoint (is_llmc_checkpoint) is read as such: --model must have its sizes and GPT-2's
+// architecture, the data its vocabulary; the file exactly the header's model's size.
 InitialWeights read_weights(const std::filesystem::path& path, const nn::Model& model);
 
 // The version recorded in exported files: the CMake project's (project(VERSION)).
