@@ -231,7 +231,9 @@ int eval_weights(const EvalOptions& o, std::ostream& out) {
   train::TrainConfig config;
   config.model = spec;
   config.workers = o.workers;
-  config.batch = std::min<std::size_t>(config.batch, std::max<std::size_t>(1, data.train.count));
+  // No step trains: one sample a batch, so that the trainer's leaf gradient buffers (which a
+  // training batch of a large model would make many) are one.
+  config.batch = 1;
   const nn::Model model = nn::Model::parse(spec, train::input_shape(data.train),
                                            static_cast<std::int64_t>(data.train.num_classes));
   train::validate(config, model, data);
