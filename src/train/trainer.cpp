@@ -19,8 +19,9 @@ nn::Model parse_model(const std::string& spec, const data::Splits& d) {
                           static_cast<std::int64_t>(d.train.num_classes));
 }
 
-TrainConfig checked(TrainConfig c, const nn::Model& model, const data::Splits& data) {
-  validate(c, model, data);
+TrainConfig checked(TrainConfig c, const nn::Model& model, const data::Splits& data,
+                    std::size_t ranks) {
+  validate(c, model, data, ranks);
   return resolve_defaults(std::move(c), model);
 }
 }  // namespace
@@ -29,7 +30,7 @@ Trainer::Impl::Impl(TrainConfig c, const data::Splits& d, dist::Comm& world)
     : data(d),
       comm(world),
       model(parse_model(c.model, d)),
-      config(checked(std::move(c), model, d)),
+      config(checked(std::move(c), model, d, static_cast<std::size_t>(world.size()))),
       features(static_cast<std::size_t>(model.input_features())),
       optimizer(config.optimizer),
       weights(model.layout().total()),
@@ -102,12 +103,8 @@ MemoryBreakdown Trainer::Impl::memory_breakdown() {
 }
 
 bool Trainer::Impl::chains_leaves() const {
-  const std::size_t leaves = leaves_for(config.batch);
-  const double bytes =
-      static_cast<double>(leaves) * static_cast<double>(model.layout().total()) * sizeof(float);
-  return comm.size() == 1 && config.reducer == reduce::Strategy::kTree &&
-         leaves <= reduce::kMaxArity && leaves > config.workers + 1 &&
-         bytes > static_cast<double>(config.leaf_chain_bytes);
+  return train::chains_leaves(config, model.layout().total(),
+                              static_cast<std::size_t>(comm.size()));
 }
 
 std::pair<double, double> Trainer::Impl::evaluate_set(const data::Dataset& set) {

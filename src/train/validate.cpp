@@ -12,6 +12,7 @@
 #include "cohort/data/augment.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/optim/optimizer.hpp"
+#include "cohort/reduce/reducer.hpp"
 #include "cohort/train/trainer.hpp"
 #include "defaults.hpp"
 
@@ -54,7 +55,16 @@ TrainConfig resolve_defaults(TrainConfig c, const nn::Model& model) {
   return c;
 }
 
-void validate(const TrainConfig& config, const nn::Model& model, const data::Splits& data) {
+bool chains_leaves(const TrainConfig& c, std::size_t parameters, std::size_t ranks) {
+  const std::size_t leaves = (c.batch + c.micro_batch - 1) / c.micro_batch;
+  const double bytes =
+      static_cast<double>(leaves) * static_cast<double>(parameters) * sizeof(float);
+  return ranks == 1 && c.reducer == reduce::Strategy::kTree && leaves <= reduce::kMaxArity &&
+         leaves > c.workers + 1 && bytes > static_cast<double>(c.leaf_chain_bytes);
+}
+
+void validate(const TrainConfig& config, const nn::Model& model, const data::Splits& data,
+              std::size_t ranks) {
   const TrainConfig c = resolve_defaults(config, model);
   if (c.workers > kMaxWorkers)
     bad("--workers", "1 .. " + std::to_string(kMaxWorkers) + " (0: one per core)",
@@ -84,11 +94,14 @@ void validate(const TrainConfig& config, const nn::Model& model, const data::Spl
   if (static_cast<std::size_t>(model.num_classes()) != data.train.num_classes)
     bad("--model", "an output size of " + std::to_string(data.train.num_classes) + " (classes)",
         std::to_string(model.num_classes()) + " in '" + model.spec() + "'");
-  // Every leaf of a step has a whole gradient buffer; refuse a split that cannot fit (e.g.
-  // --micro-batch 1 at a large batch), before anything is allocated.
+  // Every leaf of a step has a whole gradient buffer, unless a LeafChain sums them in workers +
+  // 1; refuse a split that cannot fit (e.g. --micro-batch 1 at a large batch in several ranks),
+  // before anything is allocated.
   const std::size_t leaves = (c.batch + c.micro_batch - 1) / c.micro_batch;
+  const std::size_t buffers =
+      chains_leaves(c, model.layout().total(), ranks) ? c.workers + 1 : leaves;
   const double leaf_bytes =
-      static_cast<double>(leaves) * static_cast<double>(model.layout().total()) * sizeof(float);
+      static_cast<double>(buffers) * static_cast<double>(model.layout().total()) * sizeof(float);
   if (const double memory = physical_memory(); memory > 0 && leaf_bytes > memory / 2)
     bad("--micro-batch",
         "a leaf count whose gradient buffers fit in half of this machine's " +

@@ -4,6 +4,7 @@
 // tree's root, for a language model and a model with batch weight gradients, for 1-3 workers,
 // and skips a non-finite step as the tree does.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -192,6 +193,46 @@ TEST(LeafChainRun, ANonFiniteLeafIsSkippedAsTheTreeSkipsIt) {
     return s.weights_digest;
   };
   EXPECT_EQ(digest(0), digest(std::size_t{1} << 40));
+}
+
+// The input checks count the gradient buffers a step keeps: a LeafChain's workers + 1 where it
+// sums the leaves (one process), a buffer a leaf otherwise (two ranks). GPT-2's 124M model at
+// --batch 64 --micro-batch 1 and 2 workers: 3 buffers of 498 MB in one process, 64 (31.9 GB)
+// in two, refused where that is more than half this machine's memory.
+TEST(LeafChainRun, TheInputChecksCountTheChainsBuffers) {
+  std::vector<std::uint16_t> tokens(2 * 1025);
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<std::uint16_t>(i * 7919 % 50257);
+  tokens[0] = 50256;  // the vocabulary: 50,257
+  data::ArrayView a;
+  a.kind = 'u';
+  a.item_size = 2;
+  a.shape = {tokens.size()};
+  a.payload = {reinterpret_cast<const std::uint8_t*>(tokens.data()), tokens.size() * 2};
+  a.source = "tokens";
+  const data::Splits splits = data::text_splits(data::token_arrays(a, a, 1024), 1024);
+  TrainConfig c;
+  c.model = "gpt:124M";
+  c.batch = 64;
+  c.micro_batch = 1;
+  c.workers = 2;
+  c.optimizer.kind = optim::Kind::kAdamW;
+  const nn::Model model = nn::Model::parse(c.model, input_shape(splits.train),
+                                           static_cast<std::int64_t>(splits.train.num_classes));
+  EXPECT_TRUE(chains_leaves(c, model.layout().total(), 1));
+  EXPECT_FALSE(chains_leaves(c, model.layout().total(), 2));
+  EXPECT_NO_THROW(validate(c, model, splits, 1));
+  const double pages =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (64.0 * static_cast<double>(model.layout().total()) * 4 <= pages / 2)
+    GTEST_SKIP() << "this machine holds 64 buffers of 498 MB in half its memory";
+  try {
+    validate(c, model, splits, 2);
+    ADD_FAILURE() << "64 buffers in two ranks were accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("64 leaves of --batch 64 need"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace leaf_chain_test

@@ -126,8 +126,14 @@ inline constexpr float kBatchNormMomentum = 0.1f;
 inline constexpr std::size_t kMaxEvalBatch = std::size_t{1} << 16;
 
 // Throws InputError (naming the flag, expected and found value) for a config that cannot run on
-// `data`, before any work starts: nothing is sized from a config this has not accepted.
-void validate(const TrainConfig& config, const nn::Model& model, const data::Splits& data);
+// `data` in `ranks` processes, before any work starts: nothing is sized from a config this has
+// not accepted.
+void validate(const TrainConfig& config, const nn::Model& model, const data::Splits& data,
+              std::size_t ranks = 1);
+// Whether a step of `config` (defaults resolved) sums its leaves' gradients in a LeafChain, in
+// workers + 1 buffers, rather than keeping one per leaf: one process, the tree reducer, more
+// leaves than workers + 1 and at most reduce::kMaxArity, more than leaf_chain_bytes in all.
+bool chains_leaves(const TrainConfig& config, std::size_t parameters, std::size_t ranks);
 // Throws InputError naming --model or --micro-batch when the model's leaf plans, one a worker
 // (nn::ModelKind::leaf_plan_bytes: a language model's), would take more than half this machine's
 // memory.
