@@ -64,6 +64,7 @@ struct GptNet::Impl {
   // reordered them.
   void prepare(Plan& p, const void* params) {
     if (generation != 0 && p.prepared == generation && p.prepared_params == params) return;
+    const std::lock_guard hold(weight_copies->lock());  // the copies' writes (WeightCopies)
     run(p.prepare);
     p.prepared = generation;
     p.prepared_params = params;

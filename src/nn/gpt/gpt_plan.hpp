@@ -19,15 +19,15 @@ namespace cohort::nn::detail {
 // GptNet shares (its training plans and its inference plans: an evaluation's plan would
 // otherwise hold a second copy of every weight), and the GptNets that share them
 // (GptNet::share_weight_copies: the trainer's replicas, which run on the same weights at the same
-// time). A plan's prepare steps write each copy it reads through write(): under the copy's lock,
-// and only if the copy does not already hold the weights of this version (changed()'s count)
-// and this parameter array, so that the nets sharing it reorder each weight once a step.
+// time). A plan's prepare steps write each copy it reads through write(), while the net holds
+// lock() for the whole prepare (one hand-off between replicas a step, not one a copy), and only
+// if the copy does not already hold the weights of this version (changed()'s count) and this
+// parameter array, so that the nets sharing it reorder each weight once a step.
 class WeightCopies {
  public:
   struct Copy {
     std::size_t offset;
     dnnl::memory memory;
-    std::mutex lock;
     std::uint64_t version = 0;  // of the weights it holds (0: none)
     const void* params = nullptr;
   };
@@ -45,12 +45,13 @@ class WeightCopies {
   }
   // The weights may have changed (each sharing net's weights_changed).
   void changed() { version_.fetch_add(1, std::memory_order_relaxed); }
-  // Runs `reorder` into `copy` unless it holds this version of `params` already. Before the
-  // first changed(), every call writes.
+  // Held by a net while it runs a plan's prepare steps.
+  std::mutex& lock() { return lock_; }
+  // Runs `reorder` into `copy` unless it holds this version of `params` already; the caller
+  // holds lock(). Before the first changed(), every call writes.
   template <class F>
   void write(Copy& copy, const void* params, F&& reorder) {
     const std::uint64_t v = version_.load(std::memory_order_relaxed);
-    const std::lock_guard hold(copy.lock);
     if (v != 0 && copy.version == v && copy.params == params) return;
     reorder();
     copy.version = v;
@@ -63,6 +64,7 @@ class WeightCopies {
   std::vector<AlignedBuffer<float>> storage_;
   std::size_t bytes_ = 0;
   std::atomic<std::uint64_t> version_{0};
+  std::mutex lock_;
 };
 
 // `key` and `windows` are read when the plan runs: the current call's dropout streams and token
