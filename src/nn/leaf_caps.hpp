@@ -29,6 +29,10 @@ inline constexpr std::size_t kConvLeafBytes = std::size_t{1} << 20;
 inline constexpr std::size_t kLeafActivationValues = std::size_t{12} << 20;
 // The most tokens in a language model's leaf.
 inline constexpr std::size_t kLeafTokens = 512;
+// The fewest leaves a language model's batch of at least this many windows is cut into: a batch
+// within one leaf's cap (GPT-2's 124M at batch 4 of 64 tokens) would otherwise run its step on one
+// core. More leaves cost a whole-model gradient each.
+inline constexpr std::size_t kLanguageModelMinLeaves = 2;
 // The bytes a language model's leaf plan takes per such value: about 20 in bf16 and 30 in f32.
 constexpr double leaf_bytes_per_value(Precision p) { return p == Precision::kBf16 ? 20.0 : 30.0; }
 // A language model's evaluation runs windows of at most this many tokens at a time: its

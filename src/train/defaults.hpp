@@ -2,8 +2,9 @@
 // never of the machine, the workers or the ranks, so that the same command gives the same weights
 // on any machine whose kernels dispatch alike. Each model kind has a largest leaf (its cap,
 // nn::ModelKind::leaf_rule: the caps and their reasons in src/nn/leaf_caps.hpp); the batch is cut
-// into as few leaves as the cap allows, of equal rows (the last one possibly shorter), so that no
-// leaf is a sliver. How the leaves serve more cores: docs/scaling.md.
+// into as few leaves as the cap allows (and at least the kind's min_leaves where the batch has
+// that many rows), of equal rows (the last one possibly shorter), so that no leaf is a sliver. How
+// the leaves serve more cores: docs/scaling.md.
 #pragma once
 
 #include <cstddef>

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cohort/nn/model.hpp"
 #include "cohort/train/trainer.hpp"
@@ -80,7 +82,9 @@ TEST(LeafDefaults, ASmallConvolutionKeepsItsRowsInBf16) {
 }
 
 // A language model: its leaf's windows, balanced over the batch. nanoGPT's CPU recipe (batch
-// 12, at most 8 windows a leaf) gets two leaves of 6.
+// 12, at most 8 windows a leaf) gets two leaves of 6. A batch within one leaf's cap is still two
+// leaves (batch 4 of GPT-2's 124M at windows of 64 would otherwise run on one core), the second
+// the shorter where the batch is odd; a batch of one window is one leaf.
 TEST(LeafDefaults, ALanguageModelsWindowsBalancedOverTheBatch) {
   const nn::Model cpu = nn::Model::parse("gpt:4-4-128-64", {1, 1, 65}, 65);
   TrainConfig c;
@@ -89,6 +93,21 @@ TEST(LeafDefaults, ALanguageModelsWindowsBalancedOverTheBatch) {
   EXPECT_EQ(resolve_defaults(c, cpu).micro_batch, 6u);
   c.batch = 32;
   EXPECT_EQ(resolve_defaults(c, cpu).micro_batch, 8u);
+  for (const auto& [batch, rows] : std::vector<std::pair<std::size_t, std::size_t>>{
+           {8, 4}, {5, 3}, {4, 2}, {3, 2}, {2, 1}, {1, 1}}) {
+    c.batch = batch;
+    for (const nn::Precision p : {nn::Precision::kBf16, nn::Precision::kF32}) {
+      c.precision = p;
+      EXPECT_EQ(resolve_defaults(c, cpu).micro_batch, rows) << "batch " << batch;
+    }
+  }
+  c.precision = nn::Precision::kF32;
+  // The layer lists keep one leaf for a batch within their cap.
+  const nn::Model mlp = nn::Model::parse("mlp:784-512-256-10", {1, 28, 28});
+  TrainConfig m;
+  m.model = "mlp:784-512-256-10";
+  m.batch = 64;
+  EXPECT_EQ(resolve_defaults(m, mlp).micro_batch, 64u);
   const nn::Model full = nn::Model::parse("gpt:6-6-384-256", {1, 1, 257}, 65);
   c.model = "gpt:6-6-384-256";
   c.batch = 64;

@@ -73,10 +73,12 @@ struct LayerSpec {
 // What a model kind tells the engine about one leaf's default size (train/defaults.hpp): its
 // largest leaf in samples, and whether the leaf is exactly that (a statistic over the leaf's rows
 // is part of the model) or the batch cut into as few leaves of at most `cap` as even as whole rows
-// allow.
+// allow, and into at least `min_leaves` where the batch has that many samples (a step of one leaf
+// runs on one core, whatever the machine).
 struct LeafRule {
   std::size_t cap = 1;
   bool exact = false;
+  std::size_t min_leaves = 1;
 };
 
 // A model kind: its description (spec, parameter layout, input, classes), its parameters' values

@@ -116,13 +116,14 @@ class GptKind final : public ModelKind {
   }
 
   // As many windows as kLeafActivationValues allow in `precision` and kLeafTokens allows, at
-  // least 1.
+  // least 1; a batch within that cap is still cut into kLanguageModelMinLeaves leaves.
   LeafRule leaf_rule(Precision precision) const override {
     const std::size_t values =
         precision == Precision::kBf16 ? kLeafActivationValues : kLeafActivationValues / 2;
     const auto block = static_cast<std::size_t>(model_.shape().block);
     const auto per_window = static_cast<std::size_t>(values_per_window());
-    return {std::max<std::size_t>(1, std::min(values / per_window, kLeafTokens / block)), false};
+    return {std::max<std::size_t>(1, std::min(values / per_window, kLeafTokens / block)), false,
+            kLanguageModelMinLeaves};
   }
 
   // A leaf's windows' activations grow with block^2 (the attention weights).
