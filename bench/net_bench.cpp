@@ -11,10 +11,13 @@
 // counted in rows/s: the causal softmax's forward on the attention scores, writing the bf16
 // weights P V reads, its backward writing bf16 dS, and LayerNorm's forward (bf16 out) and backward
 // (bf16 gradient in, the input gradient added to the stream's); and attention as cohort's AMX
-// kernel (nn/gpt/gpt_attention.hpp), forward then backward, on the heads of one default leaf.
+// kernel (nn/gpt/gpt_attention.hpp), forward then backward, on the heads of one default leaf;
+// and the head's loss with its gradient on 83 rows of GPT-2's vocabulary (one head chunk of
+// gpt:124M), the language models' kernel against the generic one.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -23,6 +26,7 @@
 #include "cohort/nn/gpt/gpt.hpp"
 #include "cohort/nn/gpt/gpt_attention.hpp"
 #include "cohort/nn/gpt/gpt_kernels.hpp"
+#include "cohort/nn/loss.hpp"
 #include "cohort/nn/model.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/nn/version.hpp"
@@ -290,6 +294,40 @@ void gpt_layer_norm(benchmark::State& state, std::int64_t rows, std::int64_t C) 
 BENCHMARK_CAPTURE(gpt_layer_norm, cpu_recipe, 6 * 64, 128)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(gpt_layer_norm, medium, 16 * 128, 256)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(gpt_layer_norm, full_recipe, 4 * 256, 384)->Unit(benchmark::kMicrosecond);
+
+// The head's loss and its gradient, written over the logits, on `rows` rows of GPT-2's padded
+// vocabulary: token_cross_entropy (the language models' kernel) against the generic
+// softmax_cross_entropy, one std::exp a column, with the padding zeroed after it as the head did.
+void gpt_head_loss(benchmark::State& state, bool lanes, std::int64_t rows, std::int64_t V,
+                   std::int64_t stride) {
+  const auto n = static_cast<std::size_t>(rows * stride);
+  AlignedBuffer<float> logits(n), z(n);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < n; ++i) logits[i] = static_cast<float>(i * 37 % 101) / 10.0f - 5.0f;
+  for (std::size_t r = 0; r < labels.size(); ++r)
+    labels[r] = static_cast<std::int32_t>(r * 7919 % static_cast<std::size_t>(V));
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::copy(logits.data(), logits.data() + n, z.data());
+    state.ResumeTiming();
+    if (lanes) {
+      benchmark::DoNotOptimize(cohort::nn::token_cross_entropy(z.data(), labels.data(), rows, V,
+                                                               stride, 1.0f, z.data()));
+    } else {
+      benchmark::DoNotOptimize(
+          cohort::nn::softmax_cross_entropy(z.data(), labels.data(), rows, V, z.data(), stride));
+      for (std::int64_t r = 0; r < rows; ++r)
+        std::fill(z.data() + r * stride + V, z.data() + (r + 1) * stride, 0.0f);
+    }
+    benchmark::DoNotOptimize(z.data());
+  }
+  state.counters["rows/s"] = benchmark::Counter(static_cast<double>(state.iterations() * rows),
+                                                benchmark::Counter::kIsRate);
+}
+
+BENCHMARK_CAPTURE(gpt_head_loss, gpt2_lanes, true, 83, 50257, 50304)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(gpt_head_loss, gpt2_generic, false, 83, 50257, 50304)
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -5,7 +5,8 @@
 // exactly 0 and never read; the bf16 forms the f32 results rounded. gelu_forward and
 // gelu_backward: GELU (the erf form and GPT-2's tanh form) and its slope over the range
 // activations take and beyond; their bf16 forms the f32 results rounded, the forward's table
-// lookups at every bf16 value. LayerNorm with and without its bias; bias_backward's column sums.
+// lookups at every bf16 value. LayerNorm with and without its bias; bias_backward's column sums;
+// token_cross_entropy, the head's loss and its gradient.
 #include "cohort/nn/gpt/gpt_kernels.hpp"
 
 #include <gtest/gtest.h>
@@ -529,6 +530,84 @@ TEST_P(BiasBackward, IsTheColumnSumsInRowOrder) {
 
 INSTANTIATE_TEST_SUITE_P(Widths, BiasBackward, ::testing::Values(1, 15, 16, 17, 48, 100),
                          [](const auto& w) { return "O" + std::to_string(w.param); });
+
+// The head's cross-entropy: a vocabulary and the logits' row stride (its padded width).
+using Vocab = std::tuple<std::int64_t, std::int64_t>;
+class TokenCrossEntropy : public ::testing::TestWithParam<Vocab> {};
+
+// Logits in [-8, 8), one row in [-100, 100) (exponentials below float's normals, flushed to 0),
+// and one whose label is its largest logit; the padding past the vocabulary NaN, never read. The
+// loss and the gradient against float64's, at scale 1 and 1/3; the padding's gradient 0; the
+// gradient written over the logits the same bits; without a gradient, the same loss.
+TEST_P(TokenCrossEntropy, MatchesTheFloat64Reference) {
+  const auto [V, stride] = GetParam();
+  const std::int64_t rows = 5;
+  std::printf("seed %llu, vocab %lld, stride %lld\n", static_cast<unsigned long long>(kSeed),
+              static_cast<long long>(V), static_cast<long long>(stride));
+  Rng rng({kSeed, static_cast<std::uint64_t>(V), 6});
+  const auto n = static_cast<std::size_t>(rows * stride);
+  std::vector<float> z(n, std::numeric_limits<float>::quiet_NaN());
+  std::vector<std::int32_t> y(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float range = r == 1 ? 100.0f : 8.0f;
+    for (std::int64_t c = 0; c < V; ++c)
+      z[static_cast<std::size_t>(r * stride + c)] = rng.uniform(-range, range);
+    y[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(rng.next_unit() * double(V));
+  }
+  const float* last = z.data() + (rows - 1) * stride;
+  y.back() = static_cast<std::int32_t>(std::max_element(last, last + V) - last);
+  const double sum_bound = (double(V) / 8 + 3) * 6e-8;
+  for (const float scale : {1.0f, 1.0f / 3.0f}) {
+    std::vector<float> d(n, 7.0f);
+    const double loss = token_cross_entropy(z.data(), y.data(), rows, V, stride, scale, d.data());
+    double want_loss = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* zr = z.data() + r * stride;
+      const double top = *std::max_element(zr, zr + V);
+      double sum = 0;
+      for (std::int64_t c = 0; c < V; ++c) sum += std::exp(double(zr[c]) - top);
+      const std::int32_t label = y[static_cast<std::size_t>(r)];
+      want_loss += std::log(sum) - (zr[label] - top);
+      for (std::int64_t c = 0; c < stride; ++c) {
+        const float got = d[static_cast<std::size_t>(r * stride + c)];
+        if (c >= V) {
+          ASSERT_EQ(got, 0.0f) << "row " << r << ", padded column " << c;
+          continue;
+        }
+        const double p = std::exp(double(zr[c]) - top) / sum;
+        const double want = scale * (p - (c == label ? 1.0 : 0.0));
+        // Relative to the probability: a few roundings, the exponential's 2 ulp, the rounding
+        // of its argument (the logit less the largest, to float: up to |argument| 2^-24 of the
+        // result) and the float sum's bound (V / 8 + 3 roundings of positive terms); the
+        // label's 1 to a few roundings. Below float's normals (an argument past 87) the kernel's
+        // exponential is 0.
+        const double argument = top - zr[c];
+        const double tol =
+            scale * ((1e-6 + sum_bound + argument * 6e-8) * p + (c == label ? 1e-6 : 0.0)) + 1e-38;
+        ASSERT_NEAR(got, want, argument > 87 ? scale * p + 1e-38 : tol)
+            << "row " << r << ", column " << c << ", scale " << scale;
+      }
+    }
+    ASSERT_NEAR(loss, want_loss, rows * (1e-6 * (1 + std::log(double(V))) + sum_bound))
+        << "scale " << scale;
+    ASSERT_EQ(token_cross_entropy(z.data(), y.data(), rows, V, stride, scale, nullptr), loss);
+    std::vector<float> in_place(z);
+    ASSERT_EQ(
+        token_cross_entropy(in_place.data(), y.data(), rows, V, stride, scale, in_place.data()),
+        loss);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(in_place[i]), std::bit_cast<std::uint32_t>(d[i]))
+          << "entry " << i << ", scale " << scale;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Vocabularies, TokenCrossEntropy,
+                         ::testing::Values(Vocab{1, 1}, Vocab{7, 8}, Vocab{8, 8}, Vocab{65, 128},
+                                           Vocab{100, 100}, Vocab{50257, 50304}),
+                         [](const auto& v) {
+                           return "V" + std::to_string(std::get<0>(v.param)) + "_stride" +
+                                  std::to_string(std::get<1>(v.param));
+                         });
 
 }  // namespace gpt_kernels_test
 }  // namespace cohort::nn

@@ -1,7 +1,7 @@
-// A 64-byte-aligned, zero-initialised (unless asked not to be), fixed-size array of floats (or any
-// trivial type). The one allocation behind the master weights, every gradient buffer and every
-// activation. Not a tensor library: no shape, no views, no growth. Not thread-safe beyond what
-// std::vector is.
+// A 64-byte-aligned (2 MiB from kHugePageArrayBytes on), zero-initialised (unless asked not to
+// be), fixed-size array of floats (or any trivial type). The one allocation behind the master
+// weights, every gradient buffer and every activation. Not a tensor library: no shape, no views,
+// no growth. Not thread-safe beyond what std::vector is.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +16,18 @@ namespace cohort {
 
 // Cache line on the machines cohort targets; used for alignment and false-sharing padding.
 inline constexpr std::size_t kCacheLine = 64;
+// An array of at least this many bytes starts on a 2 MiB boundary and asks the kernel for
+// transparent huge pages (madvise MADV_HUGEPAGE, which Debian's default "madvise" mode honours):
+// a step streams the weights, the optimizer's state and whole-model gradients, 4 KiB pages at a
+// time otherwise (docs/decisions.md, "Large arrays on huge pages").
+inline constexpr std::size_t kHugePageArrayBytes = std::size_t{8} << 20;
+
+namespace detail {
+// `bytes` (a multiple of kCacheLine) aligned to kCacheLine, or to 2 MiB with huge pages asked for
+// from kHugePageArrayBytes on; free_bytes takes the same count back.
+void* allocate_bytes(std::size_t bytes);
+void free_bytes(void* p, std::size_t bytes) noexcept;
+}  // namespace detail
 
 template <typename T>
 class AlignedBuffer {
@@ -47,14 +59,15 @@ class AlignedBuffer {
 
  private:
   struct Free {
-    void operator()(T* p) const { ::operator delete[](p, std::align_val_t{kCacheLine}); }
+    std::size_t bytes = 0;
+    void operator()(T* p) const { detail::free_bytes(p, bytes); }
   };
-  static T* allocate(std::size_t n) {
-    if (n == 0) return nullptr;
+  static std::unique_ptr<T, Free> allocate(std::size_t n) {
+    if (n == 0) return {nullptr, Free{}};
     if (n > SIZE_MAX / sizeof(T)) throw std::bad_array_new_length();
     // Round the byte count up to whole cache lines so vector loops may read a full last line.
-    std::size_t bytes = (n * sizeof(T) + kCacheLine - 1) / kCacheLine * kCacheLine;
-    return static_cast<T*>(::operator new[](bytes, std::align_val_t{kCacheLine}));
+    const std::size_t bytes = (n * sizeof(T) + kCacheLine - 1) / kCacheLine * kCacheLine;
+    return {static_cast<T*>(detail::allocate_bytes(bytes)), Free{bytes}};
   }
   std::unique_ptr<T, Free> data_;
   std::size_t size_ = 0;

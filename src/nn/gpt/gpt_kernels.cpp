@@ -339,6 +339,56 @@ template <class UsedPtr>
 }  // namespace lanes
 
 COHORT_CLONES_AVX512
+double token_cross_entropy(const float* logits, const std::int32_t* labels, std::int64_t rows,
+                           std::int64_t vocab, std::int64_t stride, float scale, float* diff) {
+  using namespace lanes;
+  const std::int64_t whole = vocab / 8 * 8, tail = vocab - whole;
+  double loss = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* z = logits + r * stride;
+    float* d = diff ? diff + r * stride : nullptr;
+    const std::int32_t y = labels[r];
+    const float zy = z[y];  // read before d, which may be z, is written
+    F8 top8 = splat(z[0]);
+    for (std::int64_t j = 0; j < whole; j += 8) {
+      const F8 v = load8(z + j);
+      top8 = top8 < v ? v : top8;
+    }
+    float top = z[0];
+    for (int k = 0; k < 8; ++k) top = top < top8[k] ? top8[k] : top;
+    for (std::int64_t j = whole; j < vocab; ++j) top = top < z[j] ? z[j] : top;
+    const F8 top_v = splat(top);
+    F8 part = {};
+    for (std::int64_t j = 0; j < whole; j += 8) {
+      const F8 e = exp_nonpositive(load8(z + j) - top_v);
+      if (d) store8(d + j, e);
+      part += e;
+    }
+    float rest = 0.0f;
+    if (tail > 0) {
+      float buf[8];
+      std::fill(buf, buf + 8, top);
+      std::memcpy(buf, z + whole, static_cast<std::size_t>(tail) * sizeof(float));
+      float e[8];
+      store8(e, exp_nonpositive(load8(buf) - top_v));
+      for (std::int64_t j = 0; j < tail; ++j) rest += e[j];
+      if (d) std::memcpy(d + whole, e, static_cast<std::size_t>(tail) * sizeof(float));
+    }
+    const float sum = add_lanes(part) + rest;
+    loss += static_cast<double>(std::log(sum) - (zy - top));
+    if (!d) continue;
+    const float inv = 1.0f / sum;
+    const float ey = d[y];
+    const F8 inv_v = splat(inv), scale_v = splat(scale);
+    for (std::int64_t j = 0; j < whole; j += 8) store8(d + j, (load8(d + j) * inv_v) * scale_v);
+    for (std::int64_t j = whole; j < vocab; ++j) d[j] = (d[j] * inv) * scale;
+    d[y] = __builtin_fmaf(ey, inv, -1.0f) * scale;
+    std::fill(d + vocab, d + stride, 0.0f);
+  }
+  return loss;
+}
+
+COHORT_CLONES_AVX512
 void causal_softmax_forward(const float* s, float* p, std::int64_t mats, std::int64_t T,
                             float scale) {
   lanes::softmax_rows(s, p, nullptr, nullptr, mats, T, scale);

@@ -8,6 +8,7 @@
 
 #include "cohort/core/error.hpp"
 #include "cohort/nn/gpt/gpt.hpp"
+#include "cohort/nn/gpt/gpt_kernels.hpp"
 #include "cohort/nn/loss.hpp"
 #include "gpt_plan.hpp"
 
@@ -88,17 +89,9 @@ struct GptNet::Impl {
     const GptShape& s = model->shape();
     const auto t0 = Clock::now();
     const std::int64_t V = s.vocab, stride = s.padded_vocab();
-    const double loss = softmax_cross_entropy(p.logits, targets.data() + first, rows, V,
-                                              training ? p.diff_logits : nullptr, stride);
-    if (training) {
-      const auto f = static_cast<float>(scale);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        float* d = p.diff_logits + r * stride;
-        if (scale != 1)
-          for (std::int64_t c = 0; c < V; ++c) d[c] *= f;
-        std::fill(d + V, d + stride, 0.0f);
-      }
-    }
+    const double loss =
+        token_cross_entropy(p.logits, targets.data() + first, rows, V, stride,
+                            static_cast<float>(scale), training ? p.diff_logits : nullptr);
     times.loss += std::chrono::duration<double>(Clock::now() - t0).count();
     return loss * scale;
   }

@@ -108,4 +108,17 @@ void layer_norm_backward(const float* x, const float* gamma, const float* mean, 
 void bias_backward(const float* dy, float* db, std::int64_t rows, std::int64_t O);
 void bias_backward(const bf16* dy, float* db, std::int64_t rows, std::int64_t O);
 
+// The head's softmax cross-entropy over the vocabulary, fused with its gradient: for `rows` rows
+// of `logits` (`stride` apart, their first `vocab` columns read) and labels y in [0, vocab),
+// returns the sum over rows, in float64, of log(sum_c exp(z_c - m)) - (z_y - m), m the row's
+// largest logit; with `diff` not null (it may be `logits` itself), diff = scale (softmax(z) -
+// onehot(y)) rounded as ((e_c / sum) scale) and fma(e_y, 1 / sum, -1) scale, with e_c the
+// exponentials, and its columns [vocab, stride) set to 0. The exponentials by the softmax's
+// polynomial (within 2 ulp of exp), their sum in eight interleaved partial sums added pairwise,
+// then the columns past the last whole eight in order: the same bits at any vector width. The
+// generic softmax_cross_entropy (nn/loss.hpp) takes one std::exp a column (docs/decisions.md,
+// "The head's cross-entropy in lanes").
+double token_cross_entropy(const float* logits, const std::int32_t* labels, std::int64_t rows,
+                           std::int64_t vocab, std::int64_t stride, float scale, float* diff);
+
 }  // namespace cohort::nn
