@@ -225,14 +225,27 @@ Splits load_data_folder(const std::filesystem::path& dir, std::size_t idx_num_cl
   }
 }
 
+namespace {
+std::uint32_t draw(std::uint64_t seed, std::uint64_t epoch, std::size_t b, std::size_t r,
+                   std::size_t count) {
+  Rng rng({seed, 0x77696e64ull /* purpose: windows */, epoch, b, r});
+  return static_cast<std::uint32_t>(rng.below(count));
+}
+}  // namespace
+
+void Sampler::draw_batch(std::uint64_t epoch, std::size_t b,
+                         std::vector<std::uint32_t>& out) const {
+  COHORT_CHECK(draw_batch_ != 0, "Sampler::draw_batch: not a draws() sampler");
+  const std::size_t first = b * draw_batch_;
+  out.resize(first < count_ ? std::min(draw_batch_, count_ - first) : 0);
+  for (std::size_t r = 0; r < out.size(); ++r) out[r] = draw(seed_, epoch, b, r, count_);
+}
+
 std::vector<std::uint32_t> Sampler::epoch_order(std::uint64_t epoch) const {
   std::vector<std::uint32_t> order(count_);
   if (draw_batch_ != 0) {
-    for (std::size_t j = 0; j < count_; ++j) {
-      Rng rng(
-          {seed_, 0x77696e64ull /* purpose: windows */, epoch, j / draw_batch_, j % draw_batch_});
-      order[j] = static_cast<std::uint32_t>(rng.below(count_));
-    }
+    for (std::size_t j = 0; j < count_; ++j)
+      order[j] = draw(seed_, epoch, j / draw_batch_, j % draw_batch_, count_);
     return order;
   }
   std::iota(order.begin(), order.end(), 0u);
@@ -240,6 +253,25 @@ std::vector<std::uint32_t> Sampler::epoch_order(std::uint64_t epoch) const {
   Rng rng({seed_, 0x5a3b1e5ull /* purpose: shuffle */, epoch});
   for (std::size_t i = count_; i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
   return order;
+}
+
+EpochBatches::EpochBatches(const Sampler& sampler, std::uint64_t epoch, std::size_t batch)
+    : sampler_(&sampler), epoch_(epoch), batch_(batch) {
+  if (!sampler.is_draws()) order_ = sampler.epoch_order(epoch);
+}
+
+std::span<const std::uint32_t> EpochBatches::batch(std::size_t b) {
+  if (!sampler_->is_draws()) {
+    const std::size_t first = std::min(b * batch_, order_.size());
+    return std::span<const std::uint32_t>(order_).subspan(first,
+                                                          std::min(batch_, order_.size() - first));
+  }
+  const std::size_t slot = b % 2;
+  if (drawn_b_[slot] != b) {
+    sampler_->draw_batch(epoch_, b, drawn_[slot]);
+    drawn_b_[slot] = b;
+  }
+  return drawn_[slot];
 }
 
 namespace {

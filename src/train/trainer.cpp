@@ -155,28 +155,26 @@ Summary Trainer::Impl::run(Observer& observer) {
   const std::uint64_t rows_staged_ahead_at_start = staging.rows_staged_ahead();
   std::size_t first_b = static_cast<std::size_t>(step_number % steps_per_epoch);
   bool stopped = false;
-  // This epoch's sample order, and the next epoch's once its first step is the next step (its
-  // leaves may be staged ahead; moved into `order`, its ids stay where they were).
-  std::vector<std::uint32_t> order, next_order;
-  auto batch_of = [&](const std::vector<std::uint32_t>& o, std::size_t b) {
-    return std::span(o).subspan(b * B, std::min(B, o.size() - b * B));
-  };
+  // This epoch's batches, and the next epoch's once its first step is the next step (its
+  // leaves may be staged ahead; moved into `order`, its ids stay where they were). Text draws
+  // are made a batch at a time: an epoch of a corpus has a window per token.
+  data::EpochBatches order, next_order;
   for (std::size_t epoch = static_cast<std::size_t>(step_number / steps_per_epoch);
        step_number < total_steps && !stopped; ++epoch) {
-    order = next_order.empty() ? sampler.epoch_order(epoch) : std::move(next_order);
-    next_order.clear();
+    order = next_order.empty() ? data::EpochBatches(sampler, epoch, B) : std::move(next_order);
+    next_order = {};
     double epoch_loss = 0, epoch_seconds = 0;
     std::size_t epoch_samples = 0, epoch_loss_samples = 0;  // the latter: applied steps only
     for (std::size_t b = first_b; b < steps_per_epoch && step_number < total_steps; ++b) {
-      const auto ids = batch_of(order, b);
+      const auto ids = order.batch(b);
       plan.number = step_number + 1;
       Staging::Step next;  // the step after this one, if the run goes on
       if (step_number + 1 < total_steps) {
         if (b + 1 < steps_per_epoch) {
-          next = {plan.number + 1, epoch, batch_of(order, b + 1)};
+          next = {plan.number + 1, epoch, order.batch(b + 1)};
         } else {
-          if (next_order.empty()) next_order = sampler.epoch_order(epoch + 1);
-          next = {plan.number + 1, epoch + 1, batch_of(next_order, 0)};
+          if (next_order.empty()) next_order = data::EpochBatches(sampler, epoch + 1, B);
+          next = {plan.number + 1, epoch + 1, next_order.batch(0)};
         }
       }
       const auto t0 = Clock::now();

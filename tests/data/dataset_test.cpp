@@ -11,7 +11,12 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <span>
+#include <utility>
+#include <vector>
 
+#include "../common/proc_status.hpp"
+#include "../common/sanitizers.hpp"
 #include "cohort/core/rng.hpp"
 
 namespace cohort::data {
@@ -56,6 +61,41 @@ TEST(Sampler, DrawsAreKeyedByEpochBatchAndRow) {
     }
   for (std::size_t i = 0; i < kCount; ++i)  // 400 draws each expected; sd 20
     EXPECT_NEAR(seen[i], 400, 100) << "window " << i;
+}
+
+// An epoch's batches: a shuffle's and draws' the slices of epoch_order, the last one shorter;
+// a batch's ids at one address while the next is asked for and after a move; draws made a batch
+// at a time, so that a corpus of 2^31 windows adds nothing like its order's 8 GB.
+TEST(EpochBatches, AreTheEpochOrdersBatchesDrawnOneAtATime) {
+  constexpr std::size_t kCount = 50, kBatch = 12;
+  for (const Sampler& s : {Sampler(kCount, 3), Sampler::draws(kCount, 3, kBatch)}) {
+    const auto whole = s.epoch_order(2);
+    EpochBatches batches(s, 2, kBatch);
+    for (std::size_t b = 0; b * kBatch < kCount; ++b) {
+      const auto ids = batches.batch(b);
+      const auto want = std::span<const std::uint32_t>(whole).subspan(
+          b * kBatch, std::min(kBatch, kCount - b * kBatch));
+      ASSERT_EQ(std::vector<std::uint32_t>(ids.begin(), ids.end()),
+                std::vector<std::uint32_t>(want.begin(), want.end()))
+          << "batch " << b << (s.is_draws() ? " (draws)" : " (shuffle)");
+      const auto next = batches.batch(b + 1);
+      EXPECT_EQ(batches.batch(b).data(), ids.data()) << "batch " << b;
+      EpochBatches moved(std::move(batches));
+      EXPECT_EQ(moved.batch(b).data(), ids.data()) << "batch " << b << ", moved";
+      EXPECT_EQ(moved.batch(b + 1).data(), next.data()) << "batch " << b + 1 << ", moved";
+      batches = std::move(moved);
+    }
+  }
+  if (testing::kAsan) GTEST_SKIP() << "the allocator's memory is the process's too";
+  const std::int64_t anon = testing::status_kb("RssAnon");
+  ASSERT_GT(anon, 0) << "no RssAnon in /proc/self/status";
+  const Sampler corpus = Sampler::draws(std::size_t{1} << 31, 3, 8);
+  EpochBatches batches(corpus, 0, 8);
+  std::vector<std::uint32_t> got;
+  for (std::size_t b = 0; b < 4; ++b)
+    for (const std::uint32_t id : batches.batch(b)) got.push_back(id);
+  EXPECT_EQ(got.size(), 32u);
+  EXPECT_LT(testing::status_kb("RssAnon") - anon, 1024) << "kB of anonymous memory added";
 }
 
 TEST(Sampler, ShuffleIsRoughlyUniform) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/proc_status.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/data/dataset.hpp"
 #include "cohort/data/text.hpp"
@@ -141,13 +142,7 @@ constexpr bool kSanitized = false;
 constexpr bool kSanitized = false;
 #endif
 
-// A field of /proc/self/status in kB.
-std::int64_t status_kb(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1));
-  return -1;
-}
+using testing::status_kb;
 
 TEST(TokenArrays, AreMappedAndTheirCheckLeavesNoneOfThemResident) {
   // Not under a sanitizer, whose allocator and shadow memory are the process's own memory too.

@@ -107,6 +107,10 @@ class Sampler {
     return s;
   }
   std::vector<std::uint32_t> epoch_order(std::uint64_t epoch) const;
+  // draws(): batch b of `epoch` alone, its elements b * batch .. of epoch_order(epoch) (the last
+  // batch possibly shorter), into `out` (resized).
+  void draw_batch(std::uint64_t epoch, std::size_t b, std::vector<std::uint32_t>& out) const;
+  bool is_draws() const { return draw_batch_ != 0; }
   std::size_t count() const { return count_; }
 
  private:
@@ -114,6 +118,27 @@ class Sampler {
   std::uint64_t seed_;
   bool shuffle_;
   std::size_t draw_batch_ = 0;  // draws(): the batch; 0: a shuffle
+};
+
+// One epoch's batches of `batch` samples, in order: a shuffle's whole order, drawn when made; a
+// draws() sampler's batches one at a time, when first asked, never the epoch's whole order (an
+// epoch of a corpus has a window per token: its order would take 4 bytes a token). A batch's span
+// stays valid, at the same address, while the next batch is asked for, and across a move of the
+// object; asking for batch b + 2 reuses batch b's storage.
+class EpochBatches {
+ public:
+  EpochBatches() = default;
+  EpochBatches(const Sampler& sampler, std::uint64_t epoch, std::size_t batch);
+  std::span<const std::uint32_t> batch(std::size_t b);
+  bool empty() const { return sampler_ == nullptr; }
+
+ private:
+  const Sampler* sampler_ = nullptr;
+  std::uint64_t epoch_ = 0;
+  std::size_t batch_ = 0;
+  std::vector<std::uint32_t> order_;  // a shuffle's
+  std::vector<std::uint32_t> drawn_[2];
+  std::size_t drawn_b_[2] = {SIZE_MAX, SIZE_MAX};
 };
 
 // Copies the samples `ids` into a batch: x (n, features) as float, pixel / 255 for `images`,
