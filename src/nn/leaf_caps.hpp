@@ -35,6 +35,12 @@ inline constexpr std::size_t kLeafTokens = 512;
 inline constexpr std::size_t kLanguageModelMinLeaves = 2;
 // The bytes a language model's leaf plan takes per such value: about 20 in bf16 and 30 in f32.
 constexpr double leaf_bytes_per_value(Precision p) { return p == Precision::kBf16 ? 20.0 : 30.0; }
+// Where attention is cohort's kernel (bf16 on AMX or AVX512_BF16), which keeps no attention
+// weights: a bound on a leaf plan's bytes per token x layer x embd value (its rows' activations,
+// the head's chunk and the plan's temporaries; docs/benchmarks.md, "GPT-2's 350M"). Only the
+// check that a run fits this machine's memory reads it; the default leaves keep the estimate
+// above, which is the same on every machine.
+inline constexpr double kKernelLeafBytesPerValue = 64.0;
 // A language model's evaluation runs windows of at most this many tokens at a time: its
 // attention scores alone take heads x block x 10 bytes a token (nanoGPT's full recipe: 15 KB).
 inline constexpr std::size_t kEvalTokens = 2048;

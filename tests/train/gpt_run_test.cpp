@@ -14,6 +14,8 @@
 #include "cohort/checkpoint/checkpoint.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/data/text.hpp"
+#include "cohort/nn/gpt/gpt.hpp"
+#include "cohort/nn/gpt/gpt_attention.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/train/trainer.hpp"
 #include "defaults.hpp"
@@ -193,6 +195,24 @@ TEST(GptRun, DefaultLeavesBoundALeafsActivationsAndTokens) {
   EXPECT_EQ(windows("gpt:16-16-1024-64", nn::Precision::kBf16).cap, 6u);
   EXPECT_EQ(windows("gpt:16-16-1024-64", nn::Precision::kF32).cap, 3u);
   EXPECT_EQ(windows("gpt:48-16-1024-1024", nn::Precision::kBf16).cap, 1u);  // never 0
+}
+
+// The memory check's estimate of a leaf plan: with attention weights (T^2 a head and layer),
+// 20 bytes a value in bf16 and 30 in f32; where this CPU runs attention as cohort's kernel (bf16),
+// which keeps none, 64 bytes a token x layer x embd value. GPT-2's 350M at windows of 1024: 8.5 GB
+// a window with attention weights, 1.6 GB without (it fits a 24 GB machine's half with 2 workers).
+TEST(GptRun, TheLeafPlansEstimateKeepsNoAttentionWeightsWhereTheKernelRuns) {
+  const nn::Model m = nn::Model::parse("gpt:24-16-1024-1024", {}, 65);
+  const double tokens_layers = 1024.0 * 24;
+  const double with_weights = tokens_layers * (1024 + 16 * 1024);
+  EXPECT_EQ(m.kind().leaf_plan_bytes(2, nn::Precision::kF32), 2 * with_weights * 30);
+  const double bf16 = m.kind().leaf_plan_bytes(2, nn::Precision::kBf16);
+  const nn::GptModel gpt = nn::GptModel::parse("gpt:24-16-1024-1024", 65);
+  if (nn::gpt_attention_kernel(gpt, nn::Precision::kBf16)) {
+    EXPECT_EQ(bf16, 2 * tokens_layers * 1024 * 64);
+  } else {
+    EXPECT_EQ(bf16, 2 * with_weights * 20);
+  }
 }
 
 // A model whose one-window leaf plans cannot fit (a window's attention weights grow with

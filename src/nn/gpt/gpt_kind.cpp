@@ -126,8 +126,14 @@ class GptKind final : public ModelKind {
             kLanguageModelMinLeaves};
   }
 
-  // A leaf's windows' activations grow with block^2 (the attention weights).
+  // A leaf's windows' activations grow with block^2 (the attention weights), except where
+  // attention is cohort's kernel on this CPU, which keeps none (two values a row and head).
   double leaf_plan_bytes(std::size_t rows, Precision precision) const override {
+    if (gpt_attention_kernel(model_, precision)) {
+      const GptShape& s = model_.shape();
+      return static_cast<double>(rows) * static_cast<double>(s.block) *
+             static_cast<double>(s.layers) * static_cast<double>(s.embd) * kKernelLeafBytesPerValue;
+    }
     return static_cast<double>(rows) * values_per_window() * leaf_bytes_per_value(precision);
   }
 
