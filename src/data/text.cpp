@@ -36,6 +36,18 @@ void check_window(const Tokens& tokens, const std::string& source, std::size_t b
            std::to_string(tokens.size()) + " tokens");
 }
 
+// Window ids are 32-bit (data::Sampler, assemble_batch): a split holds at most 2^32 tokens, checked
+// before its tokens are read. Only shards can pass it: a token array is one .npy of at most 2^31
+// elements (the reader's limit), input.txt at most 4 GiB.
+void check_split_tokens(std::uint64_t tokens, const std::string& source) {
+  constexpr std::uint64_t kMaxSplitTokens = std::uint64_t{1} << 32;
+  if (tokens > kMaxSplitTokens)
+    refuse(source,
+           "at most " + std::to_string(kMaxSplitTokens) +
+               " tokens in a split (its window ids are 32-bit)",
+           std::to_string(tokens) + " tokens");
+}
+
 // Checks every token of `tokens` (from `source`) against kMaxVocab, in one pass that releases
 // mapped pages as it goes, and raises `largest` to the largest.
 void scan_vocab(const Tokens& tokens, const std::string& source, std::uint32_t& largest) {
@@ -282,15 +294,17 @@ Tokens mapped_array(const std::filesystem::path& path) {
 Tokens mapped_shards(const std::vector<std::filesystem::path>& files, std::size_t block,
                      std::uint32_t& largest) {
   Tokens all;
-  for (const auto& path : files) {
+  std::vector<Tokens> shards;
+  for (const auto& path : files) {  // every header and size first, before any token is read
     const auto m = Tokens::map_file(path);
     const std::span<const std::uint8_t> bytes = Tokens::bytes(*m);
-    Tokens t;
+    Tokens& t = shards.emplace_back();
     t.append(m, bytes.data() + kShardHeaderBytes, shard_tokens(bytes, path.string()), 2);
     check_window(t, path.string(), block);
-    scan_vocab(t, path.string(), largest);
+    check_split_tokens(all.size() + t.size(), path.string());
     all.append(t);
   }
+  for (std::size_t i = 0; i < files.size(); ++i) scan_vocab(shards[i], files[i].string(), largest);
   return all;
 }
 

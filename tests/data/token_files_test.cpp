@@ -59,16 +59,22 @@ std::string shard(const std::vector<std::uint16_t>& tokens, std::int32_t magic =
   return s;
 }
 
-// numpy.save of a 1-d uint16 array.
-std::string npy_u2(const std::vector<std::uint16_t>& tokens) {
-  std::string header = "{'descr': '<u2', 'fortran_order': False, 'shape': (" +
-                       std::to_string(tokens.size()) + ",), }";
+// numpy.save's header of a 1-d uint16 array of `count` tokens.
+std::string npy_u2_header(std::uint64_t count) {
+  std::string header =
+      "{'descr': '<u2', 'fortran_order': False, 'shape': (" + std::to_string(count) + ",), }";
   header.append(63 - (10 + header.size()) % 64, ' ');
   header += '\n';
   std::string s = std::string("\x93NUMPY\x01\x00", 8);
   s += static_cast<char>(header.size() & 0xff);
   s += static_cast<char>(header.size() >> 8);
   s += header;
+  return s;
+}
+
+// numpy.save of a 1-d uint16 array.
+std::string npy_u2(const std::vector<std::uint16_t>& tokens) {
+  std::string s = npy_u2_header(tokens.size());
   s.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
   return s;
 }
@@ -167,6 +173,38 @@ TEST(TokenArrays, AreMappedAndTheirCheckLeavesNoneOfThemResident) {
   // resident at all, is a small part of it.
   EXPECT_LT(status_kb("RssAnon") - anon, 8 * 1024) << "kB of anonymous memory added";
   EXPECT_LT(status_kb("VmRSS") - rss, 24 * 1024) << "kB resident added";
+}
+
+// Window ids are 32-bit, so a split holds at most 2^32 tokens. A token array of 2^32 + 1 (8 GiB of
+// uint16, a sparse file whose pages are never read) is refused by the .npy reader's bound of 2^31
+// elements, naming the file and field; a split of shards (at most 2^31 - 1 tokens each: an int32
+// count) whose sum passes 2^32 is refused naming the shard that passes it and the sum, before any
+// token is scanned.
+TEST(TokenArrays, ASplitPast2To32TokensIsRefusedBeforeItsTokensAreRead) {
+  const Folder f;
+  constexpr std::uint64_t kTokens = (std::uint64_t{1} << 32) + 1;
+  const std::string header = npy_u2_header(kTokens);
+  f.write("train_tokens.npy", header);
+  fs::resize_file(f.path() / "train_tokens.npy", header.size() + kTokens * 2);
+  f.write("val_tokens.npy", npy_u2(std::vector<std::uint16_t>(1000, 7)));
+  const std::string why = refusal(f.path(), 64);
+  EXPECT_NE(why.find("train_tokens.npy: header 'shape' dimension 0: expected a size <= 2147483648, "
+                     "found 4294967297"),
+            std::string::npos)
+      << why;
+
+  const Folder s;
+  const std::uint64_t most = (std::uint64_t{1} << 31) - 1;
+  for (const char* name : {"tok_train_000.bin", "tok_train_001.bin", "tok_train_002.bin"}) {
+    std::string head = shard({}, 20240520, 1, static_cast<std::int64_t>(most));
+    s.write(name, head);
+    fs::resize_file(s.path() / name, head.size() + most * 2);
+  }
+  s.write("tok_val_000.bin", shard(std::vector<std::uint16_t>(1000, 7)));
+  const std::string shards = refusal(s.path(), 64);
+  EXPECT_NE(shards.find("tok_train_002.bin: expected at most 4294967296 tokens"), std::string::npos)
+      << shards;
+  EXPECT_NE(shards.find("found 6442450941 tokens"), std::string::npos) << shards;
 }
 
 }  // namespace token_files_test
