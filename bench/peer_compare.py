@@ -5,7 +5,9 @@ same model and batch, alternating A and B in one run and reporting medians and t
 The machine is shared and noisy, so only ratios measured in the same run mean anything.
 cohort's samples/s counts training steps only (its summary's `samples_per_second`: no data
 loading, no evaluation; the first step, which creates the oneDNN primitives, is included). The
-peer's figure is its `tput` median (20 warm-up steps excluded).
+peer's figure is its `tput` median (20 warm-up steps excluded). --cases bf16 and resnet20 set
+cohort's rate after its first step against the peer's (their targets' ratio) and print the rate
+over the whole run beside it.
 
 Usage: bench/peer_compare.py [--reps 5] [--steps 300] [--cases mlp256,mlp32,scaling,micro,wgrads,cnn,layouts]
        bench/peer_compare.py --cases versions --baseline OLD/cohort   (this build against another)
@@ -145,7 +147,8 @@ def cohort_label(precision):
 def precision_point(title, model, batch, steps, reps, precisions=("f32", "bf16"), show=True):
     """One model and batch: cohort --precision P for each of precisions (2 workers) and the peer
     without and with --bf16 (2 threads), alternating in each round, the same step count for all
-    (cohort's rate includes its first step, the peer's excludes its 20 warm-up steps). Returns
+    (cohort's rate includes its first step, the peer's excludes its 20 warm-up steps; bf16_point
+    also sets cohort's rate after its first step against the peer's). Returns
     side_by_side's medians and per-round rates by label (cohort_label(P), PEER_F32, PEER_BF16) and
     cohort's summaries by label."""
     kept = {cohort_label(p): [] for p in precisions}
@@ -175,6 +178,14 @@ def precision_point(title, model, batch, steps, reps, precisions=("f32", "bf16")
     return med, rates, kept
 
 
+def steady_rates(summaries):
+    """cohort's samples/s after its first step in each summary (its batch over the mean step
+    after the first, the roofline's step_seconds); empty unless every summary has one."""
+    out = [s["batch"] / s["roofline"]["step_seconds"] for s in summaries
+           if (s.get("roofline") or {}).get("step_seconds")]
+    return out if len(out) == len(summaries) else []
+
+
 def roofline_fractions(summaries):
     """The summaries' roofline fractions (floor / measured step), those that have one."""
     return [s["roofline"]["fraction"] for s in summaries if s.get("roofline")]
@@ -187,17 +198,32 @@ def bf16_point(title, model, batch, steps, reps, targets):
     F, B, TF, TB = cohort_label("f32"), cohort_label("bf16"), PEER_F32, PEER_BF16
     med, rates, kept = precision_point(f"bf16, {title}", model, batch, steps, reps)
     rows = []
-    ratios = (("cohort bf16 / cohort f32", med[B] / med[F], "bf16/f32"),
-              ("cohort bf16 / torch's best", med[B] / max(med[TF], med[TB]), "vs torch"),
-              ("torch bf16 / torch f32", med[TB] / med[TF], None))
+    # Against PyTorch, cohort's rate after its first step: the peer's leaves out its warm-up
+    # steps, and cohort's first step builds the plans (a 20-step resnet20 run's first step was a
+    # quarter of its time). The rate over the whole run is printed beside it.
+    steady = steady_rates(kept[B])
+    best_torch = max(med[TF], med[TB])
+    ratios = [("cohort bf16 / cohort f32", med[B] / med[F], "bf16/f32"),
+              ("cohort bf16 over the run (its first step included) / torch's best",
+               med[B] / best_torch, None)]
+    if steady:
+        ratios.append(("cohort bf16 after its first step / torch's best",
+                       statistics.median(steady) / best_torch, "vs torch"))
+    ratios.append(("torch bf16 / torch f32", med[TB] / med[TF], None))
     print()
+    if steady:
+        print(f"- cohort bf16 after its first step: {statistics.median(steady):,.0f} samples/s "
+              f"({', '.join(f'{x:,.0f}' for x in steady)})")
     for what, r, key in ratios:
         target = targets.get(key)
         print(f"- {what}: **{r:.2f}x**" + (f" ({verdict(r, target)})" if target else ""))
         if target:
             rows.append((title, what, f"{r:.2f}x", f"≥ {target}x", r >= target))
     paired(rates, B, [F], "cohort bf16 / cohort f32")
-    paired(rates, B, [TF, TB], "cohort bf16 / the round's best torch")
+    paired(rates, B, [TF, TB], "cohort bf16 over the run / the round's best torch")
+    if steady:
+        paired(dict(rates, steady=steady), "steady", [TF, TB],
+               "cohort bf16 after its first step / the round's best torch")
     paired(rates, TB, [TF], "torch bf16 / torch f32")
     for label in (F, B):
         fr = roofline_fractions(kept[label])
@@ -419,11 +445,12 @@ def main():
 
     if "bf16" in cases:
         # Targets: bf16 / f32 >= 1.6 (MLP b256) and 1.5 (cnn); bf16 / PyTorch's best of f32 and
-        # bf16 >= 1.25 (MLP b256) and 2.5 (MLP b32); roofline fraction >= 0.8 at batch 256.
+        # bf16 >= 2 (MLP b256, issue #51) and 2.5 (MLP b32); roofline fraction >= 0.75 for the
+        # MLP at batch 256 (#51) and 0.8 for cnn.
         rows = []
         for title, model, batch, steps, targets in (
                 ("MLP batch 256", "mlp", 256, a.bf16_mlp_steps,
-                 {"bf16/f32": 1.6, "vs torch": 1.25, "roofline": 0.8}),
+                 {"bf16/f32": 1.6, "vs torch": 2.0, "roofline": 0.75}),
                 ("cnn, batch 256", "cnn", 256, a.bf16_cnn_steps, {"bf16/f32": 1.5, "roofline": 0.8}),
                 ("MLP batch 32", "mlp", 32, a.bf16_mlp32_steps, {"vs torch": 2.5})):
             rows += bf16_point(title, model, batch, steps, a.reps, targets)
@@ -435,10 +462,10 @@ def main():
         print(f"\n{sum(r[-1] for r in rows)} of {len(rows)} targets met")
 
     if "resnet20" in cases:
-        # Target (#14): resnet20 at batch 256, 2 workers: cohort >= 1.5x PyTorch's best of f32 and
-        # bf16 (2 threads). cohort's micro-batch is the bn default (64).
+        # Target (#51): resnet20 at batch 256, 2 workers: cohort bf16 >= 2x PyTorch's best of f32
+        # and bf16 (2 threads). cohort's micro-batch is the bn default (64).
         rows = bf16_point("resnet20, batch 256", "resnet20", 256, a.resnet20_steps, a.reps,
-                          {"vs torch": 1.5})
+                          {"vs torch": 2.0})
         for title, what, value, target, ok in rows:
             print(f"| {title} | {what} | {value} | {target} | {'met' if ok else 'not met'} |")
 

@@ -43,8 +43,8 @@ struct Exec {
 // In a bf16 Net the input, parameters and activations are bf16; gradients (grads), the logits
 // and their gradient are f32.
 struct Plan {
-  std::vector<AlignedBuffer<float>> buffers;  // activations, gradients, reordered weights, masks
-  AlignedBuffer<std::uint8_t> scratchpad;     // shared by all primitives: they run in sequence
+  ArrayArena arrays;                       // activations, gradients, reordered weights, masks
+  AlignedBuffer<std::uint8_t> scratchpad;  // shared by all primitives: they run in sequence
   // Of the buffers' bytes: the logits and their gradient's copies (a language model's builder
   // counts them; nn::PlanMemory).
   std::size_t logits_bytes = 0;
@@ -76,11 +76,7 @@ struct Plan {
     std::vector<Exec> forward, backward;
   };
   std::vector<HeadChunk> head_chunks;
-  PlanMemory memory() const {
-    std::size_t total = scratchpad.size();
-    for (const auto& b : buffers) total += b.size() * sizeof(float);
-    return {total, logits_bytes, 0};
-  }
+  PlanMemory memory() const { return {scratchpad.size() + arrays.bytes(), logits_bytes, 0}; }
 };
 
 // Points the plan's parameter and gradient views at the caller's arrays, where they moved:

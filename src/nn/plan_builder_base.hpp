@@ -40,8 +40,7 @@ class PlanBuilderBase {
   }
   // A buffer of `bytes` the plan owns.
   float* buffer(std::size_t bytes) {
-    p_.buffers.emplace_back((bytes + sizeof(float) - 1) / sizeof(float));
-    return p_.buffers.back().data();
+    return p_.arrays.allocate_array<float>((bytes + sizeof(float) - 1) / sizeof(float));
   }
   memory new_memory(const memory::desc& md) { return memory(md, eng_, buffer(md.get_size())); }
   void add(std::vector<Exec>& list, dnnl::primitive prim, const memory::desc& scratch,

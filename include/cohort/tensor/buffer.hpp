@@ -11,6 +11,8 @@
 #include <new>
 #include <span>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace cohort {
 
@@ -71,6 +73,45 @@ class AlignedBuffer {
   }
   std::unique_ptr<T, Free> data_;
   std::size_t size_ = 0;
+};
+
+// Zeroed arrays carved in order out of reserved address space on transparent huge pages, for the
+// many mid-sized arrays that one owner creates together and frees together (a plan's activations,
+// gradients and masks). A fresh anonymous page is zero and takes memory only once touched, so
+// nothing is written up front; where each of those arrays was its own allocation, touching them
+// faulted in 4 KiB pages one at a time (docs/decisions.md, "A plan's arrays on huge pages"). An
+// array starts on a cache line, or on a 2 MiB boundary from kHugePageArrayBytes on, as
+// AlignedBuffer places it; its address never moves. Not thread-safe.
+class ArrayArena {
+ public:
+  ArrayArena() = default;
+  ArrayArena(ArrayArena&& o) noexcept { *this = std::move(o); }
+  ArrayArena& operator=(ArrayArena&& o) noexcept;
+  ArrayArena(const ArrayArena&) = delete;
+  ArrayArena& operator=(const ArrayArena&) = delete;
+  ~ArrayArena() { release(); }
+
+  // `bytes` zeroed bytes (0: a valid, unique, empty array), aligned as above.
+  void* allocate(std::size_t bytes);
+  template <typename T>
+  T* allocate_array(std::size_t n) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    if (n > SIZE_MAX / sizeof(T)) throw std::bad_array_new_length();
+    return static_cast<T*>(allocate(n * sizeof(T)));
+  }
+  // The arrays' bytes, as asked (what the owner's memory accounts count).
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  struct Region {
+    void* map = nullptr;  // the whole mapping, given back with munmap
+    std::size_t map_bytes = 0;
+  };
+  void release() noexcept;
+  void reserve(std::size_t at_least);
+  std::vector<Region> regions_;
+  std::uintptr_t next_ = 0, end_ = 0;  // the current region's unused part
+  std::size_t bytes_ = 0, reserved_ = 0;
 };
 
 }  // namespace cohort
