@@ -18,6 +18,7 @@
 #include "../common/proc_status.hpp"
 #include "../common/sanitizers.hpp"
 #include "cohort/core/rng.hpp"
+#include "pixels.hpp"
 
 namespace cohort::data {
 namespace dataset_test {
@@ -131,6 +132,28 @@ TEST(AssembleBatch, Bf16PixelTimesInverseRoundsAsPixelOver255ForEveryByte) {
     const float v = static_cast<float>(p);
     EXPECT_EQ(to_bf16(v * (1.0f / 255.0f)).bits, to_bf16(v / 255.0f).bits) << "pixel " << p;
   }
+}
+
+// Each loop this CPU runs (the plain one everywhere, AVX512_BF16's 16 lanes where it has them)
+// gives to_bf16(pixel / 255) for every byte value, at every length around a vector's 16 and at
+// an offset that is not a vector's.
+TEST(AssembleBatch, PixelsToBf16IsPixelOver255RoundedOnEveryLoopThisCpuRuns) {
+  std::vector<std::uint8_t> src(256 + 3);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::uint8_t>((i * 7) % 256);
+  std::vector<bool> loops{false};
+  if (detail::pixels_in_lanes16()) loops.push_back(true);
+  std::printf("loops: plain%s\n", loops.size() > 1 ? ", 16 lanes" : " (no AVX512_BF16 here)");
+  for (const bool lanes16 : loops)
+    for (const std::size_t first : {std::size_t{0}, std::size_t{3}})
+      for (std::size_t n = 0; n + first <= src.size(); n += (n < 40 ? 1 : 37)) {
+        std::vector<bf16> dst(n + 1, bf16{0x7777});
+        detail::pixels_to_bf16(src.data() + first, dst.data(), n, lanes16);
+        for (std::size_t i = 0; i < n; ++i)
+          ASSERT_EQ(dst[i].bits, to_bf16(static_cast<float>(src[first + i]) / 255.0f).bits)
+              << (lanes16 ? "16 lanes" : "plain") << ", n " << n << ", offset " << first
+              << ", element " << i;
+        EXPECT_EQ(dst[n].bits, 0x7777) << "written past n " << n;
+      }
 }
 
 // Every byte value in a few rows, gathered in a shuffled order, and float features of every
