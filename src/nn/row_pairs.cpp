@@ -148,12 +148,6 @@ bool weight_grad_pairs(const bf16* x, const bf16* dy_pairs, std::int64_t rows, s
   return true;
 }
 
-RootGemm root_bf16_gemm() {
-  static const RootGemm choice =
-      choose_root_gemm(onednn_isa().find("amx") != std::string::npos, row_pair_kernel());
-  return choice;
-}
-
 void to_row_pairs(const bf16* dy, std::int64_t rows, std::int64_t out, bf16* pairs) {
   for (std::int64_t r = 0; r < rows; r += 2) {
     const bf16* r0 = dy + r * out;

@@ -355,7 +355,9 @@ TEST(RootGemm, TheTableOfWhatTheCpuRuns) {
               row_pair_kernel() ? "runs" : "does not run",
               std::string(name_of(kRootGemmNames, root_bf16_gemm())).c_str());
   EXPECT_EQ(root_bf16_gemm(), choose_root_gemm(amx, row_pair_kernel()));
-  if (amx) EXPECT_EQ(root_bf16_gemm(), RootGemm::kOneDnn) << "AMX: oneDNN's tiles";
+  if (amx) {
+    EXPECT_EQ(root_bf16_gemm(), RootGemm::kOneDnn) << "AMX: oneDNN's tiles";
+  }
 }
 
 }  // namespace
