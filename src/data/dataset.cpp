@@ -287,10 +287,10 @@ constexpr float kInv255 = 1.0f / 255.0f;
 
 #ifdef COHORT_X86_DISPATCH
 COHORT_TARGET_AVX512_BF16_BEGIN
+namespace avx512_bf16 {  // the namespace tests/build/check_baseline_isa.py lets past x86-64-v3
 // VCVTNEPS2BF16 rounds to nearest even, as to_bf16 does; a pixel times 1/255 is 0 or a normal
 // float (never a NaN or a subnormal, which the two treat apart), so the bits are the same.
-void pixels_to_bf16_lanes16(const std::uint8_t* __restrict src, bf16* __restrict dst,
-                            std::size_t n) {
+void pixels_to_bf16(const std::uint8_t* __restrict src, bf16* __restrict dst, std::size_t n) {
   const __m512 scale = _mm512_set1_ps(kInv255);
   for (std::size_t i = 0; i < n; i += 16) {
     const auto m = static_cast<__mmask16>(n - i >= 16 ? 0xffffu : (1u << (n - i)) - 1);
@@ -301,6 +301,7 @@ void pixels_to_bf16_lanes16(const std::uint8_t* __restrict src, bf16* __restrict
     _mm256_mask_storeu_epi16(dst + i, m, reinterpret_cast<__m256i>(h));
   }
 }
+}  // namespace avx512_bf16
 COHORT_TARGET_END
 #endif
 }  // namespace
@@ -316,7 +317,7 @@ bool pixels_in_lanes16() {
 void pixels_to_bf16(const std::uint8_t* __restrict src, bf16* __restrict dst, std::size_t n,
                     bool lanes16) {
 #ifdef COHORT_X86_DISPATCH
-  if (lanes16) return pixels_to_bf16_lanes16(src, dst, n);
+  if (lanes16) return avx512_bf16::pixels_to_bf16(src, dst, n);
 #else
   (void)lanes16;
 #endif
