@@ -143,9 +143,15 @@ TEST(AssembleBatch, PixelsToBf16IsPixelOver255RoundedOnEveryLoopThisCpuRuns) {
   std::vector<bool> loops{false};
   if (detail::pixels_in_lanes16()) loops.push_back(true);
   std::printf("loops: plain%s\n", loops.size() > 1 ? ", 16 lanes" : " (no AVX512_BF16 here)");
+  // Lengths 0 to 40, then some longer, then all of src from `first` (every byte value).
+  constexpr std::size_t kAll = SIZE_MAX;
+  std::vector<std::size_t> lengths(41);
+  std::iota(lengths.begin(), lengths.end(), std::size_t{0});
+  lengths.insert(lengths.end(), {77, 128, 200, kAll});
   for (const bool lanes16 : loops)
     for (const std::size_t first : {std::size_t{0}, std::size_t{3}})
-      for (std::size_t n = 0; n + first <= src.size(); n += (n < 40 ? 1 : 37)) {
+      for (const std::size_t length : lengths) {
+        const std::size_t n = length == kAll ? src.size() - first : length;
         std::vector<bf16> dst(n + 1, bf16{0x7777});
         detail::pixels_to_bf16(src.data() + first, dst.data(), n, lanes16);
         for (std::size_t i = 0; i < n; ++i)
