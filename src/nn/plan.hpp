@@ -45,7 +45,7 @@ struct Exec {
 struct Plan {
   ArrayArena arrays;                       // activations, gradients, reordered weights, masks
   AlignedBuffer<std::uint8_t> scratchpad;  // shared by all primitives: they run in sequence
-  // Of the buffers' bytes: the logits and their gradient's copies (a language model's builder
+  // Of the arrays' bytes: the logits and their gradient's copies (a language model's builder
   // counts them; nn::PlanMemory).
   std::size_t logits_bytes = 0;
   std::vector<Exec> forward, backward;
