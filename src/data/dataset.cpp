@@ -346,8 +346,7 @@ void convert_row(const Dataset& set, std::size_t offset, bf16* __restrict dst) {
     to_bf16(set.float_features.data() + offset, dst, f);
     return;
   }
-  static const bool lanes16 = detail::pixels_in_lanes16();
-  detail::pixels_to_bf16(set.images.data() + offset, dst, f, lanes16);
+  detail::pixels_to_bf16(set.images.data() + offset, dst, f, detail::pixels_in_lanes16());
 }
 
 template <class T>

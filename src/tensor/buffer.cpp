@@ -25,14 +25,20 @@
 namespace cohort {
 namespace {
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
-}  // namespace
-}  // namespace cohort
+// A region reserves at least this much address space (doubling with each region after, up to
+// kMaxRegion), so a plan takes a few mappings, not one an array. Address space only: the pages
+// take memory when touched.
+constexpr std::size_t kFirstRegion = std::size_t{32} << 20;
+constexpr std::size_t kMaxRegion = std::size_t{1} << 30;
 
-namespace cohort::detail {
+std::uintptr_t round_up(std::uintptr_t v, std::size_t to) { return (v + to - 1) / to * to; }
+}  // namespace
+
+namespace detail {
 
 void* allocate_bytes(std::size_t bytes) {
   if (bytes < kHugePageArrayBytes) return ::operator new[](bytes, std::align_val_t{kCacheLine});
-  const std::size_t whole = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  const std::size_t whole = round_up(bytes, kHugePage);
   void* p = std::aligned_alloc(kHugePage, whole);
   if (p == nullptr) throw std::bad_alloc();
   // Advice only: a kernel without transparent huge pages keeps 4 KiB pages.
@@ -48,19 +54,7 @@ void free_bytes(void* p, std::size_t bytes) noexcept {
     std::free(p);
 }
 
-}  // namespace cohort::detail
-
-namespace cohort {
-
-namespace {
-// A region reserves at least this much address space (doubling with each region after, up to
-// kMaxRegion), so a plan takes a few mappings, not one an array. Address space only: the pages
-// take memory when touched.
-constexpr std::size_t kFirstRegion = std::size_t{32} << 20;
-constexpr std::size_t kMaxRegion = std::size_t{1} << 30;
-
-std::uintptr_t round_up(std::uintptr_t v, std::size_t to) { return (v + to - 1) / to * to; }
-}  // namespace
+}  // namespace detail
 
 ArrayArena& ArrayArena::operator=(ArrayArena&& o) noexcept {
   if (this == &o) return *this;
