@@ -31,19 +31,15 @@ namespace {
 namespace fs = std::filesystem;
 
 json to_json(const train::TimeBreakdown& t) {
-  return {{"step", t.step},
-          {"compute", t.compute},
-          {"matmul", t.matmul},
-          {"eltwise", t.eltwise},
-          {"loss", t.loss},
-          {"other", t.other},
-          {"data", t.data},
-          {"reduce", t.reduce},
-          {"reduce_critical", t.reduce_critical},
-          {"optimizer", t.optimizer},
-          {"weight_grad", t.weight_grad},
-          {"idle", t.idle},
-          {"exchange", t.exchange}};
+  return {
+      {"step", t.step},           {"compute", t.compute},
+      {"matmul", t.matmul},       {"attention", t.attention},
+      {"eltwise", t.eltwise},     {"loss", t.loss},
+      {"other", t.other},         {"data", t.data},
+      {"reduce", t.reduce},       {"reduce_critical", t.reduce_critical},
+      {"optimizer", t.optimizer}, {"weight_grad", t.weight_grad},
+      {"idle", t.idle},           {"exchange", t.exchange},
+  };
 }
 
 // A float as the shortest decimal that reads back as it (0.05f as 0.05, not as the double

@@ -276,6 +276,7 @@ void print_summary(std::ostream& out, const train::Summary& s) {
   row("compute", t.compute, capacity);
   row("  matmul, conv (oneDNN)", t.matmul, capacity);
   if (t.weight_grad > 0) row("    of which root weight GEMMs", t.weight_grad, capacity);
+  if (t.attention > 0) row("  attention (fused kernel)", t.attention, capacity);
   row("  relu, gelu, softmax", t.eltwise, capacity);
   row("  softmax cross-entropy", t.loss, capacity);
   row("  norms, pooling, the rest", t.other, capacity);

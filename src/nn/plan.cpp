@@ -35,9 +35,10 @@ void run_steps(std::vector<Exec>& steps, dnnl::stream& stream, PhaseTimes& times
       }
     }
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    (e.phase == Phase::kMatmul    ? times.matmul
-     : e.phase == Phase::kEltwise ? times.eltwise
-                                  : times.other) += dt;
+    (e.phase == Phase::kMatmul      ? times.matmul
+     : e.phase == Phase::kAttention ? times.attention
+     : e.phase == Phase::kEltwise   ? times.eltwise
+                                    : times.other) += dt;
   }
   stream.wait();
 }

@@ -20,7 +20,7 @@
 
 namespace cohort::nn::detail {
 
-enum class Phase { kMatmul, kEltwise, kOther };
+enum class Phase { kMatmul, kAttention, kEltwise, kOther };
 
 // A memory object bound to a caller-owned array at a fixed element offset; rebound when the
 // caller's base pointer changes.

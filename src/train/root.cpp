@@ -227,6 +227,7 @@ void Root::apply_summed(const optim::StepScalars& scalars, reduce::Executor& exe
     for (std::size_t b = begin; b < end; b += kBlock)
       apply(scalars, b, stats_[c].grad + (b - begin), std::min(kBlock, end - b));
     if (tracer_) tracer_->root_span("optimizer", c, t0);
+    stats_[c].apply_seconds = seconds_since(t0);
   });
 }
 

@@ -152,7 +152,7 @@ StepOutcome Trainer::Impl::step(const Staging::Step& current, const Staging::Ste
     exchange->abort();
     rethrow_at_step(plan.number);
   }
-  time.add_root(root.stats());
+  time.add_root(root.stats(), root.mode() == Root::Mode::kFused);
   for (std::size_t leaf = 0; leaf < plan.leaves; ++leaf) out.loss += leaf_loss[leaf];
   out.loss /= static_cast<double>(rows);  // in leaf order
   if (std::string reason = non_finite_reason(); !reason.empty()) {
@@ -190,7 +190,7 @@ double Trainer::Impl::apply_second_phase(float lr, float inv_rows) {
   root.apply_summed(optimizer.scalars(lr, static_cast<float>(inv_rows * clip), updates_done + 1),
                     graph.executor(), owned.begin, owned.end);
   exchange->share_weights();
-  time.add_second_phase(seconds_since(t0));
+  time.add_second_phase(root.stats(), seconds_since(t0));
   return norm;
 }
 

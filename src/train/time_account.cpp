@@ -7,13 +7,13 @@
 
 namespace cohort::train {
 
-void TimeAccount::add_root(std::span<const ChunkStats> chunks) {
+void TimeAccount::add_root(std::span<const ChunkStats> chunks, bool fused) {
   TimePoint first = TimePoint::max(), last = TimePoint::min();
   for (const ChunkStats& c : chunks) {
     if (c.begin == TimePoint{}) continue;  // not run (an abandoned chunk)
     const double seconds = std::chrono::duration<double>(c.end - c.begin).count();
     // The root's GEMMs are compute (matmul), not reduction.
-    total_.optimizer += seconds - c.gemm_seconds;
+    if (fused) total_.optimizer += seconds - c.gemm_seconds;
     total_.weight_grad += c.gemm_seconds;
     total_.matmul += c.gemm_seconds;
     total_.compute += c.gemm_seconds;
@@ -29,14 +29,19 @@ void TimeAccount::add_root(std::span<const ChunkStats> chunks) {
   if (first < last) total_.reduce_critical += std::chrono::duration<double>(last - first).count();
 }
 
-void TimeAccount::add_second_phase(double seconds) {
-  total_.optimizer += seconds;
-  total_.reduce_critical += seconds;
+void TimeAccount::add_second_phase(std::span<const ChunkStats> chunks, double wall) {
+  for (const ChunkStats& c : chunks) {
+    total_.optimizer += c.apply_seconds;
+    total_.reduce += c.apply_seconds;
+    busy_ += c.apply_seconds;
+  }
+  total_.reduce_critical += wall;
 }
 
 void TimeAccount::add_replica(ReplicaClock& clock, nn::Net& net) {
   const nn::PhaseTimes& t = net.times();
   total_.matmul += t.matmul;
+  total_.attention += t.attention;
   total_.eltwise += t.eltwise;
   total_.loss += t.loss;
   total_.other += t.other;

@@ -28,13 +28,16 @@ struct ReplicaClock {
 
 class TimeAccount {
  public:
-  // The root's chunks of this step: their optimizer and GEMM seconds; chunks run outside a
-  // replica's reducer call (stolen by an idle thread, or on the parameter server's thread) are
-  // reduce work of no replica, counted as busy time of their own. The root's critical path is
-  // the wall time from its first chunk's start to its last chunk's end.
-  void add_root(std::span<const ChunkStats> chunks);
-  // The second phase of the two-phase root (optimizer over every chunk), wall seconds.
-  void add_second_phase(double seconds);
+  // The root's chunks of this step: their GEMM seconds, and with `fused` (the chunks applied the
+  // optimizer as they summed) the rest as the optimizer's; a two-phase root's chunks only sum.
+  // Chunks run outside a replica's reducer call (stolen by an idle thread, or on the parameter
+  // server's thread) are reduce work of no replica, counted as busy time of their own. The
+  // root's critical path is the wall time from its first chunk's start to its last chunk's end.
+  void add_root(std::span<const ChunkStats> chunks, bool fused);
+  // The second phase of the two-phase root: each chunk's optimizer seconds (apply_seconds) are
+  // reduce work and busy time, as a fused chunk's; `wall` seconds (the phase, with a sharded
+  // root's sending of its weights) join the critical path.
+  void add_second_phase(std::span<const ChunkStats> chunks, double wall);
   void add_exchange(double seconds) { total_.exchange += seconds; }
   // Collects and clears one replica's accounts of the step (its clock and its Net's times).
   void add_replica(ReplicaClock& clock, nn::Net& net);

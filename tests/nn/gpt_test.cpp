@@ -19,6 +19,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/rng.hpp"
 #include "cohort/nn/gpt/gpt.hpp"
+#include "cohort/nn/gpt/gpt_attention.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/tensor/bf16.hpp"
 #include "cohort/tensor/buffer.hpp"
@@ -428,6 +429,39 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(std::get<0>(p.param).name) + attention_name(std::get<1>(p.param)) +
              (matmul ? "_MatmulBackward" : "_InnerProductBackward");
     });
+
+// Where a bf16 plan's attention runs: cohort's kernel is timed as attention (its products and
+// softmax in one pass, PhaseTimes::attention); on oneDNN's matmuls the products are matmul and the
+// softmax eltwise, and nothing is attention. Heads of 32 and windows of 32, which the kernel takes
+// where the CPU has an engine for it.
+TEST(GptTimes, AttentionOnCohortsKernelIsTimedAsAttentionElseAsMatmulAndSoftmax) {
+  if (bf16_support() == Bf16Support::kNone)
+    GTEST_SKIP() << "oneDNN has no bf16 kernels here (" << onednn_isa() << ")";
+  const GptModel m = GptModel::parse("gpt:1-2-64-32", 7);
+  const auto w = windows_for(m, 2, kSeed);
+  const std::vector<double> p = params_for(m, kSeed);
+  std::vector<bf16> pb(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) pb[i] = to_bf16(static_cast<float>(p[i]));
+  AlignedBuffer<float> grad(p.size());
+  const bool kernel = gpt_attention_kernel(m, Precision::kBf16).has_value();
+  for (const GptPaths::Attention a :
+       {GptPaths::Attention::kKernel, GptPaths::Attention::kRowBlocks}) {
+    GptNet net(m, Precision::kBf16, GptPaths{a});
+    net.forward_backward(pb.data(), w.data(), 2, grad.data(), kKey);
+    const PhaseTimes& t = net.times();
+    const bool on_kernel = a == GptPaths::Attention::kKernel && kernel;
+    std::cout << "  " << (on_kernel ? "kernel" : "row blocks") << ": attention " << t.attention
+              << " s, eltwise " << t.eltwise << " s, matmul " << t.matmul << " s\n";
+    if (on_kernel) {
+      EXPECT_GT(t.attention, 0);
+    } else {
+      EXPECT_EQ(t.attention, 0);
+      EXPECT_GT(t.eltwise, 0);  // the softmax and the GELU
+    }
+    EXPECT_GT(t.matmul, 0);
+    EXPECT_DOUBLE_EQ(t.total(), t.matmul + t.attention + t.eltwise + t.loss + t.other);
+  }
+}
 
 // The head in chunks of rows (GptPaths::head_rows; the plans' own choice splits a vocabulary
 // past 16 MB of logits, GPT-2's at 83 positions): a chunk's logits, loss and head backward in

@@ -25,12 +25,14 @@ inline constexpr Named<Precision> kPrecisionNames[] = {{Precision::kF32, "f32"},
 
 // Seconds spent, accumulated over calls, by kind of work.
 struct PhaseTimes {
-  double matmul = 0;   // inner products and convolutions: forward, backward-data, -weights
-  double eltwise = 0;  // ReLU (and residual adds), GELU, attention's softmax; attention as
-                       // cohort's kernel (nn/gpt/gpt_attention.hpp), its products included
-  double loss = 0;     // softmax cross-entropy
-  double other = 0;    // bn, LayerNorm, pooling, dropout, reorders, cohort's own loops
-  double total() const { return matmul + eltwise + loss + other; }
+  double matmul = 0;     // inner products and convolutions: forward, backward-data, -weights
+  double attention = 0;  // attention as cohort's kernel (nn/gpt/gpt_attention.hpp): its six
+                         // products and the softmax between them, one pass
+  double eltwise = 0;    // ReLU (and residual adds), GELU, attention's softmax where oneDNN's
+                         // matmuls compute its products
+  double loss = 0;       // softmax cross-entropy
+  double other = 0;      // bn, LayerNorm, pooling, dropout, reorders, cohort's own loops
+  double total() const { return matmul + attention + eltwise + loss + other; }
 };
 
 // Batch weight gradients (nn/batch_grad.hpp): where one leaf's rows of a linear layer go, instead

@@ -39,6 +39,7 @@ struct alignas(kCacheLine) ChunkStats {
   std::size_t first_bad = 0;         // first non-finite element of the summed gradient, or n (none)
   double sum_squares = 0;            // two-phase: of the chunk's summed gradient
   const float* grad = nullptr;       // two-phase: the chunk's summed gradient (offset to its begin)
+  double apply_seconds = 0;          // two-phase: the second phase's optimizer over the chunk
   bool inside_reducer_call = false;  // ran inside a replica's contribute/finish (see ReducerCall)
 };
 

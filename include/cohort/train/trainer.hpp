@@ -158,18 +158,21 @@ void check_resume(const TrainConfig& config, const nn::Model& model, const data:
 // compare with workers x step; `reduce_critical` and `step` are wall time.
 struct TimeBreakdown {
   double step = 0;             // wall time of the training steps: the samples/s denominator
-  double compute = 0;          // forward + loss + backward (the four below), over replicas
+  double compute = 0;          // forward + loss + backward (the five below), over replicas
   double matmul = 0;           // oneDNN inner products and convolutions
+  double attention = 0;        // attention as cohort's kernel, products and softmax
+                               // (nn::PhaseTimes::attention)
   double eltwise = 0;          // ReLU, GELU, the causal softmax (nn::PhaseTimes::eltwise)
   double loss = 0;             // softmax cross-entropy
   double other = 0;            // pooling, dropout, layout reorders
   double data = 0;             // batch assembly (in the replicas)
   double reduce = 0;           // reducer work: contribute/finish calls (combines, the fused
                                // root) and root chunks run outside them (stolen, or on the
-                               // parameter server's thread)
+                               // parameter server's thread); the two-phase root's second phase
   double reduce_critical = 0;  // wall time from the root's first chunk's start to its last's
                                // end, plus the two-phase root's second phase
-  double optimizer = 0;        // the optimizer sweep alone, summed over chunks
+  double optimizer = 0;        // the optimizer sweep alone, summed over chunks (fused with the
+                               // sum, or the two-phase root's second phase: its sum is not)
   double weight_grad = 0;      // batch weight gradients: the root's GEMMs, summed over chunks
                                // (also counted in matmul and compute, not in reduce)
   double idle = 0;             // workers x step - (compute + data + reduce): waiting, scheduling

@@ -90,7 +90,7 @@ void GptPlanBuilder::attention(BlockSaved& b, std::int64_t l) {
     const AttentionEngine engine = *kernel;
     custom(
         p_.forward, [=] { attention_kernel_forward(engine, qkv, pm, stats, y, shape, scale); },
-        Phase::kEltwise);
+        Phase::kAttention);
     return;
   }
   // P (f32) and the weights the values are averaged with, P dropped out and in the activations'
@@ -261,7 +261,7 @@ void GptPlanBuilder::block_backward(std::int64_t l, const BlockSaved& b, const m
     custom(
         p_.backward,
         [=] { attention_kernel_backward(engine, qkv, stats, pm, dys, out, shape, scale); },
-        Phase::kEltwise);
+        Phase::kAttention);
   } else {
     attention_backward(b, dy, dqkv, pm);
   }
