@@ -16,6 +16,7 @@
 
 #include "agreement.hpp"
 #include "cohort/core/atomic_file.hpp"
+#include "cohort/core/cpu.hpp"
 #include "cohort/core/error.hpp"
 #include "cohort/dist/comm.hpp"
 #include "commands.hpp"
@@ -179,6 +180,7 @@ Loaders disk_loaders() {
 int run(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
   std::unique_ptr<dist::Comm> world;
   try {
+    (void)cpu_features();                   // COHORT_MAX_CPU_ISA is checked before anything else
     world = dist::world(nullptr, nullptr);  // MPI takes no flags of ours
   } catch (const InputError& e) {
     err << "cohort: error: " << e.what() << "\n";

@@ -1,11 +1,17 @@
 // cpu_features(): cpuid leaves 1 and 7 (subleaves 0 and 1) and XCR0, the register state the OS
 // saves: an ISA whose registers the OS does not save (AVX-512's zmm and masks, AMX's tiles) is
-// reported absent even where cpuid lists it.
+// reported absent even where cpuid lists it; then COHORT_MAX_CPU_ISA's cap.
 #include "cohort/core/cpu.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+#include "cohort/core/error.hpp"
 
 namespace cohort {
 
@@ -46,10 +52,31 @@ CpuFeatures detect() {
   return f;
 }
 
+// f with what COHORT_MAX_CPU_ISA leaves out removed (cpu.hpp).
+CpuFeatures capped(CpuFeatures f) {
+  const char* value = std::getenv("COHORT_MAX_CPU_ISA");
+  if (value == nullptr) return f;
+  std::string cap = value;
+  std::transform(cap.begin(), cap.end(), cap.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (cap == "all" || cap == "amx") return f;
+  if (cap != "avx512_bf16" && cap != "avx512" && cap != "avx2")
+    throw InputError(
+        "environment variable COHORT_MAX_CPU_ISA: expected avx2, avx512, avx512_bf16, "
+        "amx or all, found \"" +
+        std::string(value) + "\"");
+  f.amx_bf16 = false;
+  if (cap == "avx512_bf16") return f;
+  f.avx512_bf16 = false;
+  if (cap == "avx512") return f;
+  f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = false;
+  return f;
+}
+
 }  // namespace
 
 const CpuFeatures& cpu_features() {
-  static const CpuFeatures features = detect();
+  static const CpuFeatures features = capped(detect());
   return features;
 }
 

@@ -126,6 +126,39 @@ void expect_stop_saves(const fs::path& dir, int sig, int code) {
   EXPECT_EQ(e.code, 0) << e.err;
 }
 
+// The binary run through the shell with `env` before it (VAR=value ...): its exit code and its
+// standard output and error together.
+std::pair<int, std::string> run_with_env(const std::string& env, const std::string& args) {
+  const std::string command = env + " " + COHORT_BINARY + " " + args + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return {-1, std::strerror(errno)};
+  std::string text;
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) text.append(buffer, n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
+}
+
+// COHORT_MAX_CPU_ISA caps cohort's own kernels (core/cpu.hpp): --version names the capped set, a
+// cap above the CPU changes nothing, and a value it does not know is bad input (exit 2, naming
+// the variable, the values it takes and the value found) before any work.
+TEST(CpuCap, CohortMaxCpuIsaCapsTheKernelsAndAnUnknownValueExits2) {
+  const auto [code, text] = run_with_env("COHORT_MAX_CPU_ISA=avx2", "--version");
+  EXPECT_EQ(code, 0) << text;
+  EXPECT_NE(text.find("cohort's kernels portable"), std::string::npos) << text;
+  const auto [all_code, all] = run_with_env("COHORT_MAX_CPU_ISA=ALL", "--version");
+  const auto [own_code, own] = run_with_env("", "--version");
+  EXPECT_EQ(all_code, 0);
+  EXPECT_EQ(all, own);
+  const auto [bad, said] = run_with_env("COHORT_MAX_CPU_ISA=avx9", "train --data /nonexistent");
+  EXPECT_EQ(bad, kExitBadInput);
+  EXPECT_NE(said.find("COHORT_MAX_CPU_ISA: expected avx2, avx512, avx512_bf16, amx or all, "
+                      "found \"avx9\""),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(said.find("/nonexistent"), std::string::npos) << said;  // nothing else was looked at
+}
+
 TEST_F(Cli, CtrlCFinishesTheStepSavesAndExits130) {
   expect_stop_saves(dir_, SIGINT, kExitInterrupted);
 }

@@ -26,7 +26,14 @@ struct CpuFeatures {
   bool x86_64_v3() const { return avx2 && fma && bmi2; }
 };
 
-// This CPU's features (read once; an instruction set the OS does not enable counts as absent).
+// This CPU's features (read once; an instruction set the OS does not enable counts as absent),
+// capped by the environment variable COHORT_MAX_CPU_ISA where it is set, so that one machine runs
+// the lower paths of cohort's own kernels too (as ONEDNN_MAX_CPU_ISA caps oneDNN's): avx2 (the
+// x86-64-v3 baseline: no AVX-512, no AMX), avx512 (no AVX512_BF16, no AMX), avx512_bf16 (no AMX),
+// amx or all (no cap; any case). A cap never adds what the CPU lacks. The loader's choice of the
+// root's elementwise clones (COHORT_CLONES_AVX512, the same bits at either width) follows the
+// CPU, not the cap. Another value: InputError naming the variable (the CLI checks it before any
+// work, exit 2).
 const CpuFeatures& cpu_features();
 
 // The kernels cohort dispatches to on this CPU, for --version and the run header:
