@@ -6,7 +6,7 @@
 # dependency-free core (the reducers) and runs its tests, then runs every test again under
 # AddressSanitizer + UndefinedBehaviorSanitizer, and fuzzes the IDX, NumPy, CSV, image, text,
 # checkpoint and job-config readers and the `cohort train` command line (as a dry run) for a
-# bounded time (COHORT_FUZZ_SECONDS each, default 30; one fuzzer per core at a time) after
+# bounded time (COHORT_FUZZ_SECONDS each, default 20; one fuzzer per core at a time) after
 # replaying their corpora.
 # Exits non-zero on any failure.
 set -euo pipefail
@@ -60,7 +60,7 @@ cmake --preset fuzz "$unity"
 fuzzers=(idx npy csv image text checkpoint config cli)
 cmake --build --preset fuzz -j "$jobs" --target "${fuzzers[@]/#/fuzz_}"
 ctest --preset fuzz
-seconds=${COHORT_FUZZ_SECONDS:-30}
+seconds=${COHORT_FUZZ_SECONDS:-20}
 # One fuzzer per core at a time; each writes its log beside its build and prints its summary lines.
 fuzz() {
   local target=$1 work
