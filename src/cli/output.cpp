@@ -299,6 +299,7 @@ json summary_json(const train::Summary& s, const json& config, const SaveAccount
          {"weights_digest", s.weights_digest},
          {"roofline",
           {{"leaf_gemm_seconds", s.roofline.leaf_gemm_seconds},
+           {"linear_layout_seconds", s.roofline.linear_layout_seconds},
            {"root_gemm_seconds", s.roofline.root_gemm_seconds},
            {"leaves", s.roofline.leaves},
            {"replicas", s.roofline.replicas},

@@ -291,12 +291,11 @@ void print_summary(std::ostream& out, const train::Summary& s) {
   if (s.ranks > 1) row("rank exchange, waits (wall)", t.exchange, t.step);
   const train::Roofline& r = s.roofline;
   if (r.step_seconds > 0)
-    out << "  roofline a step: GEMMs at this run's oneDNN rate " << std::fixed
-        << std::setprecision(3) << r.gemm_seconds * 1e3 << " ms + root sweep of "
-        << std::setprecision(2) << r.root_bytes / 1e6 << " MB " << std::setprecision(3)
-        << r.root_seconds * 1e3 << " ms = " << r.floor_seconds * 1e3 << " ms; step "
-        << r.step_seconds * 1e3 << " ms: " << std::setprecision(1) << 100 * r.fraction
-        << "% of the roofline\n";
+    out << "  roofline a step: GEMMs at oneDNN's rate " << std::fixed << std::setprecision(3)
+        << r.gemm_seconds * 1e3 << " ms + root sweep of " << std::setprecision(2)
+        << r.root_bytes / 1e6 << " MB " << std::setprecision(3) << r.root_seconds * 1e3
+        << " ms = " << r.floor_seconds * 1e3 << " ms; step " << r.step_seconds * 1e3
+        << " ms: " << std::setprecision(1) << 100 * r.fraction << "% of the roofline\n";
   if (r.first_step_seconds > 0)
     out << "    (step: the mean after the first step; the first, which creates the primitives, "
         << std::setprecision(1) << r.first_step_seconds * 1e3 << " ms)\n";

@@ -9,6 +9,7 @@
 
 #include "batch_grads.hpp"
 #include "cohort/nn/batch_grad.hpp"
+#include "cohort/nn/linear_floor.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/tensor/buffer.hpp"
 #include "time_account.hpp"
@@ -244,17 +245,22 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
                           std::size_t ranks, std::size_t root_sources,
                           std::span<float* const> scratch, std::span<const float> readable) {
   const FloorPlan f = plan_floor(model, config, state_arrays, job_replicas, ranks, root_sources);
-  double leaf = 0, root_gemms = 0;
+  double leaf = 0, root_gemms = 0, layouts = 0;
   graph.for_each_replica(1, [&](std::size_t) {  // a replica's thread: OpenMP pinned to one
+    const auto rows = static_cast<std::int64_t>(config.micro_batch);
     leaf = leaf_matmul_seconds(model, config, graph.replica(0).net, scratch);
     // Products a kind computes on cohort's own kernels: at oneDNN's rate all the same.
-    leaf += model.kind().own_kernel_floor_seconds(static_cast<std::int64_t>(config.micro_batch),
-                                                  config.precision);
+    leaf += model.kind().own_kernel_floor_seconds(rows, config.precision);
+    // Inner products on the weight layout oneDNN would choose, where it is the faster.
+    layouts = nn::linear_layout_gain_seconds(nn::time_linear_layouts(
+        model, config.precision, rows, config.weight_grads == TrainConfig::WeightGrads::kLeaf));
     root_gemms = batch_gemm_seconds(model, config);
   });
   const double sweep = sweep_seconds(f.sweep_read_bytes, f.sweep_arrays, f.sweep_floats,
                                      graph.executor(), scratch, readable);
-  return roofline_of(f, leaf, root_gemms, sweep, step_seconds);
+  Roofline r = roofline_of(f, std::max(0.0, leaf - layouts), root_gemms, sweep, step_seconds);
+  r.linear_layout_seconds = layouts;
+  return r;
 }
 
 }  // namespace cohort::train

@@ -1,10 +1,12 @@
-// The step's roofline (Summary::roofline): the time a step would take if its GEMMs ran at this
-// run's own oneDNN rate — a leaf's matmul primitives timed alone on one thread (replica 0's Net,
-// the run's own primitives), times the leaves, plus the root's batch weight-gradient
-// GEMMs, spread evenly over the replicas (a language model's attention products at oneDNN's rate
-// also where cohort's kernel computes them, nn/gpt/gpt_attention.hpp) — and the root moved its
-// bytes at this run's own sweep bandwidth; and the measured step time against it. Same-run
-// measurements only, so the fraction does not depend on which machine or how noisy a day it is.
+// The step's roofline (Summary::roofline): the time a step would take if its GEMMs ran at
+// oneDNN's rate — a leaf's matmul primitives timed alone on one thread (replica 0's Net, the run's
+// own primitives; a layer list's inner products at the faster of their plain weights and the
+// layout oneDNN chooses, nn/linear_floor.hpp), times the leaves, plus the root's batch
+// weight-gradient GEMMs, spread evenly over the replicas (a language model's attention products
+// at oneDNN's rate also where cohort's kernel computes them, nn/gpt/gpt_attention.hpp) — and the
+// root moved its bytes at this run's own sweep bandwidth; and the measured step time against it.
+// Same-run measurements only, so the fraction does not depend on which machine or how noisy a day
+// it is.
 #pragma once
 
 #include <cstddef>

@@ -215,10 +215,13 @@ struct EvalResult {
 
 // The step against its physical floor (src/train/roofline.hpp), per full-batch step.
 struct Roofline {
-  double leaf_gemm_seconds = 0;  // one leaf's GEMMs at this run's oneDNN rate, alone
-  double root_gemm_seconds = 0;  // the root's batch weight-gradient GEMMs of a step, alone
-  std::size_t leaves = 0;        // a full batch's
-  std::size_t replicas = 0;      // the job's replicas with leaves (at most the leaves)
+  double leaf_gemm_seconds = 0;      // one leaf's GEMMs at oneDNN's rate, alone: the run's own
+                                     // primitives, less linear_layout_seconds
+  double linear_layout_seconds = 0;  // what a leaf's inner products would save on the weight
+                                     // layouts oneDNN chooses (nn/linear_floor.hpp)
+  double root_gemm_seconds = 0;      // the root's batch weight-gradient GEMMs of a step, alone
+  std::size_t leaves = 0;            // a full batch's
+  std::size_t replicas = 0;          // the job's replicas with leaves (at most the leaves)
   // (leaves x leaf_gemm_seconds + root_gemm_seconds) / replicas: the step's GEMMs at this run's
   // oneDNN rate, spread evenly over the replicas
   double gemm_seconds = 0;

@@ -1,0 +1,35 @@
+// The roofline's floor for a layer list's linear layers (train/roofline.cpp): the plans keep their
+// weights plain (docs/decisions.md, "Plain vs blocked layouts"), and oneDNN's inner products may
+// run faster on a layout of its own choosing, so the floor counts each at the faster of the two.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cohort/nn/executor.hpp"
+#include "cohort/nn/model.hpp"
+
+namespace cohort::nn {
+
+// One inner product of a leaf, timed alone on this thread (the best of several runs, after one
+// that warms it): with the plans' plain weights, and with the weights (the weight gradient, for
+// backward-weights) in the layout oneDNN chooses (format any).
+struct LinearTiming {
+  std::size_t layer = 0;  // its index in the model's layers
+  enum class Pass { kForward, kBackwardData, kBackwardWeights } pass = Pass::kForward;
+  double plain_seconds = 0, chosen_seconds = 0;
+};
+
+// Every inner product of a leaf of `rows` samples of a layer-list model in `precision`, as its
+// plans run them: the forward (a ReLU after the layer as its post-op, a last layer writing f32
+// logits), the backward-data of every layer but the model's first, and with `leaf_weight_grads`
+// the backward-weights (f32 gradients). Empty for a model with no layer list. This thread must
+// run OpenMP with one thread.
+std::vector<LinearTiming> time_linear_layouts(const Model& model, Precision precision,
+                                              std::int64_t rows, bool leaf_weight_grads);
+
+// The seconds the chosen layouts save over the plain ones: the sum over the timings of
+// plain - chosen where positive.
+double linear_layout_gain_seconds(const std::vector<LinearTiming>& timings);
+
+}  // namespace cohort::nn
