@@ -222,8 +222,8 @@ struct Roofline {
   double root_gemm_seconds = 0;      // the root's batch weight-gradient GEMMs of a step, alone
   std::size_t leaves = 0;            // a full batch's
   std::size_t replicas = 0;          // the job's replicas with leaves (at most the leaves)
-  // (leaves x leaf_gemm_seconds + root_gemm_seconds) / replicas: the step's GEMMs at this run's
-  // oneDNN rate, spread evenly over the replicas
+  // (leaves x leaf_gemm_seconds + root_gemm_seconds) / replicas: the step's GEMMs at oneDNN's
+  // rate, spread evenly over the replicas
   double gemm_seconds = 0;
   double root_bytes = 0;          // what the root reads and writes
   double root_seconds = 0;        // a sweep of those bytes on the root's threads (a rank's
