@@ -65,7 +65,11 @@ std::vector<LinearTiming> time_linear_layouts(const Model& model, Precision prec
     const memory::desc plain({l.out.C, l.in.C}, act, Tag::io);
     const memory::desc plain_dw({l.out.C, l.in.C}, Dt::f32, Tag::io),
         db({l.out.C}, Dt::f32, Tag::x);
-    dnnl::primitive_attr attr;
+    // A scratchpad of the primitive's own, as the plans bind one (with oneDNN's default, each
+    // call would allocate its own: time that the plans never spend).
+    dnnl::primitive_attr attr, backward_attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    backward_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (relu) {
       dnnl::post_ops ops;
       ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
@@ -78,28 +82,35 @@ std::vector<LinearTiming> time_linear_layouts(const Model& model, Precision prec
           {dnnl::prop_kind::forward_training, src, w, bias, dst}, attr, e);
       std::unordered_map<int, memory> args;
       dnnl::primitive p;
+      memory::desc scratch;
       if (pass == LinearTiming::Pass::kForward) {
         p = dnnl::inner_product_forward(fwd);
+        scratch = fwd.scratchpad_desc();
         args = {{DNNL_ARG_SRC, zeroed(src, e)},
                 {DNNL_ARG_WEIGHTS, zeroed(fwd.weights_desc(), e)},
                 {DNNL_ARG_BIAS, zeroed(bias, e)},
                 {DNNL_ARG_DST, zeroed(dst, e)}};
       } else if (pass == LinearTiming::Pass::kBackwardData) {
-        const dnnl::inner_product_backward_data::primitive_desc pd({src, w, diff}, e, fwd);
+        const dnnl::inner_product_backward_data::primitive_desc pd({src, w, diff}, backward_attr, e,
+                                                                   fwd);
         p = dnnl::inner_product_backward_data(pd);
+        scratch = pd.scratchpad_desc();
         args = {{DNNL_ARG_DIFF_DST, zeroed(diff, e)},
                 {DNNL_ARG_WEIGHTS, zeroed(pd.weights_desc(), e)},
                 {DNNL_ARG_DIFF_SRC, zeroed(src, e)}};
       } else {
         const memory::desc dw =
             chosen ? memory::desc({l.out.C, l.in.C}, Dt::f32, Tag::any) : plain_dw;
-        const dnnl::inner_product_backward_weights::primitive_desc pd({src, dw, db, diff}, e, fwd);
+        const dnnl::inner_product_backward_weights::primitive_desc pd({src, dw, db, diff},
+                                                                      backward_attr, e, fwd);
         p = dnnl::inner_product_backward_weights(pd);
+        scratch = pd.scratchpad_desc();
         args = {{DNNL_ARG_SRC, zeroed(src, e)},
                 {DNNL_ARG_DIFF_DST, zeroed(diff, e)},
                 {DNNL_ARG_DIFF_WEIGHTS, zeroed(pd.diff_weights_desc(), e)},
                 {DNNL_ARG_DIFF_BIAS, zeroed(db, e)}};
       }
+      if (scratch.get_size() != 0) args.insert({DNNL_ARG_SCRATCHPAD, zeroed(scratch, e)});
       return best_of(p, s, args);
     };
     std::vector<LinearTiming::Pass> passes{LinearTiming::Pass::kForward};
