@@ -7,8 +7,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <limits>
 #include <unordered_map>
+
+#include "cohort/core/best_of.hpp"
 
 namespace cohort::nn {
 
@@ -18,24 +19,6 @@ using dnnl::memory;
 using Tag = memory::format_tag;
 using Dt = memory::data_type;
 using Clock = std::chrono::steady_clock;
-
-// The best of 5 to 20 runs of `p` (as many as fit in 0.2 s), after one that warms it.
-double best_of(dnnl::primitive& p, dnnl::stream& s, const std::unordered_map<int, memory>& args) {
-  auto once = [&] {
-    const auto t0 = Clock::now();
-    p.execute(s, args);
-    s.wait();
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
-  once();
-  double best = std::numeric_limits<double>::infinity();
-  const auto start = Clock::now();
-  for (int r = 0; r < 20; ++r) {
-    best = std::min(best, once());
-    if (r >= 4 && std::chrono::duration<double>(Clock::now() - start).count() > 0.2) break;
-  }
-  return best;
-}
 
 // A zeroed memory of `md` (zeros: the timing does not depend on the values).
 memory zeroed(const memory::desc& md, const dnnl::engine& e) {
@@ -111,7 +94,12 @@ std::vector<LinearTiming> time_linear_layouts(const Model& model, Precision prec
                 {DNNL_ARG_DIFF_BIAS, zeroed(db, e)}};
       }
       if (scratch.get_size() != 0) args.insert({DNNL_ARG_SCRATCHPAD, zeroed(scratch, e)});
-      return best_of(p, s, args);
+      return best_of([&] {
+        const auto t0 = Clock::now();
+        p.execute(s, args);
+        s.wait();
+        return std::chrono::duration<double>(Clock::now() - t0).count();
+      });
     };
     std::vector<LinearTiming::Pass> passes{LinearTiming::Pass::kForward};
     if (i != 0) passes.push_back(LinearTiming::Pass::kBackwardData);
@@ -122,10 +110,13 @@ std::vector<LinearTiming> time_linear_layouts(const Model& model, Precision prec
   return out;
 }
 
-double linear_layout_gain_seconds(const std::vector<LinearTiming>& timings) {
-  double gain = 0;
-  for (const LinearTiming& t : timings) gain += std::max(0.0, t.plain_seconds - t.chosen_seconds);
-  return gain;
+LinearTotals linear_totals(const std::vector<LinearTiming>& timings) {
+  LinearTotals sum;
+  for (const LinearTiming& t : timings) {
+    sum.plain_seconds += t.plain_seconds;
+    sum.best_seconds += std::min(t.plain_seconds, t.chosen_seconds);
+  }
+  return sum;
 }
 
 }  // namespace cohort::nn

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "batch_grads.hpp"
+#include "cohort/core/best_of.hpp"
 #include "cohort/nn/batch_grad.hpp"
 #include "cohort/nn/linear_floor.hpp"
 #include "cohort/nn/net.hpp"
@@ -17,18 +18,6 @@
 namespace cohort::train {
 
 namespace {
-
-// The best of repeated runs of f after one warm-up: seconds it reports. At least 5 runs, more
-// (up to 20) while they take under 0.2 s in all: on a shared machine the floor is a minimum,
-// and one noisy stretch must not raise it.
-template <class F>
-double best_of(F f) {
-  f();
-  double best = std::numeric_limits<double>::infinity();
-  const auto t0 = Clock::now();
-  for (int r = 0; r < 20 && (r < 5 || seconds_since(t0) < 0.2); ++r) best = std::min(best, f());
-  return best;
-}
 
 // Seconds of oneDNN matmul work (inner products and convolutions, forward, backward-data and
 // -weights) in one leaf of M rows, on `net` (replica 0's Net: the run's own primitives, its
@@ -245,20 +234,16 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
                           std::size_t ranks, std::size_t root_sources,
                           std::span<float* const> scratch, std::span<const float> readable) {
   const FloorPlan f = plan_floor(model, config, state_arrays, job_replicas, ranks, root_sources);
-  double leaf = 0, root_gemms = 0, layouts = 0, plain = 0, best = 0;
+  double leaf = 0, root_gemms = 0;
+  nn::LinearTotals linear;
   graph.for_each_replica(1, [&](std::size_t) {  // a replica's thread: OpenMP pinned to one
     const auto rows = static_cast<std::int64_t>(config.micro_batch);
     leaf = leaf_matmul_seconds(model, config, graph.replica(0).net, scratch);
     // Products a kind computes on cohort's own kernels: at oneDNN's rate all the same.
     leaf += model.kind().own_kernel_floor_seconds(rows, config.precision);
     // Inner products on the weight layout oneDNN would choose, where it is the faster.
-    const std::vector<nn::LinearTiming> linear = nn::time_linear_layouts(
-        model, config.precision, rows, config.weight_grads == TrainConfig::WeightGrads::kLeaf);
-    layouts = nn::linear_layout_gain_seconds(linear);
-    for (const nn::LinearTiming& t : linear) {
-      plain += t.plain_seconds;
-      best += std::min(t.plain_seconds, t.chosen_seconds);
-    }
+    linear = nn::linear_totals(nn::time_linear_layouts(
+        model, config.precision, rows, config.weight_grads == TrainConfig::WeightGrads::kLeaf));
     root_gemms = batch_gemm_seconds(model, config);
   });
   const double sweep = sweep_seconds(f.sweep_read_bytes, f.sweep_arrays, f.sweep_floats,
@@ -266,8 +251,9 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
   // The leaf's other GEMMs (its own time less its inner products' alone), and its inner products
   // at their best: where timing noise puts the inner products alone above the leaf's whole, the
   // floor keeps their best rather than going below it.
-  Roofline r = roofline_of(f, std::max(0.0, leaf - plain) + best, root_gemms, sweep, step_seconds);
-  r.linear_layout_seconds = layouts;
+  Roofline r = roofline_of(f, std::max(0.0, leaf - linear.plain_seconds) + linear.best_seconds,
+                           root_gemms, sweep, step_seconds);
+  r.linear_layout_seconds = linear.plain_seconds - linear.best_seconds;
   return r;
 }
 

@@ -67,8 +67,12 @@ TEST(LinearFloor, TheSavingCountsOnlyWhereTheChosenLayoutIsFaster) {
   const std::vector<LinearTiming> t{{0, Pass::kForward, 3e-6, 1e-6},
                                     {2, Pass::kForward, 1e-6, 2e-6},
                                     {2, Pass::kBackwardData, 5e-6, 4.5e-6}};
-  EXPECT_DOUBLE_EQ(linear_layout_gain_seconds(t), 2e-6 + 0.5e-6);
-  EXPECT_EQ(linear_layout_gain_seconds({}), 0);
+  const LinearTotals sum = linear_totals(t);
+  EXPECT_DOUBLE_EQ(sum.plain_seconds, 3e-6 + 1e-6 + 5e-6);
+  EXPECT_DOUBLE_EQ(sum.best_seconds, 1e-6 + 1e-6 + 4.5e-6);
+  EXPECT_DOUBLE_EQ(sum.plain_seconds - sum.best_seconds, 2e-6 + 0.5e-6);
+  EXPECT_EQ(linear_totals({}).plain_seconds, 0);
+  EXPECT_EQ(linear_totals({}).best_seconds, 0);
 }
 
 }  // namespace linear_floor_test

@@ -28,8 +28,11 @@ struct LinearTiming {
 std::vector<LinearTiming> time_linear_layouts(const Model& model, Precision precision,
                                               std::int64_t rows, bool leaf_weight_grads);
 
-// The seconds the chosen layouts save over the plain ones: the sum over the timings of
-// plain - chosen where positive.
-double linear_layout_gain_seconds(const std::vector<LinearTiming>& timings);
+// The timings' sums: on the plain weights, and each at the faster of its two layouts; plain - best
+// is what the chosen layouts save.
+struct LinearTotals {
+  double plain_seconds = 0, best_seconds = 0;
+};
+LinearTotals linear_totals(const std::vector<LinearTiming>& timings);
 
 }  // namespace cohort::nn
