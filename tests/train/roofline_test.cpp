@@ -82,8 +82,7 @@ TEST_P(Roofline, TheFloorIsItsPartsOnTheRunsOwnShapes) {
       "step %.1f us\n",
       r.leaf_gemm_seconds * 1e6, r.linear_layout_seconds * 1e6, r.root_gemm_seconds * 1e6,
       r.root_seconds * 1e6, r.step_seconds * 1e6);
-  // A layer list's inner products on oneDNN's chosen weight layouts: a saving or none, taken off
-  // the leaf's own primitives' time.
+  // A layer list's inner products on oneDNN's chosen weight layouts: a saving or none.
   EXPECT_GE(r.linear_layout_seconds, 0);
   EXPECT_EQ(r.leaves, c.batch / c.micro_batch);
   EXPECT_EQ(r.replicas, std::min(c.workers, r.leaves));

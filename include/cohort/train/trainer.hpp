@@ -215,8 +215,9 @@ struct EvalResult {
 
 // The step against its physical floor (src/train/roofline.hpp), per full-batch step.
 struct Roofline {
-  double leaf_gemm_seconds = 0;      // one leaf's GEMMs at oneDNN's rate, alone: the run's own
-                                     // primitives, less linear_layout_seconds
+  double leaf_gemm_seconds = 0;      // one leaf's GEMMs at oneDNN's rate, alone: its inner
+                                     // products at their faster layout, its other GEMMs on the
+                                     // run's own primitives (never below 0)
   double linear_layout_seconds = 0;  // what a leaf's inner products would save on the weight
                                      // layouts oneDNN chooses (nn/linear_floor.hpp)
   double root_gemm_seconds = 0;      // the root's batch weight-gradient GEMMs of a step, alone
