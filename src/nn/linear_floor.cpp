@@ -110,11 +110,19 @@ std::vector<LinearTiming> time_linear_layouts(const Model& model, Precision prec
   return out;
 }
 
-LinearTotals linear_totals(const std::vector<LinearTiming>& timings) {
+bool plans_choose_layout(Precision precision, bool blocked_layouts, LinearTiming::Pass pass) {
+  return precision == Precision::kBf16 && blocked_layouts &&
+         pass != LinearTiming::Pass::kBackwardWeights;
+}
+
+LinearTotals linear_totals(const std::vector<LinearTiming>& timings, Precision precision,
+                           bool blocked_layouts) {
   LinearTotals sum;
   for (const LinearTiming& t : timings) {
     sum.plain_seconds += t.plain_seconds;
     sum.best_seconds += std::min(t.plain_seconds, t.chosen_seconds);
+    sum.run_seconds += plans_choose_layout(precision, blocked_layouts, t.pass) ? t.chosen_seconds
+                                                                               : t.plain_seconds;
   }
   return sum;
 }

@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string_view>
 #include <tuple>
 
@@ -30,6 +32,8 @@ class LayerExecutor final : public Executor {
  public:
   const Model* model;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  // Before the plans, which hold views of it; shared with other executors (share_weight_copies).
+  std::shared_ptr<detail::WeightCopies> weight_copies = std::make_shared<detail::WeightCopies>();
   dnnl::stream stream{engine};
   // (N, training, batch weight gradients of linear layers)
   std::map<std::tuple<std::int64_t, bool, bool>, std::unique_ptr<Plan>> plans;
@@ -40,6 +44,9 @@ class LayerExecutor final : public Executor {
   bool blocked_layouts;
   Precision precision;
   bool needs_stats;  // the model has bn layers
+  // weights_changed's count: 0 until its first call (every run prepares its plan).
+  std::uint64_t generation = 0;
+  bool copies_owner = true;  // false after share_weight_copies
 
   LayerExecutor(const Model& m, bool blocked, Precision prec)
       : model(&m), blocked_layouts(blocked), precision(prec), needs_stats(m.has_batchnorm()) {}
@@ -48,8 +55,19 @@ class LayerExecutor final : public Executor {
     auto& slot = plans[{N, training, batch_linear}];
     if (!slot)
       slot = detail::build_plan({model, &engine, &key, &linear_rows, N, training, blocked_layouts,
-                                 batch_linear, precision});
+                                 batch_linear, precision, weight_copies.get(), &stream});
     return *slot;
+  }
+
+  // The plan's weights in its primitives' layouts, where they may have changed since it last
+  // reordered them (the copies' writes under their lock: WeightCopies).
+  void prepare(Plan& p, const void* params) {
+    if (p.prepare.empty()) return;
+    if (generation != 0 && p.prepared == generation && p.prepared_params == params) return;
+    const std::lock_guard hold(weight_copies->lock());
+    run(p.prepare);
+    p.prepared = generation;
+    p.prepared_params = params;
   }
 
   // A model with bn layers needs statistics: the batch's (training) or the running ones.
@@ -89,6 +107,7 @@ class LayerExecutor final : public Executor {
     key = k;
     linear_rows = rows;
     bind(p, params, x, grad, batch_stats);
+    prepare(p, params);
     run(p.forward);
     auto t0 = Clock::now();
     double loss = softmax_cross_entropy(p.logits, labels, N, model->num_classes(), p.diff_logits);
@@ -104,6 +123,7 @@ class LayerExecutor final : public Executor {
     require_stats(running_stats, "forward");
     Plan& p = plan(N, /*training=*/false, /*batch_linear=*/false);
     bind(p, params, x, nullptr, running_stats);
+    prepare(p, params);
     run(p.forward);
     return p.logits;
   }
@@ -116,8 +136,31 @@ class LayerExecutor final : public Executor {
             static_cast<double>(count_correct(z, labels, N, classes))};
   }
 
+  void weights_changed() override {
+    ++generation;
+    weight_copies->changed();
+  }
+  void keep_weight_copies(const bf16* params) override { weight_copies->keep(params); }
+  void weights_written(std::size_t begin, std::size_t end) override {
+    weight_copies->refresh(begin, end);
+  }
+
+  void share_weight_copies(Executor& owner) override {
+    auto* o = dynamic_cast<LayerExecutor*>(&owner);
+    COHORT_CHECK(o != nullptr && plans.empty() && o->model == model && o->precision == precision &&
+                     o->blocked_layouts == blocked_layouts,
+                 "nn::Net::share_weight_copies: a net of the same model, precision and layouts, "
+                 "before any plan");
+    weight_copies = o->weight_copies;
+    copies_owner = false;
+    engine = o->engine;  // the copies' memory objects are on its engine
+    stream = dnnl::stream(engine);
+  }
+
   PlanMemory memory() const override {
-    PlanMemory m;
+    // Copies shared with other executors are counted by the one that made them.
+    const std::size_t copies = copies_owner ? weight_copies->bytes() : 0;
+    PlanMemory m{copies, 0, copies};
     for (const auto& [shape, plan] : plans) {
       const PlanMemory p = plan->memory();
       m.total += p.total;
@@ -232,5 +275,9 @@ void Net::weights_changed() { impl_->exec->weights_changed(); }
 void Net::release_inference_plans() { impl_->exec->release_inference_plans(); }
 PlanMemory Net::memory() const { return impl_->exec->memory(); }
 void Net::share_weight_copies(Net& owner) { impl_->exec->share_weight_copies(*owner.impl_->exec); }
+void Net::keep_weight_copies(const bf16* params) { impl_->exec->keep_weight_copies(params); }
+void Net::weights_written(std::size_t begin, std::size_t end) {
+  impl_->exec->weights_written(begin, end);
+}
 
 }  // namespace cohort::nn

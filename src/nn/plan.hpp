@@ -5,8 +5,13 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -17,6 +22,7 @@
 #include "cohort/nn/model.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/tensor/buffer.hpp"
+#include "weight_pairs.hpp"
 
 namespace cohort::nn::detail {
 
@@ -27,6 +33,83 @@ enum class Phase { kMatmul, kAttention, kEltwise, kOther };
 struct External {
   dnnl::memory mem;
   std::size_t offset;  // in elements of the array (bf16 or float)
+};
+
+// The weights in the primitives' layouts: one copy per (weight, layout), which every plan of a
+// net shares (its training plans and its inference plans: an evaluation's plan would otherwise
+// hold a second copy of every weight), and the nets that share them (share_weight_copies: the
+// trainer's replicas, which run on the same weights at the same time). A plan's prepare steps write
+// each copy it reads through write(), while the net holds lock() for the whole prepare (one
+// hand-off between replicas a step, not one a copy), and only if the copy does not already hold the
+// weights of this version (changed()'s count) and this parameter array, so that the nets sharing it
+// reorder each weight once a step.
+// A caller that reports every write to one parameter array (keep(): the trainer's root, which
+// writes the bf16 weights chunk by chunk) has the copies it can write a range of (pair-blocked,
+// weight_pairs.hpp) kept current by refresh() instead, while the values it just wrote are in its
+// cache: the plans then never reorder those.
+class WeightCopies {
+ public:
+  struct Copy {
+    std::size_t offset;
+    dnnl::memory memory;
+    std::uint64_t version = 0;  // of the weights it holds (0: none)
+    const void* params = nullptr;
+    std::optional<PairBlocks> blocks;  // where refresh can write a range of it
+    bool kept = false;  // holds the kept array's values, written whole since and refreshed
+  };
+  // The copy of the weight at `offset` in layout `md`, made (uninitialised) on first use. Called
+  // while plans are built, one at a time.
+  Copy& get(std::size_t offset, const dnnl::memory::desc& md, const dnnl::engine& eng) {
+    for (const auto& c : copies_)
+      if (c->offset == offset && c->memory.get_desc() == md) return *c;
+    storage_.emplace_back((md.get_size() + sizeof(float) - 1) / sizeof(float));
+    bytes_ += md.get_size();
+    auto& c = copies_.emplace_back(std::make_unique<Copy>());
+    c->offset = offset;
+    c->memory = dnnl::memory(md, eng, storage_.back().data());
+    return *c;
+  }
+  // The weights may have changed (each sharing net's weights_changed).
+  void changed() { version_.fetch_add(1, std::memory_order_relaxed); }
+  // Held by a net while it runs a plan's prepare steps.
+  std::mutex& lock() { return lock_; }
+  // Runs `reorder` into `copy` unless it holds this version of `params` already, or is kept
+  // current (refresh); the caller holds lock(). Before the first changed(), every call writes.
+  template <class F>
+  void write(Copy& copy, const void* params, F&& reorder) {
+    if (copy.kept && params == kept_) return;
+    const std::uint64_t v = version_.load(std::memory_order_relaxed);
+    if (v != 0 && copy.version == v && copy.params == params) return;
+    reorder();
+    copy.version = v;
+    copy.params = params;
+    copy.kept = copy.blocks && params == kept_;
+  }
+  // From now on the caller reports every write to the bf16 array `params` through refresh (a
+  // null array: none). Before any plan runs on it.
+  void keep(const bf16* params) { kept_ = params; }
+  // Elements [begin, end) of the kept array were written: the kept copies take them. No plan runs
+  // meanwhile; calls on disjoint ranges may run at once.
+  void refresh(std::size_t begin, std::size_t end) {
+    for (const auto& c : copies_) {
+      if (!c->kept) continue;
+      const std::size_t numel = static_cast<std::size_t>(c->blocks->O * c->blocks->I);
+      const std::size_t lo = std::max(begin, c->offset), hi = std::min(end, c->offset + numel);
+      if (lo < hi)
+        to_pair_blocks(*c->blocks, kept_ + c->offset,
+                       static_cast<bf16*>(c->memory.get_data_handle()), lo - c->offset,
+                       hi - c->offset);
+    }
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  std::vector<std::unique_ptr<Copy>> copies_;
+  std::vector<AlignedBuffer<float>> storage_;
+  std::size_t bytes_ = 0;
+  std::atomic<std::uint64_t> version_{0};
+  std::mutex lock_;
+  const bf16* kept_ = nullptr;
 };
 
 // One step of a plan: a primitive with its arguments, or a plain function (dropout, rows).
@@ -49,10 +132,10 @@ struct Plan {
   // counts them; nn::PlanMemory).
   std::size_t logits_bytes = 0;
   std::vector<Exec> forward, backward;
-  // Steps that read only the parameters (a language model's weights reordered into its
-  // primitives' layouts), run before forward where the parameters may have changed
-  // (GptNet::weights_changed): `prepared` is the weights generation they last ran for, at
-  // `prepared_params`. Net's plans keep theirs in forward.
+  // Steps that read only the parameters (the weights reordered into the primitives' layouts,
+  // WeightCopies), run before forward where the parameters may have changed
+  // (Net::weights_changed): `prepared` is the weights generation they last ran for, at
+  // `prepared_params`.
   std::vector<Exec> prepare;
   std::uint64_t prepared = 0;
   const void* prepared_params = nullptr;
@@ -100,6 +183,8 @@ struct PlanRequest {
   std::int64_t N;
   bool training, blocked, batch_linear;
   Precision precision;
+  WeightCopies* weight_copies;  // the executor's, which outlive the plan
+  dnnl::stream* stream;         // the executor's: the prepare steps' reorders run on it
 };
 
 // Builds the plan; oneDNN errors are rethrown as InternalError naming the model, N and layer.

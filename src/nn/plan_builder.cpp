@@ -3,9 +3,11 @@
 // as two lists of steps (forward, backward). Nothing here runs a step; net.cpp does.
 // Layouts: convolutions and pooling let oneDNN choose (format_tag::any, blocked formats such as
 // nChw16c); reorders happen only at the edges — the input images (nchw), the flat parameter
-// array (oihw / oi, shared by every replica, so weights are reordered per step into the
-// replica's format and weight gradients back), and flatten (to plain nchw). Inner products and
-// the loss work on plain (N, F).
+// array (oihw / io, shared by every replica, so convolutions' weights are reordered per pass into
+// the primitive's format and weight gradients back), and flatten (to plain nchw). Inner products
+// and the loss work on plain (N, F); bf16 inner products take their weights in oneDNN's chosen
+// layout, from copies the replicas share (WeightCopies: reordered once a step, or kept current by
+// the trainer's root).
 // Precision kBf16: activations, the input and the parameters are bf16; weight and bias gradients
 // are f32 (oneDNN's backward-weights with bf16 src/diff_dst and f32 diff_weights); the logits
 // are f32 (the last inner product has an f32 dst, or a reorder converts), their gradient is
@@ -136,9 +138,11 @@ PlanBuilder::Saved PlanBuilder::forward(const LayerSpec& l, std::size_t index, m
       memory::desc b_md({l.out.C}, act_, Tag::x);
       memory::desc dst_md({N_, l.out.C}, last ? Dt::f32 : act_, Tag::nc);
       s.src = ensure(cur, memory::desc({N_, l.in.C}, act_, Tag::nc), p_.forward);
-      dnnl::inner_product_forward::primitive_desc pd({prop, s.src.get_desc(), w_md, b_md, dst_md},
-                                                     attr_with_relu(fuse_relu_), eng_);
-      s.weights = s.user_weights = external(p_.params, w_md, l.weight);
+      dnnl::inner_product_forward::primitive_desc pd(
+          {prop, s.src.get_desc(), linear_weights(w_md), b_md, dst_md}, attr_with_relu(fuse_relu_),
+          eng_);
+      s.user_weights = external(p_.params, w_md, l.weight);
+      s.weights = weights_as(s, pd.weights_desc());
       memory b = external(p_.params, b_md, l.bias);
       s.dst = new_memory(dst_md);
       add_weighted(dnnl::inner_product_forward(pd), pd.scratchpad_desc(), s, b);
@@ -342,10 +346,13 @@ void PlanBuilder::apply_mask(std::vector<Exec>& list, const memory& x, const mem
 memory PlanBuilder::backward_data_linear(const Saved& s, const memory& diff,
                                          const dnnl::inner_product_forward::primitive_desc& fwd) {
   dnnl::inner_product_backward_data::primitive_desc dpd(
-      {s.src.get_desc(), s.weights.get_desc(), diff.get_desc()}, attr(), eng_, fwd);
+      {s.src.get_desc(), linear_weights(s.user_weights.get_desc()), diff.get_desc()}, attr(), eng_,
+      fwd);
   memory diff_src = new_memory(s.src.get_desc());
   add(p_.backward, dnnl::inner_product_backward_data(dpd), dpd.scratchpad_desc(),
-      {{DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_WEIGHTS, s.weights}, {DNNL_ARG_DIFF_SRC, diff_src}},
+      {{DNNL_ARG_DIFF_DST, diff},
+       {DNNL_ARG_WEIGHTS, weights_as(s, dpd.weights_desc())},
+       {DNNL_ARG_DIFF_SRC, diff_src}},
       Phase::kMatmul);
   return diff_src;
 }

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "cohort/nn/linear_floor.hpp"
 #include "cohort/nn/max_pool.hpp"
 #include "plan.hpp"
 #include "plan_builder_base.hpp"
@@ -30,7 +31,7 @@ class PlanBuilder : public PlanBuilderBase {
   using Kind = LayerSpec::Kind;
 
   PlanBuilder(const PlanRequest& r, Plan& plan)
-      : PlanBuilderBase(plan, *r.engine, r.precision),
+      : PlanBuilderBase(plan, *r.engine, r.precision, *r.weight_copies, r.stream),
         model_(*r.model),
         key_(r.key),
         linear_rows_(r.linear_rows),
@@ -45,9 +46,9 @@ class PlanBuilder : public PlanBuilderBase {
   // What backward needs from a layer's forward.
   struct Saved {
     const LayerSpec* layer = nullptr;
-    memory src, dst;  // the layer's input and output as the layer saw them
-    memory weights;   // linear/conv weights in the primitive's format
-    memory user_weights;
+    memory src, dst;                     // the layer's input and output as the layer saw them
+    memory weights;                      // linear/conv weights in the primitive's format
+    memory user_weights;                 // the parameters' view of them
     dnnl::primitive_desc_base fwd_pd;    // res: its final ReLU's
     memory workspace;                    // max pooling on oneDNN; bn with its ReLU fused
     std::optional<MaxPoolShape> pool;    // max pooling on cohort's kernel
@@ -111,6 +112,22 @@ class PlanBuilder : public PlanBuilderBase {
     memory out = new_memory(want);
     reorder(list, m, out);
     return out;
+  }
+  // A layer's weights in layout `md`: the parameters' view, or their copy in that layout,
+  // reordered once a step for every plan and replica (weight_copy), not once a pass.
+  memory weights_as(const Saved& s, const memory::desc& md) {
+    if (s.user_weights.get_desc() == md) return s.user_weights;
+    if (s.weights && s.weights.get_desc() == md) return s.weights;
+    return weight_copy(s.user_weights, s.layer->weight, md);
+  }
+  // A linear layer's weights as its forward and backward-data ask for them: in bf16 with blocked
+  // layouts, the layout oneDNN chooses (its brgemm kernels, AMX's where the CPU has it, rather
+  // than the gemm-based kernel of plain weights; docs/decisions.md, "Plain vs blocked layouts");
+  // else `plain`, the stored (IC, OC).
+  memory::desc linear_weights(const memory::desc& plain) const {
+    const Precision p = act_ == Dt::bf16 ? Precision::kBf16 : Precision::kF32;
+    if (!plans_choose_layout(p, blocked_, LinearTiming::Pass::kForward)) return plain;
+    return memory::desc(plain.dims(), act_, Tag::any);
   }
   memory external(std::vector<External>& list, const memory::desc& md, std::size_t offset) {
     memory m(md, eng_, DNNL_MEMORY_NONE);

@@ -1,7 +1,7 @@
 // Private to src/nn: what every plan builder shares — the plan being built, the engine, the
 // activations' type, buffers, adding a primitive or a plain function to a list of steps, a reorder,
-// the user scratchpad — for PlanBuilder (the layer lists', plan_builder.hpp) and GptPlanBuilder
-// (the language model's, gpt_plan_builder.hpp).
+// the weights' shared copies in the primitives' layouts, the user scratchpad — for PlanBuilder (the
+// layer lists', plan_builder.hpp) and GptPlanBuilder (the language model's, gpt_plan_builder.hpp).
 #pragma once
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -9,12 +9,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "plan.hpp"
+#include "weight_pairs.hpp"
 
 namespace cohort::nn::detail {
 
@@ -28,8 +30,13 @@ class PlanBuilderBase {
   const std::string& where() const { return where_; }
 
  protected:
-  PlanBuilderBase(Plan& plan, const dnnl::engine& engine, Precision precision)
-      : p_(plan), eng_(engine), act_(precision == Precision::kBf16 ? Dt::bf16 : Dt::f32) {}
+  PlanBuilderBase(Plan& plan, const dnnl::engine& engine, Precision precision,
+                  WeightCopies& weight_copies, dnnl::stream* stream)
+      : p_(plan),
+        eng_(engine),
+        act_(precision == Precision::kBf16 ? Dt::bf16 : Dt::f32),
+        weight_copies_(weight_copies),
+        stream_(stream) {}
 
   // The plan's attributes: a user scratchpad (a task may move between threads). A new object
   // each call: a copy would share its handle.
@@ -57,6 +64,42 @@ class PlanBuilderBase {
     add(list, dnnl::reorder(pd), pd.scratchpad_desc(), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}},
         Phase::kOther);
   }
+  // A copy of the weight at `weight` in layout `md` (from `from`: the parameters' view, or
+  // another copy), shared with the net's other plans and the nets sharing them (WeightCopies),
+  // written by a prepare step of this plan (once a plan) where it is stale.
+  memory weight_copy(const memory& from, std::size_t weight, const memory::desc& md) {
+    WeightCopies::Copy& copy = weight_copies_.get(weight, md, eng_);
+    const bool written = std::any_of(prepared_copies_.begin(), prepared_copies_.end(),
+                                     [&](const memory& m) { return m == copy.memory; });
+    if (written) return copy.memory;  // once a plan: its steps read the same copy
+    prepared_copies_.push_back(copy.memory);
+    WeightCopies* copies = &weight_copies_;
+    const Plan* plan = &p_;
+    if (const std::optional<PairBlocks> blocks = pair_blocks(from.get_desc(), md)) {
+      copy.blocks = blocks;  // (`from` is the parameters' view: refresh reads them)
+      custom(p_.prepare, [copies, &copy, from, to = copy.memory, plan, b = *blocks] {
+        copies->write(copy, plan->bound_params, [&] {
+          to_pair_blocks(b, static_cast<const bf16*>(from.get_data_handle()),
+                         static_cast<bf16*>(to.get_data_handle()));
+        });
+      });
+      return copy.memory;
+    }
+    // The reorder, run by WeightCopies::write (on the net's stream; a reorder between plain and
+    // blocked layouts asks for no scratchpad, and one that did would get its own).
+    const dnnl::reorder::primitive_desc pd(eng_, from.get_desc(), eng_, md, attr());
+    const memory scratch(pd.scratchpad_desc(), eng_, buffer(pd.scratchpad_desc().get_size()));
+    const dnnl::reorder prim(pd);
+    dnnl::stream* stream = stream_;
+    custom(p_.prepare, [copies, &copy, prim, from, to = copy.memory, scratch, stream, plan] {
+      copies->write(copy, plan->bound_params, [&] {
+        prim.execute(*stream,
+                     {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}, {DNNL_ARG_SCRATCHPAD, scratch}});
+        stream->wait();
+      });
+    });
+    return copy.memory;
+  }
   // The end of a build: one scratchpad for the plan, as large as the largest primitive's need,
   // bound to every primitive that needs one.
   void bind_scratchpad() {
@@ -74,6 +117,9 @@ class PlanBuilderBase {
   const Dt act_;  // activations, input and parameters: f32, or bf16 for a bf16 plan
   std::size_t scratch_bytes_ = 0;
   std::string where_;
+  WeightCopies& weight_copies_;
+  dnnl::stream* stream_;
+  std::vector<memory> prepared_copies_;  // weight copies this plan's prepare steps write
 };
 
 }  // namespace cohort::nn::detail

@@ -242,18 +242,20 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
     // Products a kind computes on cohort's own kernels: at oneDNN's rate all the same.
     leaf += model.kind().own_kernel_floor_seconds(rows, config.precision);
     // Inner products on the weight layout oneDNN would choose, where it is the faster.
-    linear = nn::linear_totals(nn::time_linear_layouts(
-        model, config.precision, rows, config.weight_grads == TrainConfig::WeightGrads::kLeaf));
+    linear = nn::linear_totals(
+        nn::time_linear_layouts(model, config.precision, rows,
+                                config.weight_grads == TrainConfig::WeightGrads::kLeaf),
+        config.precision, config.blocked_layouts);
     root_gemms = batch_gemm_seconds(model, config);
   });
   const double sweep = sweep_seconds(f.sweep_read_bytes, f.sweep_arrays, f.sweep_floats,
                                      graph.executor(), scratch, readable);
-  // The leaf's other GEMMs (its own time less its inner products' alone), and its inner products
-  // at their best: where timing noise puts the inner products alone above the leaf's whole, the
-  // floor keeps their best rather than going below it.
-  Roofline r = roofline_of(f, std::max(0.0, leaf - linear.plain_seconds) + linear.best_seconds,
+  // The leaf's other GEMMs (its own time less its inner products' alone, on the layouts its plans
+  // give them), and its inner products at their best: where timing noise puts the inner products
+  // alone above the leaf's whole, the floor keeps their best rather than going below it.
+  Roofline r = roofline_of(f, std::max(0.0, leaf - linear.run_seconds) + linear.best_seconds,
                            root_gemms, sweep, step_seconds);
-  r.linear_layout_seconds = linear.plain_seconds - linear.best_seconds;
+  r.linear_layout_seconds = linear.run_seconds - linear.best_seconds;
   return r;
 }
 

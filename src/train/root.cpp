@@ -168,6 +168,7 @@ void Root::fused_chunk(const float* const* sources, std::size_t k, std::size_t b
       apply(scalars_, b, block, count);
     }
   }
+  bf16_written(begin, end);
   if (tracer_) tracer_->root_span("sum+optimizer", begin / chunk_, stats.begin);
   stats.end = Clock::now();
 }
@@ -226,6 +227,7 @@ void Root::apply_summed(const optim::StepScalars& scalars, reduce::Executor& exe
     COHORT_CHECK(stats_[c].grad != nullptr, "second phase: a chunk was never summed");
     for (std::size_t b = begin; b < end; b += kBlock)
       apply(scalars, b, stats_[c].grad + (b - begin), std::min(kBlock, end - b));
+    bf16_written(begin, end);
     if (tracer_) tracer_->root_span("optimizer", c, t0);
     stats_[c].apply_seconds = seconds_since(t0);
   });

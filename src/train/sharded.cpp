@@ -250,12 +250,13 @@ double ShardedStep::end_step() {
   comm_.wait_all();
   exchange_seconds_ += seconds_since(t0);
   // The other owners' weights arrived in f32: their bf16 copy (the owned chunks' copy was
-  // written by the root's sweep).
+  // written by the root's sweep), and the replicas' copies of it (Root::bf16_written).
   if (weights16_ && weights_incoming_) {
     for (std::size_t o = 0; o < ranks_; ++o) {
       if (o == me_) continue;
       const dist::Range e = elements_of(owned_by_[o]);
       to_bf16(weights_ + e.begin, weights16_ + e.begin, e.size());
+      root_.bf16_written(e.begin, e.end);
     }
   }
   weights_incoming_ = false;

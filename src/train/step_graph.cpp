@@ -114,6 +114,14 @@ StepGraph::StepGraph(std::size_t workers, const nn::Model& model, std::size_t ev
 
 StepGraph::~StepGraph() = default;
 
+void StepGraph::keep_weight_copies(const bf16* params) {
+  replicas_.front()->net.keep_weight_copies(params);  // the others share its copies
+}
+
+void StepGraph::weights_written(std::size_t begin, std::size_t end) {
+  replicas_.front()->net.weights_written(begin, end);
+}
+
 void StepGraph::weights_changed() {
   for (auto& r : replicas_) r->net.weights_changed();
 }

@@ -69,6 +69,10 @@ class StepGraph {
   reduce::Executor& executor();
   // One body per index, each on its own task (evaluation: index = replica).
   void for_each_replica(std::size_t n, FunctionRef<void(std::size_t)> body);
+  // nn::Net::keep_weight_copies and weights_written on the replicas' shared copies: the caller
+  // reports every write to the bf16 weights `params` (the trainer's root, chunk by chunk).
+  void keep_weight_copies(const bf16* params);
+  void weights_written(std::size_t begin, std::size_t end);
 
  private:
   void weights_changed();  // nn::Net::weights_changed on every replica's Net

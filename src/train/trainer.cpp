@@ -56,6 +56,12 @@ Trainer::Impl::Impl(TrainConfig c, const data::Splits& d, dist::Comm& world)
            batch_grads.get(), config.trace ? &tracer : nullptr),
       graph(config.workers, model, config.eval_batch, config.blocked_layouts, config.precision),
       base_lr(optim::scaled_base_lr(config.schedule, config.optimizer.lr, config.batch)) {
+  if (bf16_run()) {
+    // The root writes the bf16 weights chunk by chunk; the replicas' copies of them in oneDNN's
+    // layouts follow each chunk from its cache (nn::Net::keep_weight_copies).
+    graph.keep_weight_copies(weights16.data());
+    root.on_bf16_written([this](std::size_t b, std::size_t e) { graph.weights_written(b, e); });
+  }
   model.init(weights.data(), config.seed);
   copy_to_bf16();
   if (config.no_decay_norm_bias && config.optimizer.weight_decay > 0)

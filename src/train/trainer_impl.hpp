@@ -98,7 +98,9 @@ struct Trainer::Impl {
   }
   // The bf16 copy of the whole weights (after initialization or a restore).
   void copy_to_bf16() {
-    if (bf16_run()) to_bf16(weights.data(), weights16.data(), weights.size());
+    if (!bf16_run()) return;
+    to_bf16(weights.data(), weights16.data(), weights.size());
+    root.bf16_written(0, weights.size());
   }
 
   // The optimizer's state array i (allocated here, during construction), or null if it keeps none.

@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -262,6 +263,162 @@ TEST(NetBf16, PlainLayoutsComputeTheSameNetwork) {
     expect_gradients_within(m, grad.span(), ref.grad, longest_dot_product(m),
                             blocked ? "blocked" : "plain");
   }
+}
+
+// Net::weights_changed on a layer list: its bf16 inner products' weights are reordered into the
+// primitives' layouts once after each call. Until the first call every run
+// reorders them, so a run on values changed in place (same array) equals a fresh net's; after
+// it, a plan reorders them once, on its next run (training and inference plans alike), and
+// reuses that copy until the next call. Nets sharing their copies (share_weight_copies, as the
+// trainer's replicas do) give a lone net's results, from two threads at once, and only the
+// owner counts the copies.
+TEST(NetBf16, WeightsChangedReordersTheWeightsOnceAfterEachCall) {
+  if (!cpu_has_bf16()) GTEST_SKIP() << "no AVX512_BF16";
+  omp_set_num_threads(1);
+  const Model m = Model::parse("conv(8,3,1,1)-relu-flatten-linear(32)-relu-linear(10)", {1, 8, 8});
+  const std::int64_t N = 4;
+  const Inputs in = make_inputs(m, N, kSeed + 5);
+  const Rounded r = round_to_bf16(in);
+  const std::size_t n = m.layout().total();
+  std::vector<bf16> changed(n);
+  for (std::size_t i = 0; i < n; ++i) changed[i] = to_bf16(1.25f * to_float(r.params[i]));
+  AlignedBuffer<float> g(n), want(n);
+  const std::int32_t* y = in.labels.data();
+  Net fresh(m, true, Precision::kBf16);
+  const double want_loss = fresh.forward_backward(changed.data(), r.x.data(), y, N, want.data());
+  const double want_eval = fresh.evaluate(changed.data(), r.x.data(), y, N).loss;
+  ASSERT_GT(fresh.memory().weight_copies, 0u) << "no weight in a blocked layout: nothing to test";
+  auto same_as_fresh = [&](double loss) {
+    return loss == want_loss && std::memcmp(g.data(), want.data(), n * sizeof(float)) == 0;
+  };
+  AlignedBuffer<bf16> array(n);  // one array whose values the caller changes in place
+  auto set = [&](const bf16* values) { std::copy(values, values + n, array.data()); };
+
+  set(r.params.data());
+  Net never(m, true, Precision::kBf16);  // weights_changed never called
+  never.forward_backward(array.data(), r.x.data(), y, N, g.data());
+  never.evaluate(array.data(), r.x.data(), y, N);
+  set(changed.data());
+  EXPECT_TRUE(same_as_fresh(never.forward_backward(array.data(), r.x.data(), y, N, g.data())));
+  EXPECT_EQ(never.evaluate(array.data(), r.x.data(), y, N).loss, want_eval);
+
+  set(r.params.data());
+  Net net(m, true, Precision::kBf16);
+  net.weights_changed();
+  net.forward_backward(array.data(), r.x.data(), y, N, g.data());
+  const double before_eval = net.evaluate(array.data(), r.x.data(), y, N).loss;
+  set(changed.data());
+  // Not told: the copies of the old values are reused (the results differ from the fresh net's).
+  EXPECT_FALSE(same_as_fresh(net.forward_backward(array.data(), r.x.data(), y, N, g.data())));
+  EXPECT_NE(net.evaluate(array.data(), r.x.data(), y, N).loss, want_eval);
+  net.weights_changed();
+  EXPECT_TRUE(same_as_fresh(net.forward_backward(array.data(), r.x.data(), y, N, g.data())));
+  EXPECT_EQ(net.evaluate(array.data(), r.x.data(), y, N).loss, want_eval);
+  EXPECT_NE(want_eval, before_eval);
+
+  // Two nets on one set of copies, told of each change as the trainer tells its replicas.
+  set(r.params.data());
+  Net a(m, true, Precision::kBf16), b(m, true, Precision::kBf16);
+  b.share_weight_copies(a);
+  a.weights_changed();
+  b.weights_changed();
+  a.forward_backward(array.data(), r.x.data(), y, N, g.data());
+  set(changed.data());
+  a.weights_changed();
+  b.weights_changed();
+  EXPECT_TRUE(same_as_fresh(b.forward_backward(array.data(), r.x.data(), y, N, g.data())));
+  a.weights_changed();
+  b.weights_changed();
+  AlignedBuffer<float> ga(n), gb(n);
+  double la = 0, lb = 0;
+  std::thread t([&] {
+    omp_set_num_threads(1);
+    la = a.forward_backward(array.data(), r.x.data(), y, N, ga.data());
+  });
+  lb = b.forward_backward(array.data(), r.x.data(), y, N, gb.data());
+  t.join();
+  EXPECT_EQ(la, want_loss);
+  EXPECT_EQ(lb, want_loss);
+  EXPECT_EQ(std::memcmp(ga.data(), want.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(gb.data(), want.data(), n * sizeof(float)), 0);
+  EXPECT_EQ(b.memory().weight_copies, 0u);
+  EXPECT_EQ(a.memory().weight_copies, fresh.memory().weight_copies);
+}
+
+// Net::keep_weight_copies: the inner products' copies follow the ranges the caller reports
+// (cutting rows and row pairs anywhere, from two threads at once, on either of two nets sharing
+// the copies) and are not reordered by weights_changed, so weights changed without being reported
+// are not seen; a run on another parameter array reorders from it, and the next run on the kept
+// array from that.
+TEST(NetBf16, KeptWeightCopiesFollowTheReportedRangesAndAreNotReordered) {
+  if (!cpu_has_bf16()) GTEST_SKIP() << "no AVX512_BF16";
+  omp_set_num_threads(1);
+  const Model m = Model::parse("flatten-linear(48)-relu-linear(10)", {1, 8, 8});
+  const std::int64_t N = 6;
+  const Inputs in = make_inputs(m, N, kSeed + 6);
+  const Rounded r = round_to_bf16(in);
+  const std::size_t n = m.layout().total();
+  std::vector<bf16> changed(n);
+  for (std::size_t i = 0; i < n; ++i) changed[i] = to_bf16(1.25f * to_float(r.params[i]));
+  const std::int32_t* y = in.labels.data();
+  struct Result {
+    double loss, eval;
+    std::vector<float> grad;
+    bool operator==(const Result&) const = default;
+  };
+  auto run = [&](Net& net, const bf16* params) {
+    AlignedBuffer<float> g(n);
+    Result res{net.forward_backward(params, r.x.data(), y, N, g.data()), 0, {}};
+    res.eval = net.evaluate(params, r.x.data(), y, N).loss;
+    res.grad.assign(g.data(), g.data() + n);
+    return res;
+  };
+  Net fresh(m, true, Precision::kBf16);
+  const Result original = run(fresh, r.params.data()), scaled = run(fresh, changed.data());
+  ASSERT_GT(fresh.memory().weight_copies, 0u) << "no weight in a blocked layout: nothing to test";
+  ASSERT_NE(original, scaled);
+
+  AlignedBuffer<bf16> array(n);  // the kept array, changed in place
+  auto set = [&](const bf16* values) { std::copy(values, values + n, array.data()); };
+  set(r.params.data());
+  Net a(m, true, Precision::kBf16), b(m, true, Precision::kBf16);
+  b.share_weight_copies(a);
+  b.keep_weight_copies(array.data());  // holds for a too
+  auto changed_between_runs = [&] {
+    a.weights_changed();
+    b.weights_changed();
+  };
+  changed_between_runs();
+  EXPECT_EQ(run(a, array.data()), original);  // the first run writes the copies whole
+
+  SCOPED_TRACE("seed " + std::to_string(kSeed + 7));
+  Rng rng({kSeed + 7});
+  std::vector<std::size_t> cuts{0, n};
+  for (int k = 0; k < 11; ++k) cuts.push_back(static_cast<std::size_t>(rng.next_u64() % (n + 1)));
+  std::sort(cuts.begin(), cuts.end());
+  set(changed.data());
+  auto report = [&](Net& net, std::size_t parity) {
+    for (std::size_t k = parity; k + 1 < cuts.size(); k += 2)
+      net.weights_written(cuts[k], cuts[k + 1]);
+  };
+  std::thread other([&] { report(b, 1); });
+  report(a, 0);
+  other.join();
+  changed_between_runs();
+  EXPECT_EQ(run(b, array.data()), scaled);
+  EXPECT_EQ(run(a, array.data()), scaled);
+
+  set(r.params.data());    // not reported: the copies keep the scaled weights (the biases, read
+  changed_between_runs();  // from the array, are the original ones)
+  EXPECT_NE(run(a, array.data()), original);
+  a.weights_written(0, n);
+  changed_between_runs();
+  EXPECT_EQ(run(b, array.data()), original);
+
+  changed_between_runs();
+  EXPECT_EQ(run(a, changed.data()), scaled);  // another array: reordered from it
+  changed_between_runs();
+  EXPECT_EQ(run(a, array.data()), original);  // and back from the kept one
 }
 
 TEST(NetBf16, TheOtherPrecisionsFunctionsThrow) {

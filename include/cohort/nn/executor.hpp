@@ -8,11 +8,13 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
 #include "cohort/core/names.hpp"
 #include "cohort/nn/dropout.hpp"
+#include "cohort/tensor/bf16.hpp"
 
 namespace cohort::nn {
 
@@ -56,8 +58,9 @@ struct Evaluation {
 
 // The bytes an executor's plans hold (their buffers and scratchpads): all of it, and of that the
 // logits and their gradient (a language model's (rows, padded vocabulary) arrays) and the copies
-// of the weights in the primitives' layouts that its plans share (a language model's; a layer
-// list's plans hold their own, counted in the total only).
+// of the weights in the primitives' layouts that its plans share (a language model's, a layer
+// list's bf16 inner products'; a layer list's convolutions' are its plans' own, counted in the
+// total only).
 struct PlanMemory {
   std::size_t total = 0, logits = 0, weight_copies = 0;
 };
@@ -97,6 +100,13 @@ class Executor {
   // the same weights at the same time, as the trainer's replicas do. A kind without such
   // copies ignores it.
   virtual void share_weight_copies(Executor& owner) { (void)owner; }
+  // The caller reports every later write to the bf16 parameter array `params` through
+  // weights_written (nn/net.hpp: keep_weight_copies). A kind without such copies ignores both.
+  virtual void keep_weight_copies(const bf16* params) { (void)params; }
+  virtual void weights_written(std::size_t begin, std::size_t end) {
+    (void)begin;
+    (void)end;
+  }
 
   virtual const PhaseTimes& times() const = 0;
   // When the last forward_backward finished the loss and began backward.

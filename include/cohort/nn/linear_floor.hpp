@@ -1,6 +1,7 @@
-// The roofline's floor for a layer list's linear layers (train/roofline.cpp): the plans keep their
-// weights plain (docs/decisions.md, "Plain vs blocked layouts"), and oneDNN's inner products may
-// run faster on a layout of its own choosing, so the floor counts each at the faster of the two.
+// The roofline's floor for a layer list's linear layers (train/roofline.cpp): the plans give an
+// inner product its weights plain, or in the layout oneDNN chooses (plans_choose_layout;
+// docs/decisions.md, "Plain vs blocked layouts"), and either may be the faster, so the floor
+// counts each at the faster of the two.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 namespace cohort::nn {
 
 // One inner product of a leaf, timed alone on this thread (the best of several runs, after one
-// that warms it): with the plans' plain weights, and with the weights (the weight gradient, for
+// that warms it): with plain weights, and with the weights (the weight gradient, for
 // backward-weights) in the layout oneDNN chooses (format any).
 struct LinearTiming {
   std::size_t layer = 0;  // its index in the model's layers
@@ -28,11 +29,17 @@ struct LinearTiming {
 std::vector<LinearTiming> time_linear_layouts(const Model& model, Precision precision,
                                               std::int64_t rows, bool leaf_weight_grads);
 
-// The timings' sums: on the plain weights, and each at the faster of its two layouts; plain - best
-// is what the chosen layouts save.
+// Whether a plan in `precision` gives a pass's inner product its weights in the layout oneDNN
+// chooses (format any) rather than plain: bf16 plans with blocked layouts, forward and
+// backward-data (their weights copied into that layout; weight gradients stay plain).
+bool plans_choose_layout(Precision precision, bool blocked_layouts, LinearTiming::Pass pass);
+
+// The timings' sums: on the plain weights, each at the faster of its two layouts, and each on the
+// layout the plans give it (plans_choose_layout); run - best is what the faster layouts would save.
 struct LinearTotals {
-  double plain_seconds = 0, best_seconds = 0;
+  double plain_seconds = 0, best_seconds = 0, run_seconds = 0;
 };
-LinearTotals linear_totals(const std::vector<LinearTiming>& timings);
+LinearTotals linear_totals(const std::vector<LinearTiming>& timings, Precision precision,
+                           bool blocked_layouts);
 
 }  // namespace cohort::nn

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -89,8 +90,11 @@ class Net {
   Evaluation evaluate(const bf16* params, const float* x, const std::int32_t* labels,
                       std::int64_t N, const float* running_stats = nullptr);
 
-  // The parameters' values may have changed: a language model's plans reorder the weights once
-  // after each call (GptNet::weights_changed), where a layer list's reorder them on every run.
+  // The parameters' values may have changed: the plans reorder the weights into their
+  // primitives' layouts once after each call (a layer list's bf16 inner products, a language
+  // model's linears; a layer list's convolutions reorder theirs on every run). Until its first
+  // call they reorder them on every run; after it, a caller that changes the parameters in place
+  // calls it before the next run.
   void weights_changed();
 
   const PhaseTimes& times() const;
@@ -104,8 +108,17 @@ class Net {
   // What its plans hold now (nn::PlanMemory).
   PlanMemory memory() const;
   // Executor::share_weight_copies: one set of the weights' copies in oneDNN's layouts for nets
-  // that run on the same weights at the same time (a language model's; before either has run).
+  // that run on the same weights at the same time (before either has run).
   void share_weight_copies(Net& owner);
+  // The caller reports every write to the bf16 parameter array `params` from now on, while no
+  // run is under way, through weights_written (the elements [begin, end) now hold new values;
+  // calls on disjoint ranges may run at once). The copies in oneDNN's layouts that can take a
+  // range (bf16 inner products' pair-blocked weights) are then kept current by it, written while
+  // the caller's new values are in its cache, and never reordered by a run; the others still are,
+  // once after each weights_changed. The trainer's root does this for its bf16 weights. Called on
+  // one net of those sharing copies, it holds for all of them.
+  void keep_weight_copies(const bf16* params);
+  void weights_written(std::size_t begin, std::size_t end);
 
  private:
   struct Impl;

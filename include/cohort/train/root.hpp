@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <span>
 #include <thread>
 #include <utility>
@@ -77,6 +78,18 @@ class Root {
     no_decay_ = std::move(ranges);
   }
   std::size_t chunk() const { return chunk_; }
+  // Told after elements [begin, end) of the bf16 copy were written: after each chunk's sweep (on
+  // the thread that ran it, while the chunk is in its cache), and where bf16_written is called.
+  // The trainer keeps its replicas' copies of the weights in oneDNN's layouts current with it
+  // (nn::Net::keep_weight_copies). Call before the first step.
+  void on_bf16_written(std::function<void(std::size_t, std::size_t)> f) {
+    bf16_written_ = std::move(f);
+  }
+  // Tells on_bf16_written's callable that [begin, end) of the bf16 copy was written elsewhere
+  // (the whole copy made from the master weights, another rank's chunks).
+  void bf16_written(std::size_t begin, std::size_t end) const {
+    if (weights16_ && bf16_written_) bf16_written_(begin, end);
+  }
 
   // Before a step: the scalars the fused sweep applies (grad_scale = 1 / rows), and with batch
   // weight gradients the batch's row count and its staged input (rows, features).
@@ -137,6 +150,7 @@ class Root {
 
   float* const weights_;
   bf16* const weights16_;
+  std::function<void(std::size_t, std::size_t)> bf16_written_;
   std::vector<std::pair<std::size_t, std::size_t>> no_decay_;
   float* const state0_;
   float* const state1_;

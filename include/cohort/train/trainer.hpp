@@ -218,8 +218,8 @@ struct Roofline {
   double leaf_gemm_seconds = 0;      // one leaf's GEMMs at oneDNN's rate, alone: its inner
                                      // products at their faster layout, its other GEMMs on the
                                      // run's own primitives (never below 0)
-  double linear_layout_seconds = 0;  // what a leaf's inner products would save on the weight
-                                     // layouts oneDNN chooses (nn/linear_floor.hpp)
+  double linear_layout_seconds = 0;  // what a leaf's inner products would save at their faster
+                                     // weight layouts against the plans' (nn/linear_floor.hpp)
   double root_gemm_seconds = 0;      // the root's batch weight-gradient GEMMs of a step, alone
   std::size_t leaves = 0;            // a full batch's
   std::size_t replicas = 0;          // the job's replicas with leaves (at most the leaves)

@@ -48,6 +48,10 @@ class GptExecutor final : public Executor {
   }
 
   void weights_changed() override { net_.weights_changed(); }
+  void keep_weight_copies(const bf16* params) override { net_.keep_weight_copies(params); }
+  void weights_written(std::size_t begin, std::size_t end) override {
+    net_.weights_written(begin, end);
+  }
   PlanMemory memory() const override { return net_.memory(); }
   void share_weight_copies(Executor& owner) override {
     auto* other = dynamic_cast<GptExecutor*>(&owner);

@@ -201,6 +201,10 @@ void GptNet::share_weight_copies(GptNet& owner) {
   impl_->engine = owner.impl_->engine;  // the copies' memory objects are on its engine
   impl_->stream = dnnl::stream(impl_->engine);
 }
+void GptNet::keep_weight_copies(const bf16* params) { impl_->weight_copies->keep(params); }
+void GptNet::weights_written(std::size_t begin, std::size_t end) {
+  impl_->weight_copies->refresh(begin, end);
+}
 const PhaseTimes& GptNet::times() const { return impl_->times; }
 void GptNet::reset_times() { impl_->times = {}; }
 void GptNet::release_inference_plans() {

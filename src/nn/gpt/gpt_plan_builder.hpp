@@ -47,7 +47,7 @@ class GptPlanBuilder : public PlanBuilderBase {
   using Dims = memory::dims;
 
   GptPlanBuilder(const GptPlanRequest& r, Plan& p)
-      : PlanBuilderBase(p, *r.engine, r.precision),
+      : PlanBuilderBase(p, *r.engine, r.precision, *r.weight_copies, r.stream),
         m_(*r.model),
         s_(m_.shape()),
         key_(r.key),
@@ -61,9 +61,7 @@ class GptPlanBuilder : public PlanBuilderBase {
         M_(r.N * s_.block),
         training_(r.training),
         drop_(r.training && s_.dropout > 0),
-        paths_(r.paths),
-        weight_copies_(*r.weight_copies),
-        stream_(r.stream) {}
+        paths_(r.paths) {}
 
   // The steps, then one scratchpad for the plan, as large as the largest primitive's need.
   void build() {
@@ -279,10 +277,6 @@ class GptPlanBuilder : public PlanBuilderBase {
   // (none where it is kNoBias), appended to `list` (null: forward's).
   void linear(const memory& src, std::size_t weight, std::int64_t O, const memory& dst,
               std::size_t bias = GptModel::kNoBias, std::vector<Exec>* list = nullptr);
-  // A copy of the weight at `weight` in layout `md` (from `from`: the parameters' view, or
-  // another copy), shared with the net's other plans and the nets sharing them (WeightCopies),
-  // written by a prepare step of this plan (once a plan) where it is stale.
-  memory weight_copy(const memory& from, std::size_t weight, const memory::desc& md);
   // The head's rows a chunk: as many as keep a chunk's f32 logits within kHeadChunkBytes (at
   // least 16), or GptPaths::head_rows. The logits of a large vocabulary are the largest
   // activation (GPT-2's 50,304 columns: 201 KB a position), and nothing needs them whole.
@@ -319,13 +313,10 @@ class GptPlanBuilder : public PlanBuilderBase {
   const std::int64_t N_, T_, C_, H_, hs_, V_, M_;
   const bool training_, drop_;
   const GptPaths paths_;
-  WeightCopies& weight_copies_;
-  dnnl::stream* stream_;
   std::optional<dnnl::layer_normalization_forward::primitive_desc> ln_fwd_;
   std::optional<dnnl::layer_normalization_backward::primitive_desc> ln_bwd_;
   std::map<std::string, memory> temps_;
   std::map<std::size_t, memory> blocked_weights_;  // by offset: forward's copy in its layout
-  std::vector<memory> prepared_copies_;            // weight copies this plan's prepare steps write
   std::optional<bool> dense_attention_;
   std::optional<std::optional<AttentionEngine>> attention_kernel_;
 };

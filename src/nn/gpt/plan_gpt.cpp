@@ -179,31 +179,6 @@ void GptPlanBuilder::linear(const memory& src, std::size_t weight, std::int64_t 
       Phase::kMatmul);
 }
 
-dnnl::memory GptPlanBuilder::weight_copy(const memory& from, std::size_t weight,
-                                         const memory::desc& md) {
-  WeightCopies::Copy& copy = weight_copies_.get(weight, md, eng_);
-  const bool written = std::any_of(prepared_copies_.begin(), prepared_copies_.end(),
-                                   [&](const memory& m) { return m == copy.memory; });
-  if (written) return copy.memory;  // once a plan: its chunks' steps read the same copy
-  prepared_copies_.push_back(copy.memory);
-  // The reorder, run by WeightCopies::write (on the net's stream; a reorder between plain and
-  // blocked layouts asks for no scratchpad, and one that did would get its own).
-  const dnnl::reorder::primitive_desc pd(eng_, from.get_desc(), eng_, md, attr());
-  const memory scratch(pd.scratchpad_desc(), eng_, buffer(pd.scratchpad_desc().get_size()));
-  const dnnl::reorder prim(pd);
-  WeightCopies* copies = &weight_copies_;
-  dnnl::stream* stream = stream_;
-  const Plan* plan = &p_;
-  custom(p_.prepare, [copies, &copy, prim, from, to = copy.memory, scratch, stream, plan] {
-    copies->write(copy, plan->bound_params, [&] {
-      prim.execute(*stream,
-                   {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}, {DNNL_ARG_SCRATCHPAD, scratch}});
-      stream->wait();
-    });
-  });
-  return copy.memory;
-}
-
 void GptPlanBuilder::linear_backward(const memory& src, std::size_t weight, std::int64_t O,
                                      const memory& diff_dst, const memory& diff_src,
                                      std::size_t bias) {

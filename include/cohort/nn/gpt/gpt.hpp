@@ -180,6 +180,9 @@ class GptNet {
   // Nets sharing them must not run on different weights at the same time. Before any plan is
   // built; the same model and precision.
   void share_weight_copies(GptNet& owner);
+  // Net::keep_weight_copies and Net::weights_written.
+  void keep_weight_copies(const bf16* params);
+  void weights_written(std::size_t begin, std::size_t end);
   const PhaseTimes& times() const;
   // When the last forward_backward's backward pass began (after its loss).
   std::chrono::steady_clock::time_point backward_begin() const;
