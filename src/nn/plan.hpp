@@ -57,9 +57,11 @@ class WeightCopies {
     std::optional<PairBlocks> blocks;  // where refresh can write a range of it
     bool kept = false;  // holds the kept array's values, written whole since and refreshed
   };
-  // The copy of the weight at `offset` in layout `md`, made (uninitialised) on first use. Called
-  // while plans are built, one at a time.
-  Copy& get(std::size_t offset, const dnnl::memory::desc& md, const dnnl::engine& eng) {
+  // The copy of the weight at `offset` in layout `md`, made (uninitialised) on first use, with
+  // `blocks` where refresh can write it from the parameters (fixed from then on: other nets'
+  // prepare steps read it). Called while plans are built, one at a time.
+  Copy& get(std::size_t offset, const dnnl::memory::desc& md, const dnnl::engine& eng,
+            const std::optional<PairBlocks>& blocks) {
     for (const auto& c : copies_)
       if (c->offset == offset && c->memory.get_desc() == md) return *c;
     storage_.emplace_back((md.get_size() + sizeof(float) - 1) / sizeof(float));
@@ -67,6 +69,7 @@ class WeightCopies {
     auto& c = copies_.emplace_back(std::make_unique<Copy>());
     c->offset = offset;
     c->memory = dnnl::memory(md, eng, storage_.back().data());
+    c->blocks = blocks;
     return *c;
   }
   // The weights may have changed (each sharing net's weights_changed).

@@ -68,15 +68,16 @@ class PlanBuilderBase {
   // another copy), shared with the net's other plans and the nets sharing them (WeightCopies),
   // written by a prepare step of this plan (once a plan) where it is stale.
   memory weight_copy(const memory& from, std::size_t weight, const memory::desc& md) {
-    WeightCopies::Copy& copy = weight_copies_.get(weight, md, eng_);
+    // Pair blocks from the parameters' view (`from` another copy is not a plain layout).
+    const std::optional<PairBlocks> blocks = pair_blocks(from.get_desc(), md);
+    WeightCopies::Copy& copy = weight_copies_.get(weight, md, eng_, blocks);
     const bool written = std::any_of(prepared_copies_.begin(), prepared_copies_.end(),
                                      [&](const memory& m) { return m == copy.memory; });
     if (written) return copy.memory;  // once a plan: its steps read the same copy
     prepared_copies_.push_back(copy.memory);
     WeightCopies* copies = &weight_copies_;
     const Plan* plan = &p_;
-    if (const std::optional<PairBlocks> blocks = pair_blocks(from.get_desc(), md)) {
-      copy.blocks = blocks;  // (`from` is the parameters' view: refresh reads them)
+    if (blocks) {
       custom(p_.prepare, [copies, &copy, from, to = copy.memory, plan, b = *blocks] {
         copies->write(copy, plan->bound_params, [&] {
           to_pair_blocks(b, static_cast<const bf16*>(from.get_data_handle()),
