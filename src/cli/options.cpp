@@ -16,6 +16,7 @@
 #include "cohort/core/names.hpp"
 #include "cohort/dist/comm.hpp"
 #include "cohort/nn/batch_grad.hpp"
+#include "cohort/nn/linear_floor.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/train/version.hpp"
 #include "cohort/version.hpp"
@@ -321,8 +322,10 @@ std::string version_text() {
          " (oneDNN's dispatch), bf16 " +
          std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())) +
          ", the root's bf16 GEMMs on " +
-         std::string(name_of(nn::kRootGemmNames, nn::root_bf16_gemm())) + "\nOpenBLAS " +
-         nn::openblas_version() +
+         std::string(name_of(nn::kRootGemmNames, nn::root_bf16_gemm())) +
+         ", bf16 inner products' weights " +
+         (nn::plans_choose_layout(nn::Precision::kBf16, true) ? "in oneDNN's layout" : "plain") +
+         "\nOpenBLAS " + nn::openblas_version() +
          (nn::openblas_usable() ? "" : ", not called (its kernels or build do not fit)") +
          "\noneTBB " + train::tbb_version() + "\nMPI " +
          (dist::built_with_mpi() ? "yes (mpirun -np R cohort train ...)" : "no (one process)");

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <unordered_map>
 
 #include "cohort/core/best_of.hpp"
+#include "cohort/nn/version.hpp"
 
 namespace cohort::nn {
 
@@ -110,19 +112,19 @@ std::vector<LinearTiming> time_linear_layouts(const Model& model, Precision prec
   return out;
 }
 
-bool plans_choose_layout(Precision precision, bool blocked_layouts, LinearTiming::Pass pass) {
-  return precision == Precision::kBf16 && blocked_layouts &&
-         pass != LinearTiming::Pass::kBackwardWeights;
+bool plans_choose_layout(Precision precision, bool blocked_layouts) {
+  static const bool rule = choose_linear_layout(onednn_isa().find("amx") != std::string::npos,
+                                                bf16_support() == Bf16Support::kNative);
+  return precision == Precision::kBf16 && blocked_layouts && rule;
 }
 
-LinearTotals linear_totals(const std::vector<LinearTiming>& timings, Precision precision,
-                           bool blocked_layouts) {
+LinearTotals linear_totals(const std::vector<LinearTiming>& timings, bool plans_choose) {
   LinearTotals sum;
   for (const LinearTiming& t : timings) {
     sum.plain_seconds += t.plain_seconds;
     sum.best_seconds += std::min(t.plain_seconds, t.chosen_seconds);
-    sum.run_seconds += plans_choose_layout(precision, blocked_layouts, t.pass) ? t.chosen_seconds
-                                                                               : t.plain_seconds;
+    const bool chosen = plans_choose && t.pass != LinearTiming::Pass::kBackwardWeights;
+    sum.run_seconds += chosen ? t.chosen_seconds : t.plain_seconds;
   }
   return sum;
 }

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string_view>
 #include <tuple>
 
@@ -60,14 +59,9 @@ class LayerExecutor final : public Executor {
   }
 
   // The plan's weights in its primitives' layouts, where they may have changed since it last
-  // reordered them (the copies' writes under their lock: WeightCopies).
+  // wrote them (WeightCopies).
   void prepare(Plan& p, const void* params) {
-    if (p.prepare.empty()) return;
-    if (generation != 0 && p.prepared == generation && p.prepared_params == params) return;
-    const std::lock_guard hold(weight_copies->lock());
-    run(p.prepare);
-    p.prepared = generation;
-    p.prepared_params = params;
+    detail::prepare_plan(p, params, generation, *weight_copies, [&](auto& steps) { run(steps); });
   }
 
   // A model with bn layers needs statistics: the batch's (training) or the running ones.

@@ -165,6 +165,20 @@ struct Plan {
   PlanMemory memory() const { return {scratchpad.size() + arrays.bytes(), logits_bytes, 0}; }
 };
 
+// Runs the plan's prepare steps with `run`, under the copies' lock, unless they already ran for
+// this weights generation (weights_changed's count; 0: before the first, every run prepares) and
+// this parameter array.
+template <class Run>
+void prepare_plan(Plan& p, const void* params, std::uint64_t generation, WeightCopies& copies,
+                  Run&& run) {
+  if (p.prepare.empty()) return;
+  if (generation != 0 && p.prepared == generation && p.prepared_params == params) return;
+  const std::lock_guard hold(copies.lock());
+  run(p.prepare);
+  p.prepared = generation;
+  p.prepared_params = params;
+}
+
 // Points the plan's parameter and gradient views at the caller's arrays, where they moved:
 // `params` holds elements of `param_bytes` each (a float, or a bf16 for a bf16 net); `grad` may
 // be null (inference). Shared by Net and GptNet.

@@ -120,13 +120,13 @@ class PlanBuilder : public PlanBuilderBase {
     if (s.weights && s.weights.get_desc() == md) return s.weights;
     return weight_copy(s.user_weights, s.layer->weight, md);
   }
-  // A linear layer's weights as its forward and backward-data ask for them: in bf16 with blocked
-  // layouts, the layout oneDNN chooses (its brgemm kernels, AMX's where the CPU has it, rather
-  // than the gemm-based kernel of plain weights; docs/decisions.md, "Plain vs blocked layouts");
-  // else `plain`, the stored (IC, OC).
+  // A linear layer's weights as its forward and backward-data ask for them: the layout oneDNN
+  // chooses where plans_choose_layout says so (its brgemm kernels rather than the gemm-based
+  // kernel of plain weights; docs/decisions.md, "Plain vs blocked layouts"); else `plain`, the
+  // stored (IC, OC).
   memory::desc linear_weights(const memory::desc& plain) const {
     const Precision p = act_ == Dt::bf16 ? Precision::kBf16 : Precision::kF32;
-    if (!plans_choose_layout(p, blocked_, LinearTiming::Pass::kForward)) return plain;
+    if (!plans_choose_layout(p, blocked_)) return plain;
     return memory::desc(plain.dims(), act_, Tag::any);
   }
   memory external(std::vector<External>& list, const memory::desc& md, std::size_t offset) {

@@ -245,7 +245,7 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
     linear = nn::linear_totals(
         nn::time_linear_layouts(model, config.precision, rows,
                                 config.weight_grads == TrainConfig::WeightGrads::kLeaf),
-        config.precision, config.blocked_layouts);
+        nn::plans_choose_layout(config.precision, config.blocked_layouts));
     root_gemms = batch_gemm_seconds(model, config);
   });
   const double sweep = sweep_seconds(f.sweep_read_bytes, f.sweep_arrays, f.sweep_floats,

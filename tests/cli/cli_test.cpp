@@ -2,6 +2,7 @@
 #include "cohort/cli/cli.hpp"
 #include "cohort/core/cpu.hpp"
 #include "cohort/nn/batch_grad.hpp"
+#include "cohort/nn/linear_floor.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/version.hpp"
 #include "testing.hpp"
@@ -519,7 +520,11 @@ TEST_F(Cli, VersionNamesCohortAndItsLibraries) {
   EXPECT_NE(r.out.find("\nCPU " + nn::onednn_isa() + " (oneDNN's dispatch), bf16 " +
                        std::string(name_of(nn::kBf16SupportNames, nn::bf16_support())) +
                        ", the root's bf16 GEMMs on " +
-                       std::string(name_of(nn::kRootGemmNames, nn::root_bf16_gemm())) + "\n"),
+                       std::string(name_of(nn::kRootGemmNames, nn::root_bf16_gemm())) +
+                       ", bf16 inner products' weights " +
+                       (nn::plans_choose_layout(nn::Precision::kBf16, true) ? "in oneDNN's layout"
+                                                                            : "plain") +
+                       "\n"),
             std::string::npos)
       << r.out;
 }

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -67,27 +68,35 @@ TEST(LinearFloor, TheSavingCountsOnlyWhereTheChosenLayoutIsFaster) {
   const std::vector<LinearTiming> t{{0, Pass::kForward, 3e-6, 1e-6},
                                     {2, Pass::kForward, 1e-6, 2e-6},
                                     {2, Pass::kBackwardData, 5e-6, 4.5e-6}};
-  const LinearTotals sum = linear_totals(t, Precision::kF32, true);
+  const LinearTotals sum = linear_totals(t, false);
   EXPECT_DOUBLE_EQ(sum.plain_seconds, 3e-6 + 1e-6 + 5e-6);
   EXPECT_DOUBLE_EQ(sum.best_seconds, 1e-6 + 1e-6 + 4.5e-6);
   EXPECT_DOUBLE_EQ(sum.plain_seconds - sum.best_seconds, 2e-6 + 0.5e-6);
-  EXPECT_EQ(linear_totals({}, Precision::kF32, true).plain_seconds, 0);
-  EXPECT_EQ(linear_totals({}, Precision::kF32, true).best_seconds, 0);
+  EXPECT_EQ(linear_totals({}, false).plain_seconds, 0);
+  EXPECT_EQ(linear_totals({}, false).best_seconds, 0);
 }
 
-// The run's own time is each pass on the layout its plans give it: chosen for a bf16 plan with
-// blocked layouts (forward and backward-data; backward-weights stay plain), plain otherwise.
+// The run's own time is each pass on the layout its plans give it: chosen where the plans choose
+// (forward and backward-data; backward-weights stay plain), plain otherwise.
 TEST(LinearFloor, TheRunsTimeIsOnThePlansLayouts) {
   const std::vector<LinearTiming> t{{0, Pass::kForward, 3e-6, 1e-6},
                                     {2, Pass::kBackwardData, 1e-6, 2e-6},
                                     {2, Pass::kBackwardWeights, 5e-6, 4.5e-6}};
-  EXPECT_DOUBLE_EQ(linear_totals(t, Precision::kBf16, true).run_seconds, 1e-6 + 2e-6 + 5e-6);
-  EXPECT_DOUBLE_EQ(linear_totals(t, Precision::kBf16, false).run_seconds, 3e-6 + 1e-6 + 5e-6);
-  EXPECT_DOUBLE_EQ(linear_totals(t, Precision::kF32, true).run_seconds, 3e-6 + 1e-6 + 5e-6);
-  EXPECT_TRUE(plans_choose_layout(Precision::kBf16, true, Pass::kForward));
-  EXPECT_TRUE(plans_choose_layout(Precision::kBf16, true, Pass::kBackwardData));
-  EXPECT_FALSE(plans_choose_layout(Precision::kBf16, true, Pass::kBackwardWeights));
-  EXPECT_FALSE(plans_choose_layout(Precision::kF32, true, Pass::kForward));
+  EXPECT_DOUBLE_EQ(linear_totals(t, true).run_seconds, 1e-6 + 2e-6 + 5e-6);
+  EXPECT_DOUBLE_EQ(linear_totals(t, false).run_seconds, 3e-6 + 1e-6 + 5e-6);
+}
+
+// The layout rule: oneDNN's chosen layout only for bf16 with blocked layouts, where oneDNN has
+// native bf16 without AMX; this process follows it.
+TEST(LinearFloor, ThePlansChooseTheLayoutOnlyWithNativeBf16WithoutAmx) {
+  static_assert(choose_linear_layout(/*onednn_amx=*/false, /*native_bf16=*/true));
+  static_assert(!choose_linear_layout(true, true));
+  static_assert(!choose_linear_layout(false, false));
+  const bool rule = choose_linear_layout(onednn_isa().find("amx") != std::string::npos,
+                                         bf16_support() == Bf16Support::kNative);
+  EXPECT_EQ(plans_choose_layout(Precision::kBf16, true), rule);
+  EXPECT_FALSE(plans_choose_layout(Precision::kBf16, false));
+  EXPECT_FALSE(plans_choose_layout(Precision::kF32, true));
 }
 
 }  // namespace linear_floor_test

@@ -20,6 +20,7 @@
 #include "cohort/core/error.hpp"
 #include "cohort/core/rng.hpp"
 #include "cohort/nn/batch_grad.hpp"
+#include "cohort/nn/linear_floor.hpp"
 #include "cohort/nn/net.hpp"
 #include "cohort/nn/version.hpp"
 #include "cohort/tensor/bf16.hpp"
@@ -273,7 +274,8 @@ TEST(NetBf16, PlainLayoutsComputeTheSameNetwork) {
 // trainer's replicas do) give a lone net's results, from two threads at once, and only the
 // owner counts the copies.
 TEST(NetBf16, WeightsChangedReordersTheWeightsOnceAfterEachCall) {
-  if (!cpu_has_bf16()) GTEST_SKIP() << "no AVX512_BF16";
+  if (!plans_choose_layout(Precision::kBf16, true))
+    GTEST_SKIP() << "the plans keep plain inner-product weights here (plans_choose_layout)";
   omp_set_num_threads(1);
   const Model m = Model::parse("conv(8,3,1,1)-relu-flatten-linear(32)-relu-linear(10)", {1, 8, 8});
   const std::int64_t N = 4;
@@ -351,7 +353,8 @@ TEST(NetBf16, WeightsChangedReordersTheWeightsOnceAfterEachCall) {
 // are not seen; a run on another parameter array reorders from it, and the next run on the kept
 // array from that.
 TEST(NetBf16, KeptWeightCopiesFollowTheReportedRangesAndAreNotReordered) {
-  if (!cpu_has_bf16()) GTEST_SKIP() << "no AVX512_BF16";
+  if (!plans_choose_layout(Precision::kBf16, true))
+    GTEST_SKIP() << "the plans keep plain inner-product weights here (plans_choose_layout)";
   omp_set_num_threads(1);
   const Model m = Model::parse("flatten-linear(48)-relu-linear(10)", {1, 8, 8});
   const std::int64_t N = 6;

@@ -29,17 +29,26 @@ struct LinearTiming {
 std::vector<LinearTiming> time_linear_layouts(const Model& model, Precision precision,
                                               std::int64_t rows, bool leaf_weight_grads);
 
-// Whether a plan in `precision` gives a pass's inner product its weights in the layout oneDNN
-// chooses (format any) rather than plain: bf16 plans with blocked layouts, forward and
-// backward-data (their weights copied into that layout; weight gradients stay plain).
-bool plans_choose_layout(Precision precision, bool blocked_layouts, LinearTiming::Pass pass);
+// The rule for bf16 inner products' weights, by what oneDNN runs (never by timing: the weights'
+// bits depend on it): the layout oneDNN chooses where it has native bf16 without AMX
+// (`avx512_core_bf16`, where it was measured faster: docs/decisions.md, "Plain vs blocked
+// layouts"); plain where it dispatches AMX or emulates bf16, where it was not measured.
+// ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 on an AMX CPU takes the chosen layout.
+constexpr bool choose_linear_layout(bool onednn_amx, bool native_bf16) {
+  return native_bf16 && !onednn_amx;
+}
+// Whether this process's plans in `precision` give their inner products' forward and
+// backward-data the weights in the layout oneDNN chooses (format any, copied into it) rather than
+// plain: bf16 plans with blocked layouts, by the rule above (onednn_isa(), bf16_support()).
+// Weight gradients stay plain.
+bool plans_choose_layout(Precision precision, bool blocked_layouts);
 
 // The timings' sums: on the plain weights, each at the faster of its two layouts, and each on the
-// layout the plans give it (plans_choose_layout); run - best is what the faster layouts would save.
+// layout the plans give it (`plans_choose`: plans_choose_layout, backward-weights plain); run -
+// best is what the faster layouts would save.
 struct LinearTotals {
   double plain_seconds = 0, best_seconds = 0, run_seconds = 0;
 };
-LinearTotals linear_totals(const std::vector<LinearTiming>& timings, Precision precision,
-                           bool blocked_layouts);
+LinearTotals linear_totals(const std::vector<LinearTiming>& timings, bool plans_choose);
 
 }  // namespace cohort::nn

@@ -64,11 +64,7 @@ struct GptNet::Impl {
   // The plan's weights in its primitives' layouts, where they may have changed since it last
   // reordered them.
   void prepare(Plan& p, const void* params) {
-    if (generation != 0 && p.prepared == generation && p.prepared_params == params) return;
-    const std::lock_guard hold(weight_copies->lock());  // the copies' writes (WeightCopies)
-    run(p.prepare);
-    p.prepared = generation;
-    p.prepared_params = params;
+    detail::prepare_plan(p, params, generation, *weight_copies, [&](auto& steps) { run(steps); });
   }
 
   // The targets of N windows, (N x block), the positions' order.
