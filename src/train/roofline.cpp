@@ -200,6 +200,8 @@ FloorPlan plan_floor(const nn::Model& model, const TrainConfig& config, std::siz
   FloorPlan f;
   f.leaves = config.batch / config.micro_batch;
   f.replicas = std::max<std::size_t>(1, std::min(job_replicas, f.leaves));
+  f.workers = std::max<std::size_t>(1, config.workers);
+  f.ranks = std::max<std::size_t>(1, ranks);
   f.root_bytes = root_bytes(model, config, state_arrays, root_sources);
   const std::size_t n = model.layout().total();
   // The weights and each state array are read and written in place; the rest is read.
@@ -213,16 +215,23 @@ FloorPlan plan_floor(const nn::Model& model, const TrainConfig& config, std::siz
 }
 
 Roofline roofline_of(const FloorPlan& f, double leaf_gemm_seconds, double root_gemm_seconds,
-                     double sweep_seconds, double step_seconds) {
+                     double sweep_seconds, double step_seconds, const RunWork& run) {
   Roofline r;
   r.leaf_gemm_seconds = leaf_gemm_seconds;
   r.root_gemm_seconds = root_gemm_seconds;
   r.leaves = f.leaves;
   r.replicas = f.replicas;
-  r.gemm_seconds = (static_cast<double>(f.leaves) * leaf_gemm_seconds + root_gemm_seconds) /
-                   static_cast<double>(f.replicas);
+  r.gemm_alone_seconds = (static_cast<double>(f.leaves) * leaf_gemm_seconds + root_gemm_seconds) /
+                         static_cast<double>(f.replicas);
   r.root_bytes = f.root_bytes;
-  r.root_seconds = sweep_seconds;
+  r.sweep_seconds = sweep_seconds;
+  if (f.ranks == 1) {  // the GEMMs spread over the replicas with leaves; the root's work over all
+    r.run_gemm_seconds = run.gemm_seconds / static_cast<double>(f.replicas);
+    r.run_root_seconds = run.reduce_seconds / static_cast<double>(f.workers);
+  }
+  auto capped = [](double alone, double own) { return own > 0 ? std::min(alone, own) : alone; };
+  r.gemm_seconds = capped(r.gemm_alone_seconds, r.run_gemm_seconds);
+  r.root_seconds = capped(r.sweep_seconds, r.run_root_seconds);
   r.floor_seconds = r.gemm_seconds + r.root_seconds;
   r.step_seconds = step_seconds;
   r.fraction = step_seconds > 0 ? r.floor_seconds / step_seconds : 0;
@@ -230,8 +239,8 @@ Roofline roofline_of(const FloorPlan& f, double leaf_gemm_seconds, double root_g
 }
 
 Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, StepGraph& graph,
-                          std::size_t state_arrays, double step_seconds, std::size_t job_replicas,
-                          std::size_t ranks, std::size_t root_sources,
+                          std::size_t state_arrays, double step_seconds, const RunWork& run,
+                          std::size_t job_replicas, std::size_t ranks, std::size_t root_sources,
                           std::span<float* const> scratch, std::span<const float> readable) {
   const FloorPlan f = plan_floor(model, config, state_arrays, job_replicas, ranks, root_sources);
   double leaf = 0, root_gemms = 0;
@@ -254,7 +263,7 @@ Roofline measure_roofline(const nn::Model& model, const TrainConfig& config, Ste
   // give them), and its inner products at their best: where timing noise puts the inner products
   // alone above the leaf's whole, the floor keeps their best rather than going below it.
   Roofline r = roofline_of(f, std::max(0.0, leaf - linear.run_seconds) + linear.best_seconds,
-                           root_gemms, sweep, step_seconds);
+                           root_gemms, sweep, step_seconds, run);
   r.linear_layout_seconds = linear.run_seconds - linear.best_seconds;
   return r;
 }

@@ -156,6 +156,7 @@ Summary Trainer::Impl::run(Observer& observer) {
   total_steps = config.steps != 0 ? config.steps : steps_per_epoch * config.epochs;
   Summary s;
   double first_step_seconds = 0;
+  TimeBreakdown first_step_time;  // the time table after the first step
   std::uint64_t step_number = steps_done;
   const std::uint64_t steps_done_at_start = steps_done;
   const std::uint64_t rows_staged_ahead_at_start = staging.rows_staged_ahead();
@@ -186,9 +187,12 @@ Summary Trainer::Impl::run(Observer& observer) {
       const auto t0 = Clock::now();
       const StepOutcome o = step({plan.number, epoch, ids}, next);
       const double dt = seconds_since(t0);
-      if (step_number == steps_done_at_start) first_step_seconds = dt;  // builds the primitives
       tracer.end_step(t0, plan.workers);
       end_step_accounts(dt);
+      if (step_number == steps_done_at_start) {  // it builds the primitives
+        first_step_seconds = dt;
+        first_step_time = time.total();
+      }
       steps_done = ++step_number;
       epoch_seconds += dt;
       epoch_samples += ids.size();
@@ -275,10 +279,13 @@ Summary Trainer::Impl::run(Observer& observer) {
     const bool steady = steps > 1;
     const std::uint64_t job_replicas = comm.sum(config.workers);
     if (comm.rank() == 0) {
+      const TimeBreakdown& t = s.time;
+      const TimeBreakdown before = steady ? first_step_time : TimeBreakdown{};
+      const double n = static_cast<double>(steady ? steps - 1 : steps);
+      const RunWork work{(t.matmul + t.attention - before.matmul - before.attention) / n,
+                         (t.reduce - before.reduce) / n};
       s.roofline = measure_roofline(
-          model, config, graph, optimizer.state_buffers(),
-          steady ? (s.time.step - first_step_seconds) / static_cast<double>(steps - 1)
-                 : s.time.step,
+          model, config, graph, optimizer.state_buffers(), (t.step - before.step) / n, work,
           static_cast<std::size_t>(job_replicas), static_cast<std::size_t>(comm.size()),
           chain ? 1 : leaves_for(config.batch), idle_leaf_buffers(),
           {weights.data(), weights.size()});

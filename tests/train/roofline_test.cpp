@@ -92,10 +92,26 @@ TEST_P(Roofline, TheFloorIsItsPartsOnTheRunsOwnShapes) {
     EXPECT_GT(r.root_gemm_seconds, 0);
   else
     EXPECT_EQ(r.root_gemm_seconds, 0);
-  EXPECT_DOUBLE_EQ(r.gemm_seconds,
+  EXPECT_DOUBLE_EQ(r.gemm_alone_seconds,
                    (static_cast<double>(r.leaves) * r.leaf_gemm_seconds + r.root_gemm_seconds) /
                        static_cast<double>(r.replicas));
-  EXPECT_GT(r.root_seconds, 0);
+  // The run's own work a step, a replica's share of its GEMMs and a worker's of its reduce, over
+  // the steps after the first: the whole run's time table less at most the first step's wall
+  // time on every worker.
+  std::printf("the run's own: GEMMs %.1f us, root %.1f us\n", r.run_gemm_seconds * 1e6,
+              r.run_root_seconds * 1e6);
+  const auto steady = static_cast<double>(c.steps - 1);
+  const double first = r.first_step_seconds * static_cast<double>(c.workers);
+  const double gemms = s.time.matmul + s.time.attention;
+  EXPECT_GT(r.run_gemm_seconds, 0);
+  EXPECT_LE(r.run_gemm_seconds * static_cast<double>(r.replicas) * steady, gemms);
+  EXPECT_GE(r.run_gemm_seconds * static_cast<double>(r.replicas) * steady, gemms - first);
+  EXPECT_GT(r.run_root_seconds, 0);
+  EXPECT_LE(r.run_root_seconds * static_cast<double>(c.workers) * steady, s.time.reduce);
+  EXPECT_GE(r.run_root_seconds * static_cast<double>(c.workers) * steady, s.time.reduce - first);
+  EXPECT_DOUBLE_EQ(r.gemm_seconds, std::min(r.gemm_alone_seconds, r.run_gemm_seconds));
+  EXPECT_GT(r.sweep_seconds, 0);
+  EXPECT_DOUBLE_EQ(r.root_seconds, std::min(r.sweep_seconds, r.run_root_seconds));
   EXPECT_DOUBLE_EQ(r.root_bytes, expected_root_bytes(c));
   EXPECT_DOUBLE_EQ(r.floor_seconds, r.gemm_seconds + r.root_seconds);
   EXPECT_DOUBLE_EQ(r.fraction, r.floor_seconds / r.step_seconds);
@@ -145,6 +161,8 @@ TEST(RooflinePlan, RanksShareTheSweepAndReplicasAtMostTheLeaves) {
     SCOPED_TRACE("ranks " + std::to_string(ranks));
     EXPECT_EQ(f.leaves, 4u);
     EXPECT_EQ(f.replicas, std::min<std::size_t>(2 * ranks, 4));
+    EXPECT_EQ(f.workers, c.workers);
+    EXPECT_EQ(f.ranks, ranks);
     EXPECT_DOUBLE_EQ(f.root_bytes, expected_root_bytes(c));
     // The weights and the momentum are updated in place (read and written: 8 bytes a float
     // each); the rest of the root's bytes is read, shared over the ranks.
@@ -170,6 +188,44 @@ TEST(RooflinePlan, TheFloorIsTheLeavesGemmsSpreadOverTheReplicasPlusTheSweep) {
   EXPECT_EQ(r.leaves, 6u);
   EXPECT_EQ(r.replicas, 4u);
   EXPECT_EQ(roofline_of(f, 0.002, 0.004, 0.001, 0).fraction, 0);  // no step measured
+}
+
+// A part timed alone is a floor only if the run's own steps took no less for the same work: each
+// counts at most the run's own (its worker-seconds a step over the replicas with leaves, for the
+// GEMMs, and over every worker, for the root), in one process; several ranks' tables each hold
+// a rank's share, and their parts count as timed.
+TEST(RooflinePlan, EachPartCountsAtMostTheRunsOwnTimeForTheSameWork) {
+  FloorPlan f;
+  f.leaves = 6;
+  f.replicas = 4;
+  f.workers = 5;
+  f.ranks = 1;
+  const double alone = (6 * 0.002 + 0.004) / 4;  // 4 ms
+  struct Part {
+    const char* name;
+    RunWork run;
+    double gemm, root;
+  };
+  for (const Part& p : {Part{"the run slower: the parts as timed", {0.020, 0.010}, alone, 0.001},
+                        Part{"GEMMs faster in the run", {0.012, 0.010}, 0.003, 0.001},
+                        Part{"root faster in the run", {0.020, 0.004}, alone, 0.0008},
+                        Part{"not known: as timed", {0, 0}, alone, 0.001}}) {
+    SCOPED_TRACE(p.name);
+    const train::Roofline r = roofline_of(f, 0.002, 0.004, 0.001, 0.01, p.run);
+    EXPECT_DOUBLE_EQ(r.gemm_alone_seconds, alone);
+    EXPECT_DOUBLE_EQ(r.run_gemm_seconds, p.run.gemm_seconds / 4);
+    EXPECT_DOUBLE_EQ(r.run_root_seconds, p.run.reduce_seconds / 5);
+    EXPECT_DOUBLE_EQ(r.gemm_seconds, p.gemm);
+    EXPECT_DOUBLE_EQ(r.sweep_seconds, 0.001);
+    EXPECT_DOUBLE_EQ(r.root_seconds, p.root);
+    EXPECT_DOUBLE_EQ(r.floor_seconds, p.gemm + p.root);
+    EXPECT_DOUBLE_EQ(r.fraction, (p.gemm + p.root) / 0.01);
+  }
+  f.ranks = 2;
+  const train::Roofline r = roofline_of(f, 0.002, 0.004, 0.001, 0.01, {0.004, 0.001});
+  EXPECT_EQ(r.run_gemm_seconds, 0);
+  EXPECT_EQ(r.run_root_seconds, 0);
+  EXPECT_DOUBLE_EQ(r.floor_seconds, alone + 0.001);
 }
 
 }  // namespace roofline_test

@@ -224,11 +224,22 @@ struct Roofline {
   std::size_t leaves = 0;            // a full batch's
   std::size_t replicas = 0;          // the job's replicas with leaves (at most the leaves)
   // (leaves x leaf_gemm_seconds + root_gemm_seconds) / replicas: the step's GEMMs at oneDNN's
-  // rate, spread evenly over the replicas
+  // rate, timed alone, spread evenly over the replicas
+  double gemm_alone_seconds = 0;
+  // The run's own time a step for the same work, a replica's share: oneDNN's matmuls and cohort's
+  // attention kernel (the time table's matmul and attention over the steps after the first, per
+  // replica); 0 where not known (several ranks: a rank's table holds its own share)
+  double run_gemm_seconds = 0;
+  // The floor's GEMMs: gemm_alone_seconds, or the run's own where that is less (the parts were
+  // timed alone in a slower stretch of the machine than the run's steps: no floor)
   double gemm_seconds = 0;
-  double root_bytes = 0;          // what the root reads and writes
-  double root_seconds = 0;        // a sweep of those bytes on the root's threads (a rank's
-                                  // share of them), this run
+  double root_bytes = 0;     // what the root reads and writes
+  double sweep_seconds = 0;  // a sweep of those bytes on the root's threads (a rank's share of
+                             // them), this run
+  // The run's own reducer and optimizer time a step (the time table's reduce over the steps
+  // after the first, per worker); 0 where not known, as run_gemm_seconds
+  double run_root_seconds = 0;
+  double root_seconds = 0;        // the floor's root: sweep_seconds, or the run's own if less
   double floor_seconds = 0;       // gemm_seconds + root_seconds
   double step_seconds = 0;        // measured: the mean over the run's steps after its first
   double first_step_seconds = 0;  // the run's first step (it creates the primitives); 0 when
