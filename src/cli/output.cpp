@@ -303,6 +303,7 @@ json summary_json(const train::Summary& s, const json& config, const SaveAccount
            {"root_gemm_seconds", s.roofline.root_gemm_seconds},
            {"leaves", s.roofline.leaves},
            {"replicas", s.roofline.replicas},
+           {"root_threads", s.roofline.root_threads},
            {"gemm_alone_seconds", s.roofline.gemm_alone_seconds},
            {"run_gemm_seconds", s.roofline.run_gemm_seconds},
            {"gemm_seconds", s.roofline.gemm_seconds},

@@ -200,6 +200,7 @@ FloorPlan plan_floor(const nn::Model& model, const TrainConfig& config, std::siz
   FloorPlan f;
   f.leaves = config.batch / config.micro_batch;
   f.replicas = std::max<std::size_t>(1, std::min(job_replicas, f.leaves));
+  f.root_threads = std::max<std::size_t>(1, job_replicas);
   f.workers = std::max<std::size_t>(1, config.workers);
   f.ranks = std::max<std::size_t>(1, ranks);
   f.root_bytes = root_bytes(model, config, state_arrays, root_sources);
@@ -221,12 +222,17 @@ Roofline roofline_of(const FloorPlan& f, double leaf_gemm_seconds, double root_g
   r.root_gemm_seconds = root_gemm_seconds;
   r.leaves = f.leaves;
   r.replicas = f.replicas;
-  r.gemm_alone_seconds = (static_cast<double>(f.leaves) * leaf_gemm_seconds + root_gemm_seconds) /
-                         static_cast<double>(f.replicas);
+  r.root_threads = f.root_threads;
+  // The leaves' GEMMs spread over the replicas with leaves, the root's chunks over every worker
+  // (at batch 32 the MLP has one leaf, and both workers run the root's chunks).
+  const auto replicas = static_cast<double>(f.replicas);
+  const auto root_threads = static_cast<double>(f.root_threads);
+  r.gemm_alone_seconds = static_cast<double>(f.leaves) * leaf_gemm_seconds / replicas +
+                         root_gemm_seconds / root_threads;
   r.root_bytes = f.root_bytes;
   r.sweep_seconds = sweep_seconds;
-  if (f.ranks == 1) {  // the GEMMs spread over the replicas with leaves; the root's work over all
-    r.run_gemm_seconds = run.gemm_seconds / static_cast<double>(f.replicas);
+  if (f.ranks == 1) {  // (one process: its workers are the job's)
+    r.run_gemm_seconds = run.leaf_gemm_seconds / replicas + run.root_gemm_seconds / root_threads;
     r.run_root_seconds = run.reduce_seconds / static_cast<double>(f.workers);
   }
   auto capped = [](double alone, double own) { return own > 0 ? std::min(alone, own) : alone; };

@@ -2,7 +2,7 @@
 // oneDNN's rate — a leaf's matmul primitives timed alone on one thread (replica 0's Net, the run's
 // own primitives; a layer list's inner products at the faster of their plain weights and the
 // layout oneDNN chooses, nn/linear_floor.hpp), times the leaves, plus the root's batch
-// weight-gradient GEMMs, spread evenly over the replicas (a language model's attention products
+// weight-gradient GEMMs over every worker (a language model's attention products
 // at oneDNN's rate also where cohort's kernel computes them, nn/gpt/gpt_attention.hpp) — and the
 // root moved its bytes at this run's own sweep bandwidth; each part at most the run's own time
 // for the same work; and the measured step time against it. Same-run measurements only, so the
@@ -24,18 +24,20 @@ namespace cohort::train {
 // rank's share of them).
 struct FloorPlan {
   std::size_t leaves = 0, replicas = 0;
-  std::size_t workers = 0, ranks = 0;  // this process's root threads; the job's processes
+  std::size_t root_threads = 0;        // the job's workers, over which the root's chunks spread
+  std::size_t workers = 0, ranks = 0;  // this process's workers; the job's processes
   double root_bytes = 0;
   double sweep_read_bytes = 0;
   std::size_t sweep_arrays = 0, sweep_floats = 0;
 };
 // The run's own work a step, in worker-seconds (this process's time table over the steps after
-// the first, divided by their number): its GEMMs (matmul and attention) and its reducer's and
-// optimizer's work (reduce). A floor part is a minimum: where the part timed alone took longer
-// than the run's own steps took for the same work, the machine was slower while it was timed,
-// and the floor counts the run's own instead (Roofline::run_gemm_seconds, run_root_seconds).
+// the first, divided by their number): the leaves' GEMMs (matmul and attention less the root's),
+// the root's GEMMs (weight_grad) and its reducer's and optimizer's work (reduce). A floor part is
+// a minimum: where the part timed alone took longer than the run's own steps took for the same
+// work, the machine was slower while it was timed, and the floor counts the run's own instead
+// (Roofline::run_gemm_seconds, run_root_seconds).
 struct RunWork {
-  double gemm_seconds = 0, reduce_seconds = 0;
+  double leaf_gemm_seconds = 0, root_gemm_seconds = 0, reduce_seconds = 0;
 };
 // Arguments as measure_roofline's.
 FloorPlan plan_floor(const nn::Model& model, const TrainConfig& config, std::size_t state_arrays,
@@ -49,7 +51,8 @@ Roofline roofline_of(const FloorPlan& plan, double leaf_gemm_seconds, double roo
 // The roofline of a run: plan_floor, its parts timed on this machine, roofline_of.
 // `step_seconds`: the measured mean step of full batches; `run`: the same steps' work.
 // `state_arrays`: the optimizer's.
-// `job_replicas`: the replicas of every rank, which share the batch's leaves; `ranks`: the
+// `job_replicas`: the replicas (workers) of every rank, which share the batch's leaves and run the
+// root's chunks; `ranks`: the
 // processes whose roots each sweep a share of the root's bytes. Several ranks: the caller runs
 // this on one rank while the others wait, so that no rank's work slows another's floor.
 // `root_sources`: the gradients the root reads per step (the leaves, or 1 where a LeafChain sums

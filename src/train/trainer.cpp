@@ -282,8 +282,10 @@ Summary Trainer::Impl::run(Observer& observer) {
       const TimeBreakdown& t = s.time;
       const TimeBreakdown before = steady ? first_step_time : TimeBreakdown{};
       const double n = static_cast<double>(steady ? steps - 1 : steps);
-      const RunWork work{(t.matmul + t.attention - before.matmul - before.attention) / n,
-                         (t.reduce - before.reduce) / n};
+      const double root_gemms = t.weight_grad - before.weight_grad;
+      const RunWork work{
+          (t.matmul + t.attention - before.matmul - before.attention - root_gemms) / n,
+          root_gemms / n, (t.reduce - before.reduce) / n};
       s.roofline = measure_roofline(
           model, config, graph, optimizer.state_buffers(), (t.step - before.step) / n, work,
           static_cast<std::size_t>(job_replicas), static_cast<std::size_t>(comm.size()),

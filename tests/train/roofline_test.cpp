@@ -92,12 +92,16 @@ TEST_P(Roofline, TheFloorIsItsPartsOnTheRunsOwnShapes) {
     EXPECT_GT(r.root_gemm_seconds, 0);
   else
     EXPECT_EQ(r.root_gemm_seconds, 0);
-  EXPECT_DOUBLE_EQ(r.gemm_alone_seconds,
-                   (static_cast<double>(r.leaves) * r.leaf_gemm_seconds + r.root_gemm_seconds) /
-                       static_cast<double>(r.replicas));
-  // The run's own work a step, a replica's share of its GEMMs and a worker's of its reduce, over
-  // the steps after the first: the whole run's time table less at most the first step's wall
-  // time on every worker.
+  EXPECT_EQ(r.root_threads, c.workers);
+  EXPECT_DOUBLE_EQ(
+      r.gemm_alone_seconds,
+      static_cast<double>(r.leaves) * r.leaf_gemm_seconds / static_cast<double>(r.replicas) +
+          r.root_gemm_seconds / static_cast<double>(r.root_threads));
+  // The run's own work a step, a replica's share of its GEMMs (here every worker has leaves, so
+  // the root's GEMMs spread as the leaves') and a worker's of its reduce, over the steps after
+  // the first: the whole run's time table less at most the first step's wall time on every
+  // worker.
+  ASSERT_EQ(r.replicas, r.root_threads);
   std::printf("the run's own: GEMMs %.1f us, root %.1f us\n", r.run_gemm_seconds * 1e6,
               r.run_root_seconds * 1e6);
   const auto steady = static_cast<double>(c.steps - 1);
@@ -161,6 +165,7 @@ TEST(RooflinePlan, RanksShareTheSweepAndReplicasAtMostTheLeaves) {
     SCOPED_TRACE("ranks " + std::to_string(ranks));
     EXPECT_EQ(f.leaves, 4u);
     EXPECT_EQ(f.replicas, std::min<std::size_t>(2 * ranks, 4));
+    EXPECT_EQ(f.root_threads, 2 * ranks);  // every worker of every rank: the root's chunks
     EXPECT_EQ(f.workers, c.workers);
     EXPECT_EQ(f.ranks, ranks);
     EXPECT_DOUBLE_EQ(f.root_bytes, expected_root_bytes(c));
@@ -173,47 +178,64 @@ TEST(RooflinePlan, RanksShareTheSweepAndReplicasAtMostTheLeaves) {
   }
 }
 
-// The floor's arithmetic on given parts.
-TEST(RooflinePlan, TheFloorIsTheLeavesGemmsSpreadOverTheReplicasPlusTheSweep) {
-  FloorPlan f;
-  f.leaves = 6;
-  f.replicas = 4;
-  f.root_bytes = 1e6;
-  const train::Roofline r = roofline_of(f, /*leaf=*/0.002, /*root=*/0.004, /*sweep=*/0.001,
-                                        /*step=*/0.01);
-  EXPECT_DOUBLE_EQ(r.gemm_seconds, (6 * 0.002 + 0.004) / 4);
-  EXPECT_DOUBLE_EQ(r.floor_seconds, r.gemm_seconds + 0.001);
-  EXPECT_DOUBLE_EQ(r.fraction, r.floor_seconds / 0.01);
-  EXPECT_DOUBLE_EQ(r.root_bytes, 1e6);
-  EXPECT_EQ(r.leaves, 6u);
-  EXPECT_EQ(r.replicas, 4u);
-  EXPECT_EQ(roofline_of(f, 0.002, 0.004, 0.001, 0).fraction, 0);  // no step measured
+// The floor's arithmetic on given parts: the leaves' GEMMs spread over the replicas with leaves,
+// the root's over every worker (each runs the root's chunks, also one without a leaf: the MLP at
+// batch 32 has one leaf and two workers), plus the sweep.
+TEST(RooflinePlan, TheFloorIsTheLeavesGemmsOverTheReplicasTheRootsOverEveryWorkerPlusTheSweep) {
+  struct Shape {
+    const char* name;
+    std::size_t leaves, replicas, root_threads;
+    double gemm;
+  };
+  for (const Shape& p : {Shape{"6 leaves, 4 workers", 6, 4, 4, (6 * 0.002 + 0.004) / 4},
+                         Shape{"1 leaf, 2 workers", 1, 1, 2, 0.002 + 0.004 / 2}}) {
+    SCOPED_TRACE(p.name);
+    FloorPlan f;
+    f.leaves = p.leaves;
+    f.replicas = p.replicas;
+    f.root_threads = p.root_threads;
+    f.root_bytes = 1e6;
+    const train::Roofline r = roofline_of(f, /*leaf=*/0.002, /*root=*/0.004, /*sweep=*/0.001,
+                                          /*step=*/0.01);
+    EXPECT_DOUBLE_EQ(r.gemm_alone_seconds, p.gemm);
+    EXPECT_DOUBLE_EQ(r.gemm_seconds, p.gemm);
+    EXPECT_DOUBLE_EQ(r.floor_seconds, p.gemm + 0.001);
+    EXPECT_DOUBLE_EQ(r.fraction, r.floor_seconds / 0.01);
+    EXPECT_DOUBLE_EQ(r.root_bytes, 1e6);
+    EXPECT_EQ(r.leaves, p.leaves);
+    EXPECT_EQ(r.replicas, p.replicas);
+    EXPECT_EQ(r.root_threads, p.root_threads);
+    EXPECT_EQ(roofline_of(f, 0.002, 0.004, 0.001, 0).fraction, 0);  // no step measured
+  }
 }
 
 // A part timed alone is a floor only if the run's own steps took no less for the same work: each
-// counts at most the run's own (its worker-seconds a step over the replicas with leaves, for the
-// GEMMs, and over every worker, for the root), in one process; several ranks' tables each hold
-// a rank's share, and their parts count as timed.
+// counts at most the run's own (its worker-seconds a step spread as the floor's: the leaves'
+// GEMMs over the replicas with leaves, the root's GEMMs and its reducer's and optimizer's work
+// over every worker), in one process; several ranks' tables each hold a rank's share, and their
+// parts count as timed.
 TEST(RooflinePlan, EachPartCountsAtMostTheRunsOwnTimeForTheSameWork) {
   FloorPlan f;
   f.leaves = 6;
   f.replicas = 4;
+  f.root_threads = 5;
   f.workers = 5;
   f.ranks = 1;
-  const double alone = (6 * 0.002 + 0.004) / 4;  // 4 ms
+  const double alone = 6 * 0.002 / 4 + 0.004 / 5;  // 3.8 ms
   struct Part {
     const char* name;
     RunWork run;
     double gemm, root;
   };
-  for (const Part& p : {Part{"the run slower: the parts as timed", {0.020, 0.010}, alone, 0.001},
-                        Part{"GEMMs faster in the run", {0.012, 0.010}, 0.003, 0.001},
-                        Part{"root faster in the run", {0.020, 0.004}, alone, 0.0008},
-                        Part{"not known: as timed", {0, 0}, alone, 0.001}}) {
+  for (const Part& p :
+       {Part{"the run slower: the parts as timed", {0.016, 0.008, 0.010}, alone, 0.001},
+        Part{"GEMMs faster in the run", {0.010, 0.002, 0.010}, 0.0029, 0.001},
+        Part{"root faster in the run", {0.016, 0.008, 0.004}, alone, 0.0008},
+        Part{"not known: as timed", {0, 0, 0}, alone, 0.001}}) {
     SCOPED_TRACE(p.name);
     const train::Roofline r = roofline_of(f, 0.002, 0.004, 0.001, 0.01, p.run);
     EXPECT_DOUBLE_EQ(r.gemm_alone_seconds, alone);
-    EXPECT_DOUBLE_EQ(r.run_gemm_seconds, p.run.gemm_seconds / 4);
+    EXPECT_DOUBLE_EQ(r.run_gemm_seconds, p.run.leaf_gemm_seconds / 4 + p.run.root_gemm_seconds / 5);
     EXPECT_DOUBLE_EQ(r.run_root_seconds, p.run.reduce_seconds / 5);
     EXPECT_DOUBLE_EQ(r.gemm_seconds, p.gemm);
     EXPECT_DOUBLE_EQ(r.sweep_seconds, 0.001);
@@ -222,7 +244,7 @@ TEST(RooflinePlan, EachPartCountsAtMostTheRunsOwnTimeForTheSameWork) {
     EXPECT_DOUBLE_EQ(r.fraction, (p.gemm + p.root) / 0.01);
   }
   f.ranks = 2;
-  const train::Roofline r = roofline_of(f, 0.002, 0.004, 0.001, 0.01, {0.004, 0.001});
+  const train::Roofline r = roofline_of(f, 0.002, 0.004, 0.001, 0.01, {0.003, 0.001, 0.001});
   EXPECT_EQ(r.run_gemm_seconds, 0);
   EXPECT_EQ(r.run_root_seconds, 0);
   EXPECT_DOUBLE_EQ(r.floor_seconds, alone + 0.001);

@@ -223,12 +223,16 @@ struct Roofline {
   double root_gemm_seconds = 0;      // the root's batch weight-gradient GEMMs of a step, alone
   std::size_t leaves = 0;            // a full batch's
   std::size_t replicas = 0;          // the job's replicas with leaves (at most the leaves)
-  // (leaves x leaf_gemm_seconds + root_gemm_seconds) / replicas: the step's GEMMs at oneDNN's
-  // rate, timed alone, spread evenly over the replicas
+  std::size_t root_threads = 0;      // the job's workers: each runs the root's chunks, also a
+                                     // worker without a leaf
+  // leaves x leaf_gemm_seconds / replicas + root_gemm_seconds / root_threads: the step's GEMMs at
+  // oneDNN's rate, timed alone, the leaves' spread evenly over the replicas, the root's over
+  // every worker
   double gemm_alone_seconds = 0;
-  // The run's own time a step for the same work, a replica's share: oneDNN's matmuls and cohort's
-  // attention kernel (the time table's matmul and attention over the steps after the first, per
-  // replica); 0 where not known (several ranks: a rank's table holds its own share)
+  // The run's own time a step for the same work, spread the same way: oneDNN's matmuls and
+  // cohort's attention kernel (the time table's matmul and attention over the steps after the
+  // first, its weight_grad the root's); 0 where not known (several ranks: a rank's table holds
+  // its own share)
   double run_gemm_seconds = 0;
   // The floor's GEMMs: gemm_alone_seconds, or the run's own where that is less (the parts were
   // timed alone in a slower stretch of the machine than the run's steps: no floor)
