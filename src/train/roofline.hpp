@@ -1,12 +1,12 @@
 // The step's roofline (Summary::roofline): the time a step would take if its GEMMs ran at
 // oneDNN's rate — a leaf's matmul primitives timed alone on one thread (replica 0's Net, the run's
 // own primitives; a layer list's inner products at the faster of their plain weights and the
-// layout oneDNN chooses, nn/linear_floor.hpp), times the leaves, plus the root's batch
-// weight-gradient GEMMs over every worker (a language model's attention products
-// at oneDNN's rate also where cohort's kernel computes them, nn/gpt/gpt_attention.hpp) — and the
-// root moved its bytes at this run's own sweep bandwidth; each part at most the run's own time
-// for the same work; and the measured step time against it. Same-run measurements only, so the
-// fraction does not depend on which machine or how noisy a day it is.
+// layout oneDNN chooses, nn/linear_floor.hpp; a language model's attention products at oneDNN's
+// rate also where cohort's kernel computes them, nn/gpt/gpt_attention.hpp), times the leaves
+// over the replicas with leaves, plus the root's batch weight-gradient GEMMs over every worker —
+// and the root moved its bytes at this run's own sweep bandwidth; each part at most the run's own
+// time for the same work; and the measured step time against it. Same-run measurements only, so
+// the fraction does not depend on which machine or how noisy a day it is.
 #pragma once
 
 #include <cstddef>
@@ -50,11 +50,10 @@ Roofline roofline_of(const FloorPlan& plan, double leaf_gemm_seconds, double roo
 
 // The roofline of a run: plan_floor, its parts timed on this machine, roofline_of.
 // `step_seconds`: the measured mean step of full batches; `run`: the same steps' work.
-// `state_arrays`: the optimizer's.
-// `job_replicas`: the replicas (workers) of every rank, which share the batch's leaves and run the
-// root's chunks; `ranks`: the
-// processes whose roots each sweep a share of the root's bytes. Several ranks: the caller runs
-// this on one rank while the others wait, so that no rank's work slows another's floor.
+// `state_arrays`: the optimizer's. `job_replicas`: the replicas (workers) of every rank, which
+// share the batch's leaves and run the root's chunks; `ranks`: the processes whose roots each
+// sweep a share of the root's bytes. Several ranks: the caller runs this on one rank while the
+// others wait, so that no rank's work slows another's floor.
 // `root_sources`: the gradients the root reads per step (the leaves, or 1 where a LeafChain sums
 // them first). `scratch`: arrays of the model's parameter count the sweep may overwrite instead
 // of allocating its own (the run's leaf buffers, idle between steps); `readable`: an array it may
